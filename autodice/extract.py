@@ -1,0 +1,66 @@
+"""Writing one ONNX sub-model per rank.
+
+A sub-model holds the rank's layers (followers included; ``Shape`` folded to a constant because
+the tensor it measures may live on another rank), the weights they read, graph inputs = model
+inputs it reads + tensors it receives, graph outputs = tensors it sends + model outputs it makes.
+Weights are copied from the source file by reference (see :mod:`autodice.onnxio`).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from .model import SHAPE_OPS, Graph, shape_constant
+from .onnxio import write_model
+from .place import Placement
+from .plan import Plan, Rank, TensorSpec
+
+
+def _value_info(graph: Graph, spec: TensorSpec) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(spec.name, graph.types[spec.name].elem_type, spec.shape)
+
+
+def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.ModelProto, list]:
+    """The rank's model without initializers, and the weights to append, in first-use order."""
+    src = graph.lazy.proto
+    model = onnx.ModelProto()
+    model.ir_version = max(src.ir_version, 4)  # IR 4+ lets initializers stay out of the inputs
+    model.opset_import.extend(src.opset_import)
+    model.producer_name = "autodice"
+    model.functions.extend(src.functions)
+    g = model.graph
+    g.name = rank.key
+    weights: dict[str, None] = {}
+    for i in nodes:
+        node = graph.nodes[i]
+        if node.op_type in SHAPE_OPS and i in graph.followers:
+            g.node.append(shape_constant(node, graph.types))
+            continue
+        g.node.append(node)
+        for t in node.input:
+            if graph.is_weight(t):
+                weights[t] = None
+    g.input.extend(_value_info(graph, s) for s in rank.submodel_inputs)
+    g.output.extend(_value_info(graph, s) for s in rank.submodel_outputs)
+    return model, [graph.tensors[t] for t in weights]
+
+
+def write_submodels(graph: Graph, plan: Plan, placement: Placement, out_dir: Path) -> None:
+    """Write every rank's sub-model under ``out_dir`` (two at a time: the copy runs in the
+    kernel, so threads overlap the I/O)."""
+    members: list[list[int]] = [[] for _ in plan.ranks]
+    for i, ranks in enumerate(placement.node_ranks):
+        for r in ranks:
+            members[r].append(i)
+    (out_dir / "models").mkdir(parents=True, exist_ok=True)
+
+    def write(rank: Rank) -> None:
+        proto, weights = submodel_proto(graph, rank, members[rank.rank])
+        write_model(out_dir / rank.submodel, proto, weights)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(write, plan.ranks))

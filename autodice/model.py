@@ -1,0 +1,309 @@
+"""The input model as the passes see it: named layers, topological order, static shapes.
+
+Owns everything that needs the ONNX graph itself: giving every node a unique layer name, shape
+inference for batch 1 (run once, on a copy that holds no large weights), and telling apart the
+layers a user maps from the *followers* — ``Constant`` nodes and pure shape arithmetic, which go
+wherever their consumers go so a mapping never has to mention them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import AutodiceError, Problems
+from .onnxio import LazyModel, TensorRef, element_size, read_model
+
+# Ops whose output is a function of shapes only; with static shapes they become constants.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+# Ops the ncnn/pnnx tool chain cannot convert (control flow, dynamic-output and sequence ops).
+# Every one of them has a data-dependent output shape or no tensor semantics at all.
+UNSUPPORTED_OPS = frozenset({
+    "If", "Loop", "Scan", "NonZero", "NonMaxSuppression", "Unique", "Compress",
+    "StringNormalizer", "TfIdfVectorizer", "RandomNormal", "RandomNormalLike", "RandomUniform",
+    "RandomUniformLike", "Multinomial", "SequenceAt", "SequenceConstruct", "SequenceEmpty",
+    "SequenceErase", "SequenceInsert", "SequenceLength", "SplitToSequence",
+    "ConcatFromSequence", "Optional", "OptionalGetElement", "OptionalHasElement", "DFT", "STFT",
+})
+
+DTYPE_NAMES = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).name
+               for t in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE,
+                         TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16,
+                         TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL)}
+
+Dim = int | str | None  # a static size, a symbolic name, or unknown
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[Dim, ...]
+    elem_type: int
+
+    @property
+    def static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return DTYPE_NAMES.get(self.elem_type, str(self.elem_type))
+
+    @property
+    def nbytes(self) -> int:
+        n = element_size(self.elem_type)
+        for d in self.shape:
+            n *= d if isinstance(d, int) else 1
+        return n
+
+    def shape_str(self) -> str:
+        return "x".join(str(d) if d is not None else "?" for d in self.shape) or "scalar"
+
+
+@dataclass
+class Graph:
+    """The loaded model plus the indexes every pass needs. Nodes are in topological order."""
+
+    path: Path
+    lazy: LazyModel
+    nodes: list[onnx.NodeProto]
+    names: list[str]  # unique layer name per node
+    index: dict[str, int]  # layer name -> node position
+    inputs: list[str]  # real model inputs (initializers excluded)
+    outputs: list[str]
+    producer: dict[str, int]  # tensor -> node position
+    consumers: dict[str, list[int]]  # tensor -> node positions, in order
+    types: dict[str, TensorType]
+    followers: frozenset[int]  # node positions that follow their consumers
+
+    @property
+    def tensors(self) -> dict[str, TensorRef]:
+        return self.lazy.tensors
+
+    def is_weight(self, tensor: str) -> bool:
+        return tensor in self.lazy.tensors
+
+
+def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
+    """``["data=1x3x224x224"]`` -> ``{"data": (1, 3, 224, 224)}``.
+
+    Raises:
+        AutodiceError: one line per malformed spec.
+    """
+    shapes, problems = {}, Problems()
+    for spec in specs:
+        m = re.fullmatch(r"(.+)=(\d+(?:x\d+)*)", spec.strip())
+        if not m:
+            problems.add(f'--input-shape "{spec}": expected NAME=DxDx... such as data=1x3x224x224')
+            continue
+        shapes[m.group(1)] = tuple(int(d) for d in m.group(2).split("x"))
+    problems.raise_if_any()
+    return shapes
+
+
+def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """Read ``path``, name its layers, infer static shapes for batch 1, find the followers.
+
+    Raises:
+        AutodiceError: unreadable file, unknown ``input_shapes`` names, cyclic or unsorted graph.
+    """
+    path = Path(path)
+    lazy = read_model(path)
+    graph = lazy.proto.graph
+    names = name_layers(graph.node)
+    nodes = sort_nodes(path, list(graph.node), names, lazy)
+    if nodes is not graph.node:
+        order = {id(n): i for i, n in enumerate(graph.node)}
+        names = [names[order[id(n)]] for n in nodes]
+    weights = lazy.tensors
+    inputs = [i.name for i in graph.input if i.name not in weights]
+    outputs = [o.name for o in graph.output]
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for t in node.output:
+            if t:
+                producer[t] = i
+        for t in node.input:
+            if t:
+                consumers.setdefault(t, []).append(i)
+    types = infer_types(path, lazy, nodes, inputs, input_shapes or {})
+    followers = find_followers(nodes, types, weights)
+    return Graph(path, lazy, nodes, names, {n: i for i, n in enumerate(names)}, inputs, outputs,
+                 producer, consumers, types, followers)
+
+
+def name_layers(nodes) -> list[str]:
+    """Unique layer names: a node's own name, else its first output's (as upstream AutoDiCE
+    does); repeats get ``_1``, ``_2``... in graph order, so names are stable across runs."""
+    base = [n.name or (n.output[0] if n.output else n.op_type) for n in nodes]
+    taken = set(base)
+    seen: dict[str, int] = {}
+    out = []
+    for name in base:
+        if name not in seen:
+            seen[name] = 0
+            out.append(name)
+            continue
+        k = seen[name]
+        while True:
+            k += 1
+            candidate = f"{name}_{k}"
+            if candidate not in taken:
+                break
+        seen[name] = k
+        taken.add(candidate)
+        out.append(candidate)
+    return out
+
+
+def sort_nodes(path: Path, nodes: list, names: list[str], lazy: LazyModel):
+    """``nodes`` in topological order (the same list when already sorted, as ONNX requires).
+
+    Raises:
+        AutodiceError: a node reads a tensor nothing produces, or the graph has a cycle.
+    """
+    available = {i.name for i in lazy.proto.graph.input} | set(lazy.tensors) | {""}
+    produced_by = {t: i for i, n in enumerate(nodes) for t in n.output}
+    problems = Problems()
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            if t not in available and t not in produced_by:
+                problems.add(f'{path}: node "{names[i]}" reads tensor "{t}" that no node, input '
+                             f"or initializer provides")
+    problems.raise_if_any()
+    done = set(available)
+    if all(_ready(n, done) for n in nodes):
+        return nodes
+    # Not sorted: Kahn's algorithm, keeping file order among ready nodes.
+    pending = list(range(len(nodes)))
+    done = set(available)
+    order = []
+    while pending:
+        ready = [i for i in pending if all(t in done for t in nodes[i].input)]
+        if not ready:
+            raise AutodiceError(f'{path}: the graph has a cycle through node "{names[pending[0]]}"')
+        for i in ready:
+            order.append(i)
+            done.update(nodes[i].output)
+        pending = [i for i in pending if i not in set(ready)]
+    return [nodes[i] for i in order]
+
+
+def _ready(node, done: set) -> bool:
+    if not all(t in done for t in node.input):
+        return False
+    done.update(node.output)
+    return True
+
+
+def _type_of(value_info) -> TensorType | None:
+    t = value_info.type
+    if not t.HasField("tensor_type"):
+        return None
+    tt = t.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return TensorType(tuple(dims), tt.elem_type)
+
+
+def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
+                input_shapes: dict[str, tuple[int, ...]]) -> dict[str, TensorType]:
+    """Shapes and element types of every tensor, for batch 1.
+
+    Inference runs once, on a model whose large weights are replaced by typed graph inputs, so a
+    548 MB model costs what its graph costs. A symbolic leading dimension is taken as batch 1;
+    other symbolic dimensions need ``input_shapes``.
+    """
+    graph = lazy.proto.graph
+    unknown = set(input_shapes) - set(inputs)
+    if unknown:
+        raise AutodiceError(*(f'--input-shape {n}: the model has no input "{n}" (inputs: '
+                              f'{", ".join(inputs)})' for n in sorted(unknown)))
+    model = onnx.ModelProto()
+    model.ir_version = max(lazy.proto.ir_version, 4)
+    model.opset_import.extend(lazy.proto.opset_import)
+    model.functions.extend(lazy.proto.functions)
+    g = model.graph
+    g.node.extend(nodes)
+    problems = Problems()
+    for vi in graph.input:
+        if vi.name in lazy.tensors:
+            continue
+        new = g.input.add()
+        new.CopyFrom(vi)
+        dims = new.type.tensor_type.shape.dim
+        if vi.name in input_shapes:
+            want = input_shapes[vi.name]
+            if len(want) != len(dims):
+                problems.add(f"--input-shape {vi.name}: {len(want)} dimensions given, the model's "
+                             f"input has {len(dims)}")
+                continue
+            for d, v in zip(dims, want):
+                d.Clear()
+                d.dim_value = v
+        elif dims and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = 1
+    problems.raise_if_any()
+    for name, ref in lazy.tensors.items():
+        if name in lazy.small:
+            g.initializer.append(lazy.small[name])
+        else:
+            g.input.append(helper.make_tensor_value_info(name, ref.data_type, ref.dims))
+    g.output.extend(graph.output)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises several C++-bound error types
+        raise AutodiceError(f"{path}: shape inference failed: {str(e).splitlines()[0]}") from None
+    types: dict[str, TensorType] = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        t = _type_of(vi)
+        if t is not None and (vi.name not in types or t.static):
+            types[vi.name] = t
+    for name, ref in lazy.tensors.items():
+        types[name] = TensorType(ref.dims, ref.data_type)
+    return types
+
+
+def find_followers(nodes, types: dict[str, TensorType], weights) -> frozenset[int]:
+    """Nodes that compute only from constants and static shapes.
+
+    They are cheap and their outputs are not activations, so they run on every rank that consumes
+    them instead of being sent: a mapping need not list them. ``Shape``/``Size`` of a static
+    tensor counts as constant (it is folded when sub-models are written).
+    """
+    static_tensors = set(weights)
+    followers = set()
+    for i, n in enumerate(nodes):
+        if n.op_type in SHAPE_OPS:
+            ok = bool(n.input) and n.input[0] in types and types[n.input[0]].static
+        else:
+            ok = all(t in static_tensors for t in n.input if t)
+        if ok and n.op_type not in UNSUPPORTED_OPS:
+            followers.add(i)
+            static_tensors.update(t for t in n.output if t)
+    return frozenset(followers)
+
+
+def shape_constant(node, types: dict[str, TensorType]) -> onnx.NodeProto:
+    """A ``Constant`` node with the value a ``Shape``/``Size`` node computes on static shapes."""
+    shape = np.array(types[node.input[0]].shape, dtype=np.int64)
+    if node.op_type == "Size":
+        value = np.array(int(np.prod(shape)), dtype=np.int64)
+    else:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        value = shape[attrs.get("start", 0):attrs.get("end", len(shape))]
+    return helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                            value=numpy_helper.from_array(value))

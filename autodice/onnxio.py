@@ -1,0 +1,299 @@
+"""Reading and writing ONNX files without pulling the weights through Python.
+
+A full-size VGG-19 is 548 MB, nearly all of it weights. ``onnx.load`` parses every byte into
+protobuf objects and a sub-model written with ``onnx.save`` copies them twice more; on small
+edge-class machines (and this one) that dominates the split. So we scan the protobuf wire format
+instead: every field of the model and graph is parsed normally *except* initializers, which become
+:class:`TensorRef` — name, dims, dtype and where their serialized bytes lie in the file. Writing a
+sub-model concatenates the re-serialized small parts with the referenced byte ranges, copied file to
+file by the kernel (``os.copy_file_range``). Each weight is written once and never deep-copied.
+
+Tensors stored as external data stay external: their bytes are copied into a data file beside the
+sub-model. Sub-models that would pass protobuf's 2 GB limit move all their weights to such a file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from .errors import AutodiceError
+
+# Protobuf wire types and the field numbers of onnx.proto that this module reads by hand.
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_MODEL_GRAPH = 7
+_GRAPH_INITIALIZER = 5
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 8, 9
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
+
+# Initializers up to this size are parsed into TensorProtos: shape constants, scalars, small biases
+# whose values shape inference and constant folding need.
+SMALL_TENSOR_BYTES = 4096
+# Protobuf refuses messages of 2 GiB and more; stay clear of it.
+PROTOBUF_LIMIT = 1_800_000_000
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An initializer left in its file: what it is, and where its serialized bytes are."""
+
+    name: str
+    dims: tuple[int, ...]
+    data_type: int
+    nbytes: int  # payload size (dims x element size), whether inline or external
+    path: Path  # the file holding the serialized TensorProto
+    offset: int  # ... at this offset
+    length: int  # ... of this many bytes
+    raw_offset: int | None  # absolute offset of raw_data in ``path`` (None: not raw_data)
+    external: bool  # data lives in an external file named by the TensorProto
+
+
+@dataclass
+class LazyModel:
+    """A model whose graph has no initializers; those are in ``tensors`` by reference."""
+
+    path: Path
+    proto: onnx.ModelProto  # graph.initializer is empty
+    tensors: dict[str, TensorRef]  # in file order
+    small: dict[str, TensorProto]  # parsed values of the small initializers
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf, start: int, end: int):
+    """Yield (field number, wire type, value start, value end, field start) over buf[start:end]."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == _VARINT:
+            _, after = _varint(buf, pos)
+        elif wire == _LEN:
+            size, pos = _varint(buf, pos)
+            after = pos + size
+        elif wire == _I64:
+            after = pos + 8
+        elif wire == _I32:
+            after = pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {field_start}")
+        yield number, wire, pos, after, field_start
+        pos = after
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _len_field(number: int, size: int) -> bytes:
+    return _encode_varint((number << 3) | _LEN) + _encode_varint(size)
+
+
+_ELEM_SIZE = {
+    TensorProto.FLOAT: 4, TensorProto.UINT8: 1, TensorProto.INT8: 1, TensorProto.UINT16: 2,
+    TensorProto.INT16: 2, TensorProto.INT32: 4, TensorProto.INT64: 8, TensorProto.BOOL: 1,
+    TensorProto.FLOAT16: 2, TensorProto.DOUBLE: 8, TensorProto.UINT32: 4, TensorProto.UINT64: 8,
+    TensorProto.BFLOAT16: 2,
+}
+
+
+def element_size(data_type: int) -> int:
+    """Bytes per element of an ONNX tensor type (4 for unknown types, a safe estimate)."""
+    return _ELEM_SIZE.get(data_type, 4)
+
+
+def _scan_tensor(buf, start: int, end: int, path: Path) -> TensorRef:
+    dims: list[int] = []
+    data_type = TensorProto.FLOAT
+    name = ""
+    raw_offset = raw_len = None
+    external = False
+    for number, wire, vstart, vend, _ in _fields(buf, start, end):
+        if number == _TENSOR_DIMS:
+            if wire == _LEN:  # packed
+                p = vstart
+                while p < vend:
+                    d, p = _varint(buf, p)
+                    dims.append(d)
+            else:
+                dims.append(_varint(buf, vstart)[0])
+        elif number == _TENSOR_DATA_TYPE:
+            data_type = _varint(buf, vstart)[0]
+        elif number == _TENSOR_NAME:
+            name = bytes(buf[vstart:vend]).decode()
+        elif number == _TENSOR_RAW_DATA:
+            raw_offset, raw_len = vstart, vend - vstart
+        elif number == _TENSOR_DATA_LOCATION:
+            external = _varint(buf, vstart)[0] == TensorProto.EXTERNAL
+    count = 1
+    for d in dims:
+        count *= d
+    nbytes = raw_len if raw_len is not None else count * element_size(data_type)
+    return TensorRef(name, tuple(dims), data_type, nbytes, path, start, end - start,
+                     raw_offset, external)
+
+
+def read_model(path: str | os.PathLike) -> LazyModel:
+    """Parse ``path`` except for its initializers' payloads.
+
+    Raises:
+        AutodiceError: the file is missing or is not an ONNX model.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _read(buf, path)
+    except FileNotFoundError:
+        raise AutodiceError(f"{path}: no such file") from None
+    except (ValueError, IndexError, UnicodeDecodeError, onnx.onnx_cpp2py_export.checker.ValidationError) as e:
+        raise AutodiceError(f"{path}: not an ONNX model ({e})") from None
+    except Exception as e:  # protobuf's DecodeError has no stable import path
+        if type(e).__name__ == "DecodeError":
+            raise AutodiceError(f"{path}: not an ONNX model ({e})") from None
+        raise
+
+
+def _read(buf, path: Path) -> LazyModel:
+    model_parts, graph_parts = [], []
+    tensors: dict[str, TensorRef] = {}
+    small: dict[str, TensorProto] = {}
+    saw_graph = False
+    for number, _, vstart, vend, fstart in _fields(buf, 0, len(buf)):
+        if number != _MODEL_GRAPH:
+            model_parts.append(buf[fstart:vend])
+            continue
+        saw_graph = True
+        for gnum, _, gstart, gend, gfstart in _fields(buf, vstart, vend):
+            if gnum != _GRAPH_INITIALIZER:
+                graph_parts.append(buf[gfstart:gend])
+                continue
+            ref = _scan_tensor(buf, gstart, gend, path)
+            tensors[ref.name] = ref
+            if ref.length <= SMALL_TENSOR_BYTES:
+                t = TensorProto()
+                t.ParseFromString(buf[gstart:gend])
+                small[ref.name] = t
+    if not saw_graph:
+        raise ValueError("no graph")
+    proto = onnx.ModelProto()
+    proto.ParseFromString(b"".join(model_parts))
+    proto.graph.ParseFromString(b"".join(graph_parts))
+    if not proto.opset_import:
+        raise ValueError("no opset_import")
+    return LazyModel(path, proto, tensors, small)
+
+
+def _external_location(ref: TensorRef) -> tuple[Path, int, int]:
+    """(data file, offset, length) of an external tensor, read from its small TensorProto."""
+    t = TensorProto()
+    with open(ref.path, "rb") as f:
+        f.seek(ref.offset)
+        t.ParseFromString(f.read(ref.length))
+    info = {e.key: e.value for e in t.external_data}
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else ref.nbytes
+    return ref.path.parent / info["location"], offset, length
+
+
+def _copy_range(src: Path, dst_fd: int, offset: int, length: int) -> None:
+    with open(src, "rb") as f:
+        fd = f.fileno()
+        while length:
+            n = os.copy_file_range(fd, dst_fd, length, offset)
+            if n == 0:
+                raise AutodiceError(f"{src}: file ends before byte {offset + length}")
+            offset += n
+            length -= n
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _external_tensor(ref: TensorRef, location: str, offset: int) -> bytes:
+    """A TensorProto header that points at ``location`` instead of holding the payload."""
+    t = TensorProto(name=ref.name, dims=ref.dims, data_type=ref.data_type,
+                    data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", str(offset)),
+                       ("length", str(ref.nbytes))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t.SerializeToString()
+
+
+def _payload_source(ref: TensorRef) -> tuple[Path, int, int]:
+    if ref.external:
+        return _external_location(ref)
+    if ref.raw_offset is not None:
+        return ref.path, ref.raw_offset, ref.nbytes
+    raise AutodiceError(f'{ref.path}: initializer "{ref.name}" stores typed data, not raw_data, '
+                        f"and is too large to write inline; re-export the model with raw_data")
+
+
+def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef]) -> None:
+    """Write ``proto`` (whose graph has no initializers) plus ``tensors`` as one ONNX file.
+
+    Tensors that were external stay external (``<file>.data`` beside it); if the inline file would
+    pass the protobuf limit, every tensor goes external.
+    """
+    graph_bytes = proto.graph.SerializeToString()  # nodes, inputs, outputs: small
+    data_name = path.name + ".data"
+    all_external = sum(t.length for t in tensors) + len(graph_bytes) > PROTOBUF_LIMIT
+    data_fd = None
+    pieces: list[tuple[bytes, TensorRef | None]] = []  # (bytes to write, then range to copy)
+    data_offset = 0
+    try:
+        for ref in tensors:
+            if ref.external or all_external:
+                if data_fd is None:
+                    data_fd = os.open(path.parent / data_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                src, off, length = _payload_source(ref)
+                _copy_range(src, data_fd, off, length)
+                msg = _external_tensor(ref, data_name, data_offset)
+                data_offset += length
+                pieces.append((_len_field(_GRAPH_INITIALIZER, len(msg)) + msg, None))
+            else:
+                pieces.append((_len_field(_GRAPH_INITIALIZER, ref.length), ref))
+    finally:
+        if data_fd is not None:
+            os.close(data_fd)
+    graph_size = len(graph_bytes) + sum(len(b) + (r.length if r else 0) for b, r in pieces)
+    # Everything in ``head`` but the graph field, then the graph field rebuilt with initializers.
+    rest = onnx.ModelProto()
+    rest.CopyFrom(proto)
+    rest.ClearField("graph")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, rest.SerializeToString() + _len_field(_MODEL_GRAPH, graph_size))
+        _write_all(fd, graph_bytes)
+        for prefix, ref in pieces:
+            _write_all(fd, prefix)
+            if ref is not None:
+                _copy_range(ref.path, fd, ref.offset, ref.length)
+    finally:
+        os.close(fd)

@@ -1,0 +1,164 @@
+"""Checking a mapping against the model and the platform, and placing every node on ranks.
+
+All checks run before anything is written and report every offender at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import Problems, did_you_mean
+from .model import UNSUPPORTED_OPS, Graph
+from .spec import Mapping, Platform, Resource, parse_key
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Ranks in mapping order, the cores each is bound to, and the ranks each node runs on.
+
+    A mapped layer runs on exactly one rank; a follower (constant or shape arithmetic) runs on
+    every rank that consumes it.
+    """
+
+    resources: tuple[Resource, ...]
+    slots: tuple[tuple[int, ...], ...]
+    node_ranks: tuple[tuple[int, ...], ...]
+
+
+def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...]:
+    """Parse every key and check it against the platform.
+
+    Raises:
+        AutodiceError: malformed keys, unknown hosts, wrong arch, cores outside a host's slots,
+            cores claimed twice, GPUs that do not exist.
+    """
+    problems = Problems()
+    where = mapping.path
+    resources: list[Resource] = []
+    claimed: dict[tuple[str, int], str] = {}
+    gpus: dict[tuple[str, int], str] = {}
+    hosts = list(platform.devices)
+    for key, _ in mapping.entries:
+        try:
+            res = parse_key(key)
+        except ValueError as e:
+            problems.add(f'{where}: key "{key}": {e}')
+            continue
+        dev = platform.devices.get(res.host)
+        if dev is None:
+            listing = ", ".join(hosts)
+            problems.add(f'{where}: key "{key}": host "{res.host}" is not in {platform.path}'
+                         f"{did_you_mean(res.host, hosts)} (hosts: {listing})")
+            continue
+        if res.kind == "gpu":
+            if dev.gpu is None:
+                problems.add(f'{where}: key "{key}": host "{res.host}" has no GPU in '
+                             f"{platform.path} (add gpu=MODEL (API) to its line)")
+            elif res.gpu_index != 0:
+                problems.add(f'{where}: key "{key}": host "{res.host}" has one GPU, gpu0')
+            elif (res.host, res.gpu_index) in gpus:
+                problems.add(f'{where}: key "{key}": GPU {res.gpu_index} of "{res.host}" is '
+                             f'already used by key "{gpus[(res.host, res.gpu_index)]}"')
+            gpus[(res.host, res.gpu_index)] = key
+        else:
+            if res.family != "cpu" and res.family != dev.arch:
+                problems.add(f'{where}: key "{key}": "{res.family}" cores on host "{res.host}", '
+                             f"which is {dev.arch} in {platform.path}")
+            outside = [c for c in res.cores if c not in dev.slots]
+            if outside:
+                problems.add(f'{where}: key "{key}": core{"s" if len(outside) > 1 else ""} '
+                             f'{",".join(map(str, outside))} not in the slots of "{res.host}" '
+                             f"({_ranges(dev.slots)})")
+            for c in res.cores:
+                other = claimed.get((res.host, c))
+                if other is not None:
+                    problems.add(f'{where}: key "{key}": core {c} of "{res.host}" is already '
+                                 f'claimed by key "{other}"')
+                claimed[(res.host, c)] = key
+        resources.append(res)
+    problems.raise_if_any()
+    return tuple(resources)
+
+
+def _ranges(cores: tuple[int, ...]) -> str:
+    out, start = [], None
+    for i, c in enumerate(cores):
+        if start is None:
+            start = c
+        if i + 1 == len(cores) or cores[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def bind_slots(resources: tuple[Resource, ...], platform: Platform) -> tuple[tuple[int, ...], ...]:
+    """Cores per rank: a CPU key's own; a GPU rank gets the lowest core of its host that no CPU key
+    claims (the host's lowest core when all are claimed: a GPU rank mostly waits)."""
+    claimed = {(r.host, c) for r in resources if r.kind == "cpu" for c in r.cores}
+    slots = []
+    for r in resources:
+        if r.kind == "cpu":
+            slots.append(r.cores)
+            continue
+        dev = platform.devices[r.host]
+        free = [c for c in sorted(dev.slots) if (r.host, c) not in claimed]
+        slots.append((free[0] if free else min(dev.slots),))
+    return tuple(slots)
+
+
+def assign_ranks(graph: Graph, mapping: Mapping, resources: tuple[Resource, ...],
+                 platform: Platform) -> Placement:
+    """Place every node, checking the layer lists.
+
+    Raises:
+        AutodiceError: unknown layers (with did-you-mean), layers listed twice or under two keys,
+            mapped layers left out, ops the ncnn tool chain cannot convert.
+    """
+    problems = Problems()
+    where = mapping.path
+    explicit: dict[int, int] = {}
+    first_key: dict[int, str] = {}
+    for rank, (key, layers) in enumerate(mapping.entries):
+        seen_here = set()
+        for layer in layers:
+            i = graph.index.get(layer)
+            if i is None:
+                problems.add(f'{where}: key "{key}": layer "{layer}" is not in {graph.path}'
+                             f"{did_you_mean(layer, graph.names)} (`autodice layers` lists them)")
+                continue
+            if layer in seen_here:
+                problems.add(f'{where}: key "{key}": layer "{layer}" is listed twice')
+                continue
+            seen_here.add(layer)
+            if i in explicit:
+                problems.add(f'{where}: layer "{layer}" is mapped to both "{first_key[i]}" and '
+                             f'"{key}"; splitting one layer across ranks (horizontal '
+                             f"partitioning) is not supported yet")
+                continue
+            explicit[i] = rank
+            first_key[i] = key
+            op = graph.nodes[i].op_type
+            if op in UNSUPPORTED_OPS:
+                problems.add(f'{where}: key "{key}" (rank {rank}): layer "{layer}" is a {op}, '
+                             f"which ncnn/pnnx cannot convert")
+    missing = [graph.names[i] for i in range(len(graph.nodes))
+               if i not in explicit and i not in graph.followers]
+    if missing:
+        shown = ", ".join(f'"{m}"' for m in missing[:20])
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        problems.add(f"{where}: {len(missing)} layer{'s are' if len(missing) > 1 else ' is'} "
+                     f"not mapped to any key: {shown}{more}")
+    problems.raise_if_any()
+
+    # Followers go where their consumers are; walk backwards so chains of followers resolve.
+    node_ranks: list[tuple[int, ...]] = [()] * len(graph.nodes)
+    for i in range(len(graph.nodes) - 1, -1, -1):
+        if i not in graph.followers:
+            node_ranks[i] = (explicit[i],)
+            continue
+        ranks = {explicit[i]} if i in explicit else set()
+        for t in graph.nodes[i].output:
+            for c in graph.consumers.get(t, ()):
+                ranks.update(node_ranks[c])
+        node_ranks[i] = tuple(sorted(ranks)) or (0,)
+    return Placement(resources, bind_slots(resources, platform), tuple(node_ranks))

@@ -1,0 +1,203 @@
+"""The plan: what every rank runs, receives and sends. Every stage after ``split`` reads only this.
+
+Frozen dataclasses, so a pass returns a new plan instead of editing one, and ``plan.json`` is their
+byte-stable rendering (fixed key order, no timestamps, paths relative to the output directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import AutodiceError
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy name: "float32", "int64", ...
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One tensor crossing ranks: sent once per frame by ``src`` to every rank in ``dst``.
+
+    ``tag`` is unique per edge, so a receiver can match messages without ordering assumptions;
+    a model input read on one rank and needed on others is an edge too (``kind="input"``).
+    """
+
+    tensor: str
+    src: int
+    dst: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    tag: int
+    kind: str = "activation"  # or "input"
+
+
+@dataclass(frozen=True)
+class Step:
+    """Wait for ``wait`` (received tensors), then compute ``extract`` and send what is cut.
+
+    Steps follow the global data-dependency order, so a rank that both feeds and consumes a peer
+    (ping-pong) never blocks on a tensor that depends on what it has not sent yet.
+    """
+
+    wait: tuple[str, ...]
+    extract: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per-rank memory for one frame (DeepDSL-style static estimate), bytes."""
+
+    params: int
+    peak_activations: int
+    recv_bytes: int
+    send_bytes: int  # on the wire: a tensor sent to two ranks counts twice
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    key: str
+    host: str
+    device: str  # "cpu" | "gpu"
+    gpu_index: int
+    slots: tuple[int, ...]
+    threads: int
+    submodel: str  # path relative to the output directory
+    layers: tuple[str, ...]  # mapped layers, in execution order
+    followers: tuple[str, ...]  # constants and shape arithmetic copied here for its layers
+    inputs: tuple[str, ...]  # model inputs this rank reads
+    outputs: tuple[str, ...]  # model outputs this rank produces
+    recv: tuple[Edge, ...]
+    send: tuple[Edge, ...]
+    submodel_inputs: tuple[TensorSpec, ...]  # graph inputs, in order (pnnx names them in0, in1...)
+    submodel_outputs: tuple[TensorSpec, ...]  # graph outputs, in order (out0, out1...)
+    steps: tuple[Step, ...]
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str  # path of the whole model, relative to the output directory when possible
+    model_inputs: tuple[TensorSpec, ...]
+    model_outputs: tuple[TensorSpec, ...]
+    ranks: tuple[Rank, ...]
+    edges: tuple[Edge, ...]
+    version: int = field(default=PLAN_VERSION)
+
+    def hosts(self) -> list[str]:
+        """Hosts in order of their first rank."""
+        return list(dict.fromkeys(r.host for r in self.ranks))
+
+
+def _tensor_json(t: TensorSpec) -> dict:
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
+
+
+def _edge_json(e: Edge) -> dict:
+    return {"tensor": e.tensor, "from": e.src, "to": list(e.dst), "shape": list(e.shape),
+            "dtype": e.dtype, "bytes": e.nbytes, "tag": e.tag, "kind": e.kind}
+
+
+def plan_to_json(plan: Plan) -> dict:
+    ranks = []
+    for r in plan.ranks:
+        ranks.append({
+            "rank": r.rank, "key": r.key, "host": r.host, "device": r.device,
+            "gpu_index": r.gpu_index, "slots": list(r.slots), "threads": r.threads,
+            "submodel": r.submodel, "layers": list(r.layers), "followers": list(r.followers),
+            "inputs": list(r.inputs), "outputs": list(r.outputs),
+            "recv": [{"tensor": e.tensor, "from": e.src, "shape": list(e.shape),
+                      "dtype": e.dtype, "bytes": e.nbytes, "tag": e.tag} for e in r.recv],
+            "send": [{"tensor": e.tensor, "to": list(e.dst), "shape": list(e.shape),
+                      "dtype": e.dtype, "bytes": e.nbytes, "tag": e.tag} for e in r.send],
+            "submodel_inputs": [_tensor_json(t) for t in r.submodel_inputs],
+            "submodel_outputs": [_tensor_json(t) for t in r.submodel_outputs],
+            "steps": [{"wait": list(s.wait), "extract": list(s.extract)} for s in r.steps],
+            "memory": {"params": r.memory.params, "peak_activations": r.memory.peak_activations,
+                       "recv_bytes": r.memory.recv_bytes, "send_bytes": r.memory.send_bytes},
+        })
+    return {
+        "version": plan.version,
+        "model": plan.model,
+        "model_inputs": [_tensor_json(t) for t in plan.model_inputs],
+        "model_outputs": [_tensor_json(t) for t in plan.model_outputs],
+        "edges": [_edge_json(e) for e in plan.edges],
+        "ranks": ranks,
+    }
+
+
+def dumps(obj) -> str:
+    """JSON with two-space indents but short lists of scalars on one line: readable diffs."""
+
+    def render(o, indent: str) -> str:
+        inner = indent + "  "
+        if isinstance(o, dict):
+            if not o:
+                return "{}"
+            items = [f"{inner}{json.dumps(k)}: {render(v, inner)}" for k, v in o.items()]
+            return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        if isinstance(o, list):
+            flat = json.dumps(o)
+            if all(not isinstance(x, (dict, list)) for x in o) and len(flat) + len(indent) < 100:
+                return flat
+            if not o:
+                return "[]"
+            return "[\n" + ",\n".join(inner + render(x, inner) for x in o) + "\n" + indent + "]"
+        return json.dumps(o)
+
+    return render(obj, "") + "\n"
+
+
+def _tensor(d: dict) -> TensorSpec:
+    return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d["bytes"])
+
+
+def plan_from_json(data: dict) -> Plan:
+    """Rebuild a :class:`Plan` from ``plan_to_json`` output (edges are shared objects)."""
+    edges = tuple(Edge(e["tensor"], e["from"], tuple(e["to"]), tuple(e["shape"]), e["dtype"],
+                       e["bytes"], e["tag"], e["kind"]) for e in data["edges"])
+    by_tag = {e.tag: e for e in edges}
+    ranks = []
+    for r in data["ranks"]:
+        ranks.append(Rank(
+            r["rank"], r["key"], r["host"], r["device"], r["gpu_index"], tuple(r["slots"]),
+            r["threads"], r["submodel"], tuple(r["layers"]), tuple(r["followers"]),
+            tuple(r["inputs"]), tuple(r["outputs"]),
+            tuple(by_tag[x["tag"]] for x in r["recv"]), tuple(by_tag[x["tag"]] for x in r["send"]),
+            tuple(_tensor(t) for t in r["submodel_inputs"]),
+            tuple(_tensor(t) for t in r["submodel_outputs"]),
+            tuple(Step(tuple(s["wait"]), tuple(s["extract"])) for s in r["steps"]),
+            Memory(**r["memory"]),
+        ))
+    return Plan(data["model"], tuple(_tensor(t) for t in data["model_inputs"]),
+                tuple(_tensor(t) for t in data["model_outputs"]), tuple(ranks), edges,
+                data["version"])
+
+
+def load_plan(out_dir: str | Path) -> Plan:
+    """The plan in ``out_dir/plan.json``.
+
+    Raises:
+        AutodiceError: no plan there, or one written by an incompatible version.
+    """
+    path = Path(out_dir) / "plan.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AutodiceError(f"{path}: no plan here; run `autodice split` first") from None
+    except json.JSONDecodeError as e:
+        raise AutodiceError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if data.get("version") != PLAN_VERSION:
+        raise AutodiceError(f"{path}: plan version {data.get('version')} is not "
+                            f"{PLAN_VERSION}; re-run `autodice split`")
+    return plan_from_json(data)

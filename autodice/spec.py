@@ -1,0 +1,255 @@
+"""The two hand-written inputs: ``platform.txt`` (the devices) and ``mapping.json`` (who runs what).
+
+platform.txt, one device per line (``#`` starts a comment)::
+
+    edge01, arm, slots=0-5, gpu=NVIDIAVolta (CUDA), mem=8GB
+    edge04, x86, slots=0-11, gpu=AMDRX6800 (VULKAN), bandwidth=1gbit
+
+mapping.json: ``{"edge01_arm123": ["conv1", ...], "edge01_gpu": [...]}``; key order is rank order.
+A key is ``<host>_<resource>`` split at the *last* underscore (host names may contain ``_``).
+The resource is ``cpu|arm|x86`` plus cores — one digit per core as in the AutoDiCE paper
+(``arm123``), or ranges and lists (``cpu0-11``, ``cpu1,3,5``) — or ``gpu`` / ``gpuN``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import AutodiceError, Problems, did_you_mean
+
+ARCHS = ("arm", "x86")
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+               "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def _number(value: str, units: dict[str, float], default_unit: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z/]*)\s*", value)
+    if not m or m.group(2).lower() not in units and not (m.group(2) == "" and default_unit):
+        raise ValueError(f"expected a number with a unit ({', '.join(u for u in units if u)})")
+    return float(m.group(1)) * units[m.group(2).lower() or default_unit]
+
+
+def _watts(value: str) -> float:
+    return _number(value, {"w": 1.0, "mw": 1e-3}, "w")
+
+
+def parse_cores(text: str) -> tuple[int, ...]:
+    """``"0-5"`` / ``"1,3,5"`` / ``"0-3;6"`` -> cores in order; duplicates are an error."""
+    cores: list[int] = []
+    for part in re.split(r"[,;]", text):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise ValueError(f'"{text}" is not a core list such as 0-5 or 1,3,5')
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f'range "{part.strip()}" runs backwards')
+        cores.extend(range(lo, hi + 1))
+    if len(set(cores)) != len(cores):
+        raise ValueError(f'"{text}" names a core twice')
+    return tuple(cores)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One line of platform.txt. Optional figures are None when the line leaves them out."""
+
+    name: str
+    arch: str
+    slots: tuple[int, ...]
+    gpu: str | None = None  # model, e.g. "NVIDIAVolta"
+    gpu_api: str | None = None  # "CUDA", "VULKAN", ...
+    mem: float | None = None  # bytes of RAM
+    gpu_mem: float | None = None  # bytes of dedicated GPU memory (None: shared with the CPU)
+    power_idle: float | None = None  # watts, whole board idle
+    power_cpu: float | None = None  # watts added per busy core
+    power_gpu: float | None = None  # watts added while the GPU is busy
+    bandwidth: float | None = None  # bytes/s of its network link
+    latency: float | None = None  # seconds, one way
+
+
+# Field name -> (parser, help). Keeping them as data makes the error message list itself.
+FIELDS = {
+    "slots": (parse_cores, "cores, e.g. 0-5"),
+    "gpu": (str, 'model and API, e.g. "NVIDIAVolta (CUDA)"'),
+    "mem": (lambda v: _number(v, _SIZE_UNITS, "b"), "RAM, e.g. 8GB"),
+    "gpu_mem": (lambda v: _number(v, _SIZE_UNITS, "b"), "dedicated GPU memory, e.g. 16GB"),
+    "power_idle": (_watts, "idle board power, e.g. 2.5W"),
+    "power_cpu": (_watts, "extra power per busy core, e.g. 1.2W"),
+    "power_gpu": (_watts, "extra power of a busy GPU, e.g. 10W"),
+    "bandwidth": (lambda v: _number(v, _RATE_UNITS, ""), "link rate, e.g. 1gbit or 100MB/s"),
+    "latency": (lambda v: _number(v, _TIME_UNITS, "s"), "one-way link latency, e.g. 0.2ms"),
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    path: str
+    devices: dict[str, Device]  # in file order
+
+
+def parse_platform(path: str | Path) -> Platform:
+    """Parse platform.txt.
+
+    Raises:
+        AutodiceError: one line per bad line or field, all at once.
+    """
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
+    return parse_platform_text(text, path)
+
+
+def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
+    problems = Problems()
+    devices: dict[str, Device] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{lineno}"
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            problems.add(f'{where}: expected "name, arch, slots=..." but got "{line}"')
+            continue
+        name, arch, fields = parts[0], parts[1].lower(), parts[2:]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            problems.add(f'{where}: device name "{name}" must be letters, digits, "_", "." or "-"')
+            continue
+        if name in devices:
+            problems.add(f'{where}: device "{name}" is defined twice')
+            continue
+        if arch not in ARCHS:
+            problems.add(f'{where}: device "{name}": arch "{parts[1]}" is not one of '
+                         f'{", ".join(ARCHS)}')
+        values: dict = {}
+        for field in fields:
+            key, eq, value = field.partition("=")
+            key = key.strip()
+            if not eq or key not in FIELDS:
+                known = ", ".join(f"{k} ({h})" for k, (_, h) in FIELDS.items())
+                problems.add(f'{where}: device "{name}": unknown field "{field}"'
+                             f"{did_you_mean(key, FIELDS)}; known fields: {known}")
+                continue
+            try:
+                values[key] = FIELDS[key][0](value.strip())
+            except ValueError as e:
+                problems.add(f'{where}: device "{name}": {key}={value.strip()}: {e}')
+        if "slots" not in values and not any(f.strip().startswith("slots") for f in fields):
+            problems.add(f'{where}: device "{name}": slots=... is required')
+            continue
+        gpu = values.pop("gpu", None)
+        gpu_api = None
+        if gpu:
+            m = re.fullmatch(r"(.*?)\s*\(\s*([^)]*)\s*\)", gpu)
+            gpu, gpu_api = (m.group(1), m.group(2).upper()) if m else (gpu, None)
+        if "slots" in values:
+            devices[name] = Device(name, arch, gpu=gpu, gpu_api=gpu_api, **values)
+    if not devices and not problems:
+        problems.add(f"{path}: no devices defined")
+    problems.raise_if_any()
+    return Platform(path, devices)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A mapping key, parsed: the host and what of it a rank uses."""
+
+    key: str
+    host: str
+    kind: str  # "cpu" or "gpu"
+    family: str  # "cpu" | "arm" | "x86" | "gpu"
+    cores: tuple[int, ...] = ()  # CPU keys
+    gpu_index: int = 0  # GPU keys
+
+
+def parse_key(key: str) -> Resource:
+    """``"edge01_arm123"`` -> Resource(host="edge01", kind="cpu", cores=(1, 2, 3)).
+
+    Raises:
+        ValueError: the key is malformed (the message says how).
+    """
+    host, sep, res = key.rpartition("_")
+    if not sep or not host:
+        raise ValueError("expected <host>_<resource> such as edge01_arm123 or edge01_gpu")
+    m = re.fullmatch(r"gpu(\d*)", res)
+    if m:
+        return Resource(key, host, "gpu", "gpu", gpu_index=int(m.group(1) or 0))
+    m = re.fullmatch(r"(cpu|arm|x86)([0-9,;-]+)", res)
+    if not m:
+        raise ValueError(f'resource "{res}" is not cpu|arm|x86 followed by cores, or gpu[N]')
+    family, spec = m.groups()
+    if "-" in spec or "," in spec or ";" in spec:
+        cores = parse_cores(spec)
+    else:
+        cores = tuple(int(c) for c in spec)
+        if len(set(cores)) != len(cores):
+            raise ValueError(f'"{spec}" names a core twice (one digit per core; use '
+                             f"ranges such as cpu0-11 for more than 10 cores)")
+    return Resource(key, host, "cpu", family, cores=cores)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    path: str
+    entries: tuple[tuple[str, tuple[str, ...]], ...]  # (key, layers) in rank order
+
+
+def parse_mapping(path: str | Path) -> Mapping:
+    """Read mapping.json, keeping key order (= rank order).
+
+    Raises:
+        AutodiceError: unreadable, not JSON, duplicate keys, or not {key: [layer, ...]}.
+    """
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
+    return parse_mapping_text(text, path)
+
+
+def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
+    problems = Problems()
+
+    class Pairs(list):
+        """A JSON object as its (key, value) pairs: keeps order and shows repeated keys."""
+
+    def pairs(items):
+        seen = set()
+        for k, _ in items:
+            if k in seen:
+                problems.add(f'{path}: key "{k}" appears twice')
+            seen.add(k)
+        return Pairs(items)
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as e:
+        raise AutodiceError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} "
+                            f"column {e.colno}") from None
+    problems.raise_if_any()
+    if not isinstance(data, Pairs) or not data:
+        raise AutodiceError(f'{path}: expected a non-empty object {{"host_resource": '
+                            f'["layer", ...], ...}}')
+    entries = []
+    for key, layers in data:
+        if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
+            problems.add(f'{path}: key "{key}": expected a list of layer names')
+            continue
+        entries.append((key, tuple(layers)))
+    problems.raise_if_any()
+    return Mapping(path, tuple(entries))
+
+
+def mapping_json(entries: dict[str, list[str]]) -> str:
+    """The text of a mapping file, byte-stable for a given mapping."""
+    return json.dumps(entries, indent=2) + "\n"

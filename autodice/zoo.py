@@ -1,0 +1,70 @@
+"""Full-size ONNX model-zoo CNNs made from the "light" graphs that the ``onnx`` wheel ships.
+
+The wheel replaces every large weight with ``ConstantOfShape(shape)``; we turn each back into an
+initializer filled with seeded He-scaled noise, so the graph, shapes, parameter count and file size
+are those of the real zoo model (VGG-19: 143.7 M parameters, 548 MB) and outputs stay finite.
+No network access is needed, which is why tests and benchmarks use these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import AutodiceError
+
+ZOO = ("vgg19", "densenet121", "resnet50", "squeezenet", "inception_v1", "inception_v2",
+       "shufflenet", "bvlc_alexnet", "zfnet512")
+
+
+def light_path(name: str) -> Path:
+    """Where the ``onnx`` wheel keeps the light graph of zoo model ``name``."""
+    if name not in ZOO:
+        raise AutodiceError(f'zoo model "{name}" is unknown (known: {", ".join(ZOO)})')
+    return Path(onnx.__file__).parent / "backend/test/data/light" / f"light_{name}.onnx"
+
+
+def _weights(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if len(shape) >= 2:
+        fan_in = int(np.prod(shape[1:]))
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in)))
+    # 1-D tensors are biases and batch-norm statistics: positive keeps variances valid.
+    return rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
+
+
+def materialize(name: str, seed: int = 0) -> onnx.ModelProto:
+    """The zoo model ``name`` with every ``ConstantOfShape`` weight replaced by seeded noise."""
+    model = onnx.load(str(light_path(name)))
+    graph = model.graph
+    rng = np.random.default_rng(seed)
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    keep, new_inits, dropped = [], [], set()
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in consts:
+            shape = tuple(int(d) for d in consts[node.input[0]])
+            new_inits.append(numpy_helper.from_array(_weights(shape, rng), node.output[0]))
+            dropped.add(node.input[0])
+        else:
+            keep.append(node)
+    inits = [i for i in graph.initializer if i.name not in dropped] + new_inits
+    inputs = [i for i in graph.input if i.name not in dropped]
+    del graph.node[:]
+    graph.node.extend(keep)
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    del graph.input[:]
+    # Modern exporters do not list initializers as graph inputs (the zoo's originals did); IR 4 is
+    # the first version that allows that.
+    graph.input.extend(i for i in inputs if i.name not in {t.name for t in inits})
+    model.ir_version = max(model.ir_version, 4)
+    return model
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model``; above 1.8 GB the weights go to an external-data file beside it."""
+    big = model.ByteSize() > 1_800_000_000
+    onnx.save_model(model, str(path), save_as_external_data=big,
+                    location=Path(path).name + ".data" if big else None)
