@@ -132,6 +132,12 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
                 consumers.setdefault(t, []).append(i)
     types = infer_types(path, lazy, nodes, inputs, input_shapes or {})
     followers = find_followers(nodes, types, weights)
+    if any(t and not (t in types and types[t].static) for n in nodes for t in n.output):
+        # Exporters compute Reshape targets from Shape/Gather/Concat chains that ONNX's data
+        # propagation does not always follow; evaluating the followers settles them.
+        constants = fold_followers(nodes, followers, types, lazy)
+        if constants:
+            types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, constants)
     return Graph(path, lazy, nodes, names, {n: i for i, n in enumerate(names)}, inputs, outputs,
                  producer, consumers, types, followers)
 
@@ -219,13 +225,16 @@ def _type_of(value_info) -> TensorType | None:
 
 
 def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
-                input_shapes: dict[str, tuple[int, ...]]) -> dict[str, TensorType]:
+                input_shapes: dict[str, tuple[int, ...]],
+                constants: dict[str, TensorProto] | None = None) -> dict[str, TensorType]:
     """Shapes and element types of every tensor, for batch 1.
 
-    Inference runs once, on a model whose large weights are replaced by typed graph inputs, so a
+    Inference runs on a model whose large weights are replaced by typed graph inputs, so a
     548 MB model costs what its graph costs. A symbolic leading dimension is taken as batch 1;
-    other symbolic dimensions need ``input_shapes``.
+    other symbolic dimensions need ``input_shapes``. ``constants`` (folded follower outputs)
+    replace the nodes that produce them.
     """
+    constants = constants or {}
     graph = lazy.proto.graph
     unknown = set(input_shapes) - set(inputs)
     if unknown:
@@ -236,7 +245,8 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
     model.opset_import.extend(lazy.proto.opset_import)
     model.functions.extend(lazy.proto.functions)
     g = model.graph
-    g.node.extend(nodes)
+    g.node.extend(n for n in nodes if not any(t in constants for t in n.output))
+    g.initializer.extend(constants.values())
     problems = Problems()
     for vi in graph.input:
         if vi.name in lazy.tensors:
@@ -267,7 +277,8 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises several C++-bound error types
         raise AutodiceError(f"{path}: shape inference failed: {str(e).splitlines()[0]}") from None
-    types: dict[str, TensorType] = {}
+    types: dict[str, TensorType] = {
+        name: TensorType(tuple(c.dims), c.data_type) for name, c in constants.items()}
     for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         t = _type_of(vi)
         if t is not None and (vi.name not in types or t.static):
@@ -295,6 +306,44 @@ def find_followers(nodes, types: dict[str, TensorType], weights) -> frozenset[in
             followers.add(i)
             static_tensors.update(t for t in n.output if t)
     return frozenset(followers)
+
+
+def fold_followers(nodes, followers: frozenset[int], types: dict[str, TensorType],
+                   lazy: LazyModel) -> dict[str, TensorProto]:
+    """Values of the follower outputs that small constants determine (empty if none can be).
+
+    Runs onnx's reference evaluator on the followers alone, ``Shape`` folded to constants;
+    followers that read a large weight are left out (they are weight transforms, not shapes).
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    known = set(lazy.small)
+    chosen = []
+    for i in sorted(followers):
+        node = nodes[i]
+        if node.op_type in SHAPE_OPS:
+            chosen.append(shape_constant(node, types))
+        elif all(t in known for t in node.input if t):
+            chosen.append(node)
+        else:
+            continue
+        known.update(t for t in node.output if t)
+    outputs = [t for n in chosen for t in n.output if t]
+    if not outputs:
+        return {}
+    used = {t for n in chosen for t in n.input if t in lazy.small}
+    graph = helper.make_graph(chosen, "followers", [],
+                              [helper.make_tensor_value_info(t, TensorProto.UNDEFINED, None)
+                               for t in outputs],
+                              [lazy.small[t] for t in sorted(used)])
+    model = helper.make_model(graph, opset_imports=lazy.proto.opset_import,
+                              ir_version=max(lazy.proto.ir_version, 4))
+    try:
+        values = ReferenceEvaluator(model).run(None, {})
+    except Exception:  # unfoldable: keep what inference found
+        return {}
+    return {t: numpy_helper.from_array(np.asarray(v), t) for t, v in zip(outputs, values)
+            if np.asarray(v).nbytes <= 4096}
 
 
 def shape_constant(node, types: dict[str, TensorType]) -> onnx.NodeProto:

@@ -1,0 +1,37 @@
+import shutil
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from autodice import zoo  # noqa: E402
+
+from graphs import figure2  # noqa: E402
+
+SPECS = Path(__file__).parent.parent / "specs"
+
+
+@pytest.fixture
+def fig2(tmp_path):
+    """The Figure 2 model, mapping and platform, copied into a fresh directory."""
+    for f in ("mapping.json", "platform.txt"):
+        shutil.copy(SPECS / "figure2" / f, tmp_path / f)
+    onnx.save(figure2(), tmp_path / "model.onnx")
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def zoo_model(tmp_path_factory):
+    """zoo_model("resnet50") -> path of the full-size model with seeded weights (made once)."""
+    cache = tmp_path_factory.mktemp("zoo")
+
+    def get(name: str) -> Path:
+        path = cache / f"{name}.onnx"
+        if not path.exists():
+            zoo.save(zoo.materialize(name, seed=0), path)
+        return path
+
+    return get

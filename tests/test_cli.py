@@ -1,0 +1,84 @@
+"""The verbs as a user types them (click's CliRunner), on the Figure 2 example and ResNet-50."""
+
+import json
+
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from autodice.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def split_fig2(fig2):
+    return invoke("split", fig2 / "model.onnx", "-m", fig2 / "mapping.json", "-p",
+                  fig2 / "platform.txt", "-o", fig2 / "out")
+
+
+def test_split_prints_the_memory_table_and_checks(fig2):
+    r = invoke("split", fig2 / "model.onnx", "-m", fig2 / "mapping.json", "-p",
+               fig2 / "platform.txt", "-o", fig2 / "out", "--check", "--samples", "2")
+    assert r.exit_code == 0, r.output
+    assert "3 ranks, 4 cut tensors" in r.output and "edge01_arm123" in r.output
+    assert "check output: max abs 0" in r.output
+
+
+def test_check_fails_when_a_submodel_is_wrong(fig2):
+    assert split_fig2(fig2).exit_code == 0
+    path = fig2 / "out" / "models" / "edge04_gpu.onnx"
+    sub = onnx.load(path)
+    w = sub.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 1.01, w.name))
+    onnx.save(sub, path)
+    r = invoke("check", fig2 / "out")
+    assert r.exit_code == 1 and "FAIL" in r.output
+
+
+def test_check_without_a_plan(tmp_path):
+    r = invoke("check", tmp_path)
+    assert r.exit_code == 2 and "no plan here" in r.output
+
+
+def test_layers_lists_names_and_suggests_a_mapping(fig2, zoo_model):
+    r = invoke("layers", fig2 / "model.onnx")
+    assert r.exit_code == 0
+    for name in ("MaxPool1", "Conv1", "FC1", "Add1", "Relu1"):
+        assert name in r.output
+    rows = json.loads(invoke("layers", zoo_model("resnet50"), "--json").output)
+    conv = rows[0]
+    assert (conv["op"], conv["shape"], conv["param_bytes"]) == ("Conv", "1x64x112x112",
+                                                                 64 * 3 * 7 * 7 * 4)
+    assert conv["flops"] == 2 * 64 * 112 * 112 * 3 * 7 * 7
+    mapping = json.loads(invoke("layers", zoo_model("resnet50"), "--balance", "a_arm0,b_arm1").output)
+    assert list(mapping) == ["a_arm0", "b_arm1"]
+    assert len(mapping["a_arm0"]) + len(mapping["b_arm1"]) == len(rows)
+
+
+def test_view_draws_png_and_svg(fig2):
+    assert split_fig2(fig2).exit_code == 0
+    for suffix in ("png", "svg"):
+        r = invoke("view", fig2 / "out", "-o", fig2 / f"partition.{suffix}")
+        assert r.exit_code == 0, r.output
+    assert (fig2 / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = (fig2 / "partition.svg").read_text()
+    assert "rank 0: edge01_arm123" in svg and "256 B" in svg  # legend and a cut label
+
+
+def test_view_rejects_unknown_format(fig2):
+    assert split_fig2(fig2).exit_code == 0
+    r = invoke("view", fig2 / "out", "-o", fig2 / "p.bmp")
+    assert r.exit_code == 2 and "p.bmp" in r.output
+
+
+def test_zoo_writes_a_loadable_model(tmp_path):
+    r = invoke("zoo", "squeezenet", "-o", tmp_path / "s.onnx")
+    assert r.exit_code == 0
+    m = onnx.load(tmp_path / "s.onnx")
+    onnx.checker.check_model(m)
+    params = sum(np.prod(i.dims) for i in m.graph.initializer)
+    assert 1.2e6 < params < 1.3e6  # SqueezeNet 1.0 has 1.25 M parameters
+    assert invoke("zoo", "lenet", "-o", tmp_path / "x.onnx").exit_code == 2

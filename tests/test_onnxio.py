@@ -1,0 +1,127 @@
+"""The lazy reader/writer: weights by reference, external data, old-style models, layer names."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from autodice import onnxio
+from autodice.check import check
+from autodice.model import load_model, name_layers
+from autodice.split import split
+
+
+def test_round_trip_keeps_every_weight(tmp_path, zoo_model):
+    src = zoo_model("squeezenet")
+    lazy = onnxio.read_model(src)
+    assert lazy.proto.graph.initializer == [] and len(lazy.tensors) > 20
+    onnxio.write_model(tmp_path / "copy.onnx", lazy.proto, list(lazy.tensors.values()))
+    a, b = onnx.load(src), onnx.load(tmp_path / "copy.onnx")
+    onnx.checker.check_model(b)
+    assert {i.name: numpy_helper.to_array(i).tobytes() for i in a.graph.initializer} == \
+           {i.name: numpy_helper.to_array(i).tobytes() for i in b.graph.initializer}
+    assert list(a.graph.node) == list(b.graph.node)
+
+
+def test_external_data_in_and_out(tmp_path, zoo_model, fig2):
+    model = onnx.load(zoo_model("squeezenet"))
+    onnx.save_model(model, tmp_path / "ext.onnx", save_as_external_data=True,
+                    location="ext.weights", size_threshold=0)
+    lazy = onnxio.read_model(tmp_path / "ext.onnx")
+    assert all(t.external for t in lazy.tensors.values())
+    g = load_model(tmp_path / "ext.onnx")
+    from autodice.suggest import balanced_mapping
+    import json
+    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(g, ["edge01_arm1", "edge04_x862"])))
+    plan = split(tmp_path / "ext.onnx", tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
+    for r in plan.ranks:
+        assert (tmp_path / "o" / (r.submodel + ".data")).exists()
+    assert check(tmp_path / "o")[0].rel < 1e-5
+
+
+def test_submodels_past_the_protobuf_limit_go_external(tmp_path, zoo_model, fig2, monkeypatch):
+    monkeypatch.setattr(onnxio, "PROTOBUF_LIMIT", 100_000)
+    import json
+    from autodice.suggest import balanced_mapping
+    src = zoo_model("squeezenet")
+    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(load_model(src),
+                                                                 ["edge01_arm1", "edge01_arm2"])))
+    plan = split(src, tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
+    sizes = [(tmp_path / "o" / r.submodel).stat().st_size for r in plan.ranks]
+    assert max(sizes) < 100_000
+    assert check(tmp_path / "o")[0].rel < 1e-5
+
+
+def test_old_style_initializers_listed_as_inputs(tmp_path, zoo_model, fig2):
+    """Zoo-era models list every weight in graph.input; the weights must not get lost."""
+    model = onnx.load(zoo_model("squeezenet"))
+    model.graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, i.dims)
+                             for i in model.graph.initializer)
+    model.ir_version = 3
+    onnx.save(model, tmp_path / "old.onnx")
+    g = load_model(tmp_path / "old.onnx")
+    assert g.inputs == ["data_0"]
+    import json
+    from autodice.suggest import balanced_mapping
+    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(g, ["edge01_arm1", "edge01_arm2",
+                                                                     "edge04_gpu"])))
+    plan = split(tmp_path / "old.onnx", tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
+    assert [t.name for t in plan.model_inputs] == ["data_0"]
+    for r in plan.ranks:
+        sub = onnx.load(tmp_path / "o" / r.submodel)
+        onnx.checker.check_model(sub)
+        assert {i.name for i in sub.graph.input} == {t.name for t in r.submodel_inputs}
+    assert check(tmp_path / "o")[0].rel < 1e-5
+
+
+def test_layer_names_unnamed_and_duplicates():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"], name="r"),
+             helper.make_node("Relu", ["b"], ["c"], name="r"),
+             helper.make_node("Relu", ["c"], ["d"], name="r_1"),
+             helper.make_node("Relu", ["d"], ["e"], name="r")]
+    assert name_layers(nodes) == ["a", "r", "r_2", "r_1", "r_3"]
+
+
+def test_unsorted_graph_is_sorted(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    nodes = [helper.make_node("Relu", ["a"], ["y"], name="second"),
+             helper.make_node("Neg", ["x"], ["a"], name="first")]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8), tmp_path / "m.onnx")
+    assert load_model(tmp_path / "m.onnx").names == ["first", "second"]
+
+
+def test_shape_arithmetic_follows_its_consumers(tmp_path, fig2):
+    """x -> Relu(a) -> Reshape(shape = Concat(Shape(x)[0], -1)) -> Relu(b): the Shape/Gather/
+    Concat/Constant nodes are not mapped and land on the rank of Reshape."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="a"),
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+        helper.make_node("Constant", [], ["minus1"], name="const",
+                         value=numpy_helper.from_array(np.array([-1], np.int64))),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"], name="unsq"),
+        helper.make_node("Concat", ["n1", "minus1"], ["shp"], name="concat", axis=0),
+        helper.make_node("Reshape", ["r", "shp"], ["flat"], name="reshape"),
+        helper.make_node("Relu", ["flat"], ["y"], name="b"),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes")]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), ir_version=8,
+                                opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx")
+    g = load_model(tmp_path / "m.onnx")
+    assert {g.names[i] for i in g.followers} == {"shape", "gather", "const", "unsq", "concat"}
+    (tmp_path / "map.json").write_text('{"edge01_arm1": ["a"], "edge01_arm2": ["reshape", "b"]}')
+    plan = split(tmp_path / "m.onnx", tmp_path / "map.json", fig2 / "platform.txt", tmp_path / "o")
+    assert [e.tensor for e in plan.edges] == ["r"]  # no shape tensor crosses ranks
+    assert set(plan.ranks[1].followers) == {"shape", "gather", "const", "unsq", "concat"}
+    assert plan.ranks[0].followers == ()
+    assert check(tmp_path / "o")[0].max_abs == 0
+
+
+@pytest.mark.parametrize("text, shapes", [("data=1x3x224x224", {"data": (1, 3, 224, 224)})])
+def test_input_shape_spec(text, shapes):
+    from autodice.model import parse_input_shapes
+    assert parse_input_shapes([text]) == shapes

@@ -1,0 +1,63 @@
+import pytest
+
+from autodice.errors import AutodiceError
+from autodice.spec import parse_cores, parse_key, parse_mapping_text, parse_platform_text
+
+
+@pytest.mark.parametrize("key, host, kind, cores, gpu", [
+    ("edge01_arm123", "edge01", "cpu", (1, 2, 3), 0),
+    ("edge01_gpu", "edge01", "gpu", (), 0),
+    ("edge01_gpu0", "edge01", "gpu", (), 0),
+    ("my_board_2_x860", "my_board_2", "cpu", (0,), 0),
+    ("edge04_cpu0-11", "edge04", "cpu", tuple(range(12)), 0),
+    ("edge04_cpu1,3,5", "edge04", "cpu", (1, 3, 5), 0),
+    ("edge04_cpu0-2,8", "edge04", "cpu", (0, 1, 2, 8), 0),
+])
+def test_parse_key(key, host, kind, cores, gpu):
+    r = parse_key(key)
+    assert (r.host, r.kind, r.cores, r.gpu_index) == (host, kind, cores, gpu)
+
+
+@pytest.mark.parametrize("key", ["edge01", "_arm1", "edge01_arm", "edge01_tpu", "edge01_arm11",
+                                 "edge01_cpu3-1", "edge01_gpux"])
+def test_parse_key_rejects(key):
+    with pytest.raises(ValueError):
+        parse_key(key)
+
+
+def test_parse_cores():
+    assert parse_cores("0-5") == (0, 1, 2, 3, 4, 5)
+    assert parse_cores("0-1;4") == (0, 1, 4)
+    with pytest.raises(ValueError):
+        parse_cores("1,1")
+
+
+def test_parse_platform_fields():
+    p = parse_platform_text(
+        "# comment\n"
+        "edge01, arm, slots=0-5, gpu=NVIDIAVolta (CUDA), mem=8GB  # trailing\n"
+        "\n"
+        "edge04, x86, slots=0-11, gpu=AMDRX6800 (VULKAN), bandwidth=1gbit, latency=0.2ms, "
+        "power_idle=12W, power_cpu=3.5W, power_gpu=150W, gpu_mem=16GiB\n"
+        "edge05, ARM, slots=0-3\n")
+    e1, e4, e5 = p.devices.values()
+    assert (e1.name, e1.arch, e1.slots, e1.gpu, e1.gpu_api, e1.mem) == (
+        "edge01", "arm", (0, 1, 2, 3, 4, 5), "NVIDIAVolta", "CUDA", 8e9)
+    assert e4.bandwidth == 125e6 and e4.latency == pytest.approx(2e-4)
+    assert (e4.power_idle, e4.power_cpu, e4.power_gpu, e4.gpu_mem) == (12, 3.5, 150, 16 * 2**30)
+    assert e5.gpu is None and e5.arch == "arm"
+
+
+def test_platform_reports_every_problem_at_once():
+    with pytest.raises(AutodiceError) as e:
+        parse_platform_text("a, arm, slots=0-3, ram=4GB\nb, mips, slots=0\nc, arm\n", "p.txt")
+    text = str(e.value)
+    assert len(e.value.problems) == 3
+    assert 'p.txt:1: device "a": unknown field "ram=4GB"' in text and "mem (RAM" in text
+    assert 'p.txt:2: device "b": arch "mips"' in text
+    assert "p.txt:3" in text
+
+
+def test_mapping_keeps_key_order():
+    m = parse_mapping_text('{"z_gpu": ["a"], "a_arm1": ["b", "c"]}')
+    assert m.entries == (("z_gpu", ("a",)), ("a_arm1", ("b", "c")))
