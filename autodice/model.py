@@ -132,12 +132,18 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
                 consumers.setdefault(t, []).append(i)
     types = infer_types(path, lazy, nodes, inputs, input_shapes or {})
     followers = find_followers(nodes, types, weights)
-    if any(t and not (t in types and types[t].static) for n in nodes for t in n.output):
-        # Exporters compute Reshape targets from Shape/Gather/Concat chains that ONNX's data
-        # propagation does not always follow; evaluating the followers settles them.
+    # Exporters compute Reshape targets from Shape/Gather/Concat chains that ONNX's data
+    # propagation does not follow; evaluating the followers settles them. Each round can make
+    # more Shape nodes static (Reshape of a Reshape...), so repeat until nothing changes.
+    while any(t and not (t in types and types[t].static) for n in nodes for t in n.output):
         constants = fold_followers(nodes, followers, types, lazy)
-        if constants:
-            types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, constants)
+        if not constants:
+            break
+        types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, constants)
+        grown = find_followers(nodes, types, weights)
+        if grown == followers:
+            break
+        followers = grown
     return Graph(path, lazy, nodes, names, {n: i for i, n in enumerate(names)}, inputs, outputs,
                  producer, consumers, types, followers)
 

@@ -125,3 +125,21 @@ def test_shape_arithmetic_follows_its_consumers(tmp_path, fig2):
 def test_input_shape_spec(text, shapes):
     from autodice.model import parse_input_shapes
     assert parse_input_shapes([text]) == shapes
+
+
+def test_chained_shape_reshape_resolves(tmp_path):
+    """Reshape(x, Shape(Reshape(...))): ONNX inference leaves these unknown; folding settles
+    one level per round, so it must repeat until nothing changes (found by hypothesis)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a")]
+    prev = "a"
+    for k in range(3):
+        nodes += [helper.make_node("Shape", [prev], [f"s{k}"], name=f"s{k}"),
+                  helper.make_node("Reshape", ["x", f"s{k}"], [f"r{k}"], name=f"r{k}")]
+        prev = f"r{k}"
+    y = helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
+                                opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx")
+    g = load_model(tmp_path / "m.onnx")
+    assert all(g.types[f"r{k}"].shape == (1, 4, 5, 5) for k in range(3))
+    assert {g.names[i] for i in g.followers} == {"s0", "s1", "s2"}
