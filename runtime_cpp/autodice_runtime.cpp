@@ -1,0 +1,451 @@
+// autodice runtime; see autodice_runtime.h for what each piece is for.
+#include "autodice_runtime.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+namespace autodice {
+
+// ---- small helpers --------------------------------------------------------------------------
+
+size_t dtype_size(DType dtype) { return dtype == DType::Int64 ? 8 : 4; }
+
+const char* dtype_name(DType dtype) { return dtype == DType::Int64 ? "int64" : "float32"; }
+
+static MPI_Datatype mpi_type(DType dtype) {
+  return dtype == DType::Int64 ? MPI_INT64_T : MPI_FLOAT;
+}
+
+int64_t element_count(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  if (shape.empty()) return "scalar";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+// MPI counts are ints; a tensor past 2^31 elements needs a different wire format, so say so.
+static int checked_int(int64_t n, const std::string& what) {
+  if (n < 0 || n > INT_MAX) throw std::runtime_error(what + ": " + std::to_string(n) +
+                                                     " elements do not fit an MPI count");
+  return static_cast<int>(n);
+}
+
+// ---- process setup, logging, timing ---------------------------------------------------------
+
+static std::string g_prefix;
+static double g_timeout_s = 10.0;
+
+static bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+void init_runtime(MPI_Comm comm) {
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  if (comm != MPI_COMM_WORLD) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  g_prefix.clear();
+  log_prefix();
+  if (const char* env = std::getenv("AUTODICE_TIMEOUT_S")) {
+    char* end = nullptr;
+    double seconds = std::strtod(env, &end);
+    if (end == env || *end != '\0')
+      abort_run(std::string("AUTODICE_TIMEOUT_S=") + env + " is not a number of seconds", 2);
+    g_timeout_s = seconds;
+  }
+}
+
+const std::string& log_prefix() {
+  if (g_prefix.empty()) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    int rank = -1;
+    if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    g_prefix = "[rank " + (rank < 0 ? std::string("?") : std::to_string(rank)) + " " + host + "]";
+  }
+  return g_prefix;
+}
+
+void log(const std::string& message, FILE* stream) {
+  std::string line = log_prefix() + " " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stream);
+  std::fflush(stream);
+}
+
+void abort_run(const std::string& message, int code) {
+  log(message, stderr);
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// ---- .npy files -----------------------------------------------------------------------------
+
+const float* NpyArray::f32() const {
+  if (dtype != DType::Float32) throw std::runtime_error("npy array is int64, not float32");
+  return reinterpret_cast<const float*>(bytes.data());
+}
+
+const int64_t* NpyArray::i64() const {
+  if (dtype != DType::Int64) throw std::runtime_error("npy array is float32, not int64");
+  return reinterpret_cast<const int64_t*>(bytes.data());
+}
+
+// The value after `'key':` in the header dict, up to the next top-level comma or brace.
+static std::string header_value(const std::string& header, const std::string& key,
+                                const std::string& path) {
+  size_t at = header.find("'" + key + "'");
+  size_t colon = at == std::string::npos ? at : header.find(':', at);
+  if (colon == std::string::npos)
+    throw std::runtime_error(path + ": .npy header has no '" + key + "': " + header);
+  size_t begin = header.find_first_not_of(' ', colon + 1);
+  if (begin == std::string::npos)
+    throw std::runtime_error(path + ": .npy header has no value for '" + key + "': " + header);
+  size_t end = header[begin] == '(' ? header.find(')', begin) : header.find_first_of(",}", begin);
+  if (end == std::string::npos)
+    throw std::runtime_error(path + ": .npy header is malformed: " + header);
+  return header.substr(begin, end - begin + (header[begin] == '(' ? 1 : 0));
+}
+
+static Shape parse_shape(const std::string& text, const std::string& path) {
+  // "(1, 3, 7, 7)", "(5,)", "()"
+  Shape shape;
+  size_t i = 1;
+  while (i < text.size()) {
+    size_t next = text.find_first_of(",)", i);
+    std::string item = text.substr(i, next - i);
+    size_t first = item.find_first_not_of(' ');
+    if (first != std::string::npos) {
+      char* end = nullptr;
+      long long v = std::strtoll(item.c_str() + first, &end, 10);
+      if (*end != '\0' && *end != ' ') throw std::runtime_error(path + ": bad shape " + text);
+      if (v < 0) throw std::runtime_error(path + ": negative dimension in shape " + text);
+      shape.push_back(v);
+    }
+    if (next == std::string::npos || text[next] == ')') break;
+    i = next + 1;
+  }
+  return shape;
+}
+
+NpyArray npy_load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
+  unsigned char preamble[10] = {};
+  in.read(reinterpret_cast<char*>(preamble), 8);
+  if (!in || std::memcmp(preamble, "\x93NUMPY", 6) != 0)
+    throw std::runtime_error(path + ": not a .npy file (bad magic)");
+  uint32_t header_len = 0;
+  if (preamble[6] == 1) {
+    in.read(reinterpret_cast<char*>(preamble + 8), 2);
+    header_len = preamble[8] | (preamble[9] << 8);
+  } else if (preamble[6] == 2 || preamble[6] == 3) {
+    unsigned char len[4] = {};
+    in.read(reinterpret_cast<char*>(len), 4);
+    header_len = len[0] | (len[1] << 8) | (len[2] << 16) | (uint32_t(len[3]) << 24);
+  } else {
+    throw std::runtime_error(path + ": unsupported .npy version " + std::to_string(preamble[6]));
+  }
+  std::string header(header_len, '\0');
+  in.read(header.data(), header_len);
+  if (!in) throw std::runtime_error(path + ": truncated .npy header");
+
+  NpyArray array;
+  std::string descr = header_value(header, "descr", path);
+  if (descr == "'<f4'") {
+    array.dtype = DType::Float32;
+  } else if (descr == "'<i8'") {
+    array.dtype = DType::Int64;
+  } else {
+    throw std::runtime_error(path + ": dtype " + descr + " is not supported (float32 '<f4' or "
+                             "int64 '<i8')");
+  }
+  if (header_value(header, "fortran_order", path) != "False")
+    throw std::runtime_error(path + ": Fortran-order arrays are not supported (save C order)");
+  array.shape = parse_shape(header_value(header, "shape", path), path);
+
+  size_t want = static_cast<size_t>(element_count(array.shape)) * dtype_size(array.dtype);
+  array.bytes.resize(want);
+  in.read(reinterpret_cast<char*>(array.bytes.data()), static_cast<std::streamsize>(want));
+  if (static_cast<size_t>(in.gcount()) != want || in.peek() != std::char_traits<char>::eof())
+    throw std::runtime_error(path + ": data size does not match header shape " +
+                             shape_str(array.shape) + " " + dtype_name(array.dtype));
+  return array;
+}
+
+NpyArray npy_load(const std::string& path, DType dtype, const Shape& shape) {
+  NpyArray array = npy_load(path);
+  if (array.dtype != dtype || array.shape != shape)
+    throw std::runtime_error(path + ": holds " + shape_str(array.shape) + " " +
+                             dtype_name(array.dtype) + ", expected " + shape_str(shape) + " " +
+                             dtype_name(dtype));
+  return array;
+}
+
+void npy_save(const std::string& path, DType dtype, const Shape& shape, const void* data) {
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";  // a Python 1-tuple
+  std::string header = std::string("{'descr': '") + (dtype == DType::Int64 ? "<i8" : "<f4") +
+                       "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Pad with spaces so the data starts 64-byte aligned, as numpy does, ending in a newline.
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+
+  std::ofstream out(path, std::ios::binary);
+  if (!out) throw std::runtime_error(path + ": cannot create (" + std::strerror(errno) + ")");
+  uint16_t len = static_cast<uint16_t>(header.size());
+  const char preamble[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  out.write(preamble, 8);
+  const char len_le[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
+  out.write(len_le, 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(static_cast<const char*>(data),
+            static_cast<std::streamsize>(element_count(shape) * dtype_size(dtype)));
+  if (!out) throw std::runtime_error(path + ": write failed");
+}
+
+// ---- dense buffers <-> ncnn::Mat -------------------------------------------------------------
+
+Shape ncnn_shape(const Shape& shape) {
+  Shape s = shape;
+  if (s.size() >= 2 && s[0] == 1) s.erase(s.begin());
+  if (s.empty() || s.size() > 4)
+    throw std::runtime_error("shape " + shape_str(shape) + " has no ncnn::Mat form (batch 1 "
+                             "and at most 4 other dimensions)");
+  return s;
+}
+
+Shape mat_shape(const ncnn::Mat& m) {
+  switch (m.dims) {
+    case 1: return {m.w};
+    case 2: return {m.h, m.w};
+    case 3: return {m.c, m.h, m.w};
+    case 4: return {m.c, m.d, m.h, m.w};
+    default: return {};
+  }
+}
+
+static void require_plain_float(const ncnn::Mat& m, const char* who) {
+  if (m.empty() || m.elemsize != 4 || m.elempack != 1)
+    throw std::runtime_error(std::string(who) + ": need a float32 Mat with elempack 1 (got " +
+                             (m.empty() ? std::string("an empty Mat") :
+                              "elemsize " + std::to_string(m.elemsize) + ", elempack " +
+                              std::to_string(m.elempack)) + ")");
+}
+
+ncnn::Mat alloc_mat(const Shape& shape, ncnn::Allocator* allocator) {
+  const Shape s = ncnn_shape(shape);
+  const int w = checked_int(s.back(), "Mat width");
+  ncnn::Mat m;
+  switch (s.size()) {
+    case 1: m.create(w, 4u, allocator); break;
+    case 2: m.create(w, int(s[0]), 4u, allocator); break;
+    case 3: m.create(w, int(s[1]), int(s[0]), 4u, allocator); break;
+    default: m.create(w, int(s[2]), int(s[1]), int(s[0]), 4u, allocator); break;
+  }
+  if (m.empty()) throw std::runtime_error("cannot allocate a Mat of shape " + shape_str(shape));
+  return m;
+}
+
+ncnn::Mat mat_from_dense(const float* data, const Shape& shape, ncnn::Allocator* allocator) {
+  ncnn::Mat m = alloc_mat(shape, allocator);
+  const size_t plane = static_cast<size_t>(m.w) * m.h * m.d;
+  for (int q = 0; q < m.c; ++q) std::memcpy(m.channel(q).data, data + q * plane, plane * 4);
+  return m;
+}
+
+void dense_from_mat(const ncnn::Mat& m, float* out) {
+  require_plain_float(m, "dense_from_mat");
+  const size_t plane = static_cast<size_t>(m.w) * m.h * m.d;
+  for (int q = 0; q < m.c; ++q) std::memcpy(out + q * plane, m.channel(q).data, plane * 4);
+}
+
+MPI_Datatype mat_datatype(const ncnn::Mat& m) {
+  require_plain_float(m, "mat_datatype");
+  const int64_t plane = static_cast<int64_t>(m.w) * m.h * m.d;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Type_vector(m.c, checked_int(plane, "Mat channel"),
+                  checked_int(static_cast<int64_t>(m.cstep), "Mat cstep"), MPI_FLOAT, &type);
+  MPI_Type_commit(&type);
+  return type;
+}
+
+// ---- typed nonblocking transfers ------------------------------------------------------------
+
+void set_wait_timeout(double seconds) { g_timeout_s = seconds; }
+double wait_timeout() { return g_timeout_s; }
+
+std::string TensorInfo::describe() const {
+  return "shape " + shape_str(shape) + " " + dtype_name(dtype);
+}
+
+Transfer::Transfer(MPI_Comm comm, TensorInfo info, bool is_recv, int peer, int tag)
+    : comm_(comm), info_(std::move(info)), is_recv_(is_recv), peer_(peer), tag_(tag) {}
+
+Transfer::Transfer(Transfer&& other) noexcept
+    : comm_(other.comm_), info_(std::move(other.info_)), is_recv_(other.is_recv_),
+      peer_(other.peer_), tag_(other.tag_), type_(other.type_), request_(other.request_) {
+  other.type_ = MPI_DATATYPE_NULL;
+  other.request_ = MPI_REQUEST_NULL;
+}
+
+Transfer::~Transfer() {
+  if (request_ != MPI_REQUEST_NULL) abort_run(what() + ": transfer destroyed before it completed");
+  if (type_ != MPI_DATATYPE_NULL && mpi_running()) MPI_Type_free(&type_);
+}
+
+std::string Transfer::what() const {
+  return std::string(is_recv_ ? "recv \"" : "send \"") + info_.name + "\" " +
+         (is_recv_ ? "from" : "to") + " rank " + std::to_string(peer_);
+}
+
+static std::string mpi_error_text(int rc) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+// `type` is either a basic type (not owned) or a derived one this transfer frees when done.
+void Transfer::post(void* buffer, int count, MPI_Datatype type) {
+  int rc = is_recv_ ? MPI_Irecv(buffer, count, type, peer_, tag_, comm_, &request_)
+                    : MPI_Isend(buffer, count, type, peer_, tag_, comm_, &request_);
+  if (rc != MPI_SUCCESS) abort_run(what() + ": posting failed: " + mpi_error_text(rc));
+}
+
+Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const void* dense, int peer,
+                        int tag) {
+  Transfer t(comm, info, false, peer, tag);
+  t.post(const_cast<void*>(dense), checked_int(element_count(info.shape), info.name),
+         mpi_type(info.dtype));
+  return t;
+}
+
+Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& m, int peer,
+                        int tag) {
+  Transfer t(comm, info, false, peer, tag);
+  // Only the element count must agree: pnnx may emit 1x4x4x4 as a 4-d Mat (c=4, d=1) where
+  // the plan's shape gives a 3-d one, and both flatten to the same dense order on the wire.
+  if (info.dtype != DType::Float32 || m.elemsize != 4 || m.elempack != 1 ||
+      element_count(mat_shape(m)) != element_count(info.shape))
+    abort_run(t.what() + ": Mat has shape " + shape_str(mat_shape(m)) + ", the plan says " +
+              info.describe());
+  t.type_ = mat_datatype(m);
+  t.post(m.data, 1, t.type_);
+  return t;
+}
+
+Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag) {
+  Transfer t(comm, info, true, peer, tag);
+  t.post(dense, checked_int(element_count(info.shape), info.name), mpi_type(info.dtype));
+  return t;
+}
+
+Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int peer, int tag) {
+  Transfer t(comm, info, true, peer, tag);
+  if (info.dtype != DType::Float32)
+    abort_run(t.what() + ": only float32 tensors travel as a Mat, the plan says " +
+              info.describe());
+  if (m.empty() || mat_shape(m) != ncnn_shape(info.shape) || m.elemsize != 4 || m.elempack != 1)
+    m = alloc_mat(info.shape);
+  t.type_ = mat_datatype(m);
+  t.post(m.data, 1, t.type_);
+  return t;
+}
+
+// Called once the request completed; for a receive, compare what arrived with the plan.
+void Transfer::finish(int rc, const MPI_Status& status) {
+  request_ = MPI_REQUEST_NULL;
+  const std::string expected = std::to_string(info_.bytes()) + " (" + info_.describe() + ")";
+  int error_class = MPI_SUCCESS;
+  if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
+  if (error_class == MPI_ERR_TRUNCATE)
+    abort_run(what() + ": got more than " + std::to_string(info_.bytes()) + " bytes, expected " +
+                  expected, 4);
+  if (rc != MPI_SUCCESS) abort_run(what() + ": " + mpi_error_text(rc), 4);
+  if (!is_recv_) return;
+  // Basic elements received, counted against the datatype that was posted.
+  MPI_Count elements = 0;
+  MPI_Get_elements_x(&status, type_ != MPI_DATATYPE_NULL ? type_ : mpi_type(info_.dtype),
+                     &elements);
+  const int64_t got = static_cast<int64_t>(elements) * int64_t(dtype_size(info_.dtype));
+  if (got != info_.bytes())
+    abort_run(what() + ": got " + std::to_string(got) + " bytes, expected " + expected, 4);
+}
+
+bool Transfer::test() {
+  if (request_ == MPI_REQUEST_NULL) return true;
+  int flag = 0;
+  MPI_Status status{};
+  int rc = MPI_Test(&request_, &flag, &status);
+  if (rc != MPI_SUCCESS || flag) finish(rc, status);
+  return request_ == MPI_REQUEST_NULL;
+}
+
+// Poll MPI_Test rather than block in MPI_Wait, so a deadline can be enforced. Spin briefly
+// (most messages between ranks on one board land within microseconds), then back off to short
+// sleeps so a waiting rank leaves its core to the OpenMP threads of its neighbours.
+static void wait_until_done(std::vector<Transfer*>& pending, double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto pause = std::chrono::microseconds(0);
+  for (int round = 0;; ++round) {
+    bool all_done = true;
+    for (Transfer* t : pending) all_done = t->test() && all_done;
+    if (all_done) return;
+    double waited = std::chrono::duration<double>(clock::now() - start).count();
+    if (timeout_s > 0 && waited > timeout_s) {
+      for (Transfer* t : pending) {
+        if (t->done()) continue;
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.1f", timeout_s);
+        abort_run(std::string("timed out after ") + seconds + " s waiting to " + t->what() +
+                      " (" + t->info().describe() + "): the peer died or is stuck "
+                      "(raise AUTODICE_TIMEOUT_S if it is just slow)",
+                  5);
+      }
+    }
+    if (round > 1000) {
+      pause = std::min(std::chrono::microseconds(200), pause + std::chrono::microseconds(10));
+      std::this_thread::sleep_for(pause);
+    }
+  }
+}
+
+void Transfer::wait(double timeout_s) {
+  std::vector<Transfer*> one{this};
+  wait_until_done(one, timeout_s < 0 ? g_timeout_s : timeout_s);
+}
+
+void wait_all(std::vector<Transfer>& transfers, double timeout_s) {
+  std::vector<Transfer*> pending;
+  for (Transfer& t : transfers) pending.push_back(&t);
+  wait_until_done(pending, timeout_s < 0 ? g_timeout_s : timeout_s);
+}
+
+}  // namespace autodice

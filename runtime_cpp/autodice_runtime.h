@@ -1,0 +1,178 @@
+// autodice runtime: the small library every generated SPMD program links.
+//
+// It owns what the generated code should not repeat per tensor: .npy files, moving tensors
+// between dense buffers and ncnn::Mat, typed nonblocking MPI transfers that check what arrived,
+// a watchdog so a dead or stuck peer ends the run with a message instead of a silent hang, and
+// timers / peak memory / log lines that say which rank is talking.
+//
+// Errors a user can cause (a bad .npy file, a bad shape) throw std::runtime_error with the file
+// or tensor named; errors that leave the ranks out of step (a wrong-sized message, a timeout)
+// call abort_run(), which ends every rank through MPI_Abort.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mat.h"  // ncnn (its include dir is <prefix>/include/ncnn)
+
+namespace autodice {
+
+using Shape = std::vector<int64_t>;
+
+enum class DType { Float32, Int64 };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);  // "float32", "int64": numpy's spelling
+int64_t element_count(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "1x4x4x4"; "scalar" for {}
+
+// ---- process setup, logging, timing ---------------------------------------------------------
+
+// Call once after MPI_Init: makes MPI errors on `comm` return codes (so we can say which tensor
+// failed before aborting), fixes the log prefix and reads AUTODICE_TIMEOUT_S.
+void init_runtime(MPI_Comm comm = MPI_COMM_WORLD);
+
+// "[rank 2 host]": which process printed a line when eight interleave on one terminal.
+const std::string& log_prefix();
+
+// One prefixed line, written with a single fwrite so lines of different ranks do not mix.
+void log(const std::string& message, FILE* stream = stderr);
+
+// Print a prefixed message and end every rank with exit code `code` (MPI_Abort; plain exit
+// when MPI is not running).
+[[noreturn]] void abort_run(const std::string& message, int code = 3);
+
+class Timer {
+ public:
+  Timer() : start_(std::chrono::steady_clock::now()) {}
+  void reset() { start_ = std::chrono::steady_clock::now(); }
+  double elapsed_ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Peak resident set size of this process so far, in bytes (getrusage).
+int64_t peak_rss_bytes();
+
+// ---- .npy files -----------------------------------------------------------------------------
+
+struct NpyArray {
+  DType dtype = DType::Float32;
+  Shape shape;
+  std::vector<unsigned char> bytes;  // C order, little endian
+
+  const float* f32() const;    // throws unless dtype is Float32
+  const int64_t* i64() const;  // throws unless dtype is Int64
+};
+
+// Read a C-order little-endian float32 or int64 array; throws naming `path` on a bad magic,
+// header, dtype, Fortran order or a size that does not match the header.
+NpyArray npy_load(const std::string& path);
+
+// As above, and also throws unless the file holds exactly `dtype` and `shape`.
+NpyArray npy_load(const std::string& path, DType dtype, const Shape& shape);
+
+// Write `data` (element_count(shape) elements of `dtype`) as a version 1.0 .npy file.
+void npy_save(const std::string& path, DType dtype, const Shape& shape, const void* data);
+
+// ---- dense buffers <-> ncnn::Mat -------------------------------------------------------------
+//
+// ncnn has no batch dimension and pads each channel to 16 bytes (Mat::cstep), so a dense tensor
+// is not a Mat's memory. Shapes follow pnnx: on a shape of rank >= 2 a leading 1 is the batch
+// and is dropped; what is left (rank 1..4) is W, HxW, CxHxW or CxDxHxW. So 1x64x56x56 is a
+// 3-d Mat, 1x1000 a 1-d Mat, 2x3x5x7 a 4-d Mat (c=2, d=3).
+
+// The ncnn-side shape: `shape` without its batch dimension. Throws if not rank 1..4 after that.
+Shape ncnn_shape(const Shape& shape);
+
+// The shape of a Mat as ncnn_shape() would write it ({w}, {h,w}, {c,h,w}, {c,d,h,w}).
+Shape mat_shape(const ncnn::Mat& m);
+
+// A new, uninitialised float32 Mat of ncnn_shape(shape), e.g. to receive into.
+ncnn::Mat alloc_mat(const Shape& shape, ncnn::Allocator* allocator = nullptr);
+
+// A new float32 Mat holding the dense tensor `data` of `shape`.
+ncnn::Mat mat_from_dense(const float* data, const Shape& shape,
+                         ncnn::Allocator* allocator = nullptr);
+
+// Copy the Mat's elements, without padding, into `out` (w*h*d*c floats). The Mat must be
+// float32 with elempack 1, as Extractor::extract() returns by default.
+void dense_from_mat(const ncnn::Mat& m, float* out);
+
+// An MPI datatype describing the Mat's elements in place (a vector over channels with stride
+// cstep), so a Mat is sent or received with zero copies; its type signature is w*h*d*c floats,
+// so either side may use a dense MPI_FLOAT buffer instead. Committed; free with MPI_Type_free.
+MPI_Datatype mat_datatype(const ncnn::Mat& m);
+
+// ---- typed nonblocking transfers ------------------------------------------------------------
+
+// What the plan says travels on an edge; both sides must agree on it.
+struct TensorInfo {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::Float32;
+
+  int64_t bytes() const { return element_count(shape) * static_cast<int64_t>(dtype_size(dtype)); }
+  std::string describe() const;  // "shape 1x4x4x4 float32"
+};
+
+// Seconds a wait may take before the watchdog aborts the run: 10 by default, or
+// AUTODICE_TIMEOUT_S (read by init_runtime), or set_wait_timeout(). <= 0 waits forever.
+void set_wait_timeout(double seconds);
+double wait_timeout();
+
+// One posted MPI_Isend or MPI_Irecv of one tensor. The buffer must outlive the transfer and
+// every transfer must be waited for (destroying a pending one aborts: MPI would write into
+// freed memory). On completion a receive checks it got exactly info.bytes() bytes.
+class Transfer {
+ public:
+  static Transfer send(MPI_Comm comm, const TensorInfo& info, const void* dense, int peer, int tag);
+  static Transfer send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& m, int peer,
+                       int tag);
+  static Transfer recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag);
+  // Receives straight into `m`, which is allocated as a float32 Mat of ncnn_shape(info.shape)
+  // unless it already has that shape.
+  static Transfer recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int peer, int tag);
+
+  Transfer(Transfer&& other) noexcept;
+  Transfer& operator=(Transfer&& other) = delete;
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+  ~Transfer();
+
+  // True once complete (and checked); never blocks.
+  bool test();
+  // Block until complete; abort the run, naming rank, peer and tensor, if that takes longer
+  // than `timeout_s` seconds (default: wait_timeout()).
+  void wait(double timeout_s = -1);
+
+  const TensorInfo& info() const { return info_; }
+  bool done() const { return request_ == MPI_REQUEST_NULL; }
+  std::string what() const;  // recv "Buff4" from rank 0
+
+ private:
+  Transfer(MPI_Comm comm, TensorInfo info, bool is_recv, int peer, int tag);
+  void post(void* buffer, int count, MPI_Datatype type);
+  void finish(int rc, const MPI_Status& status);
+
+  MPI_Comm comm_;
+  TensorInfo info_;
+  bool is_recv_;
+  int peer_;
+  int tag_;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;  // the datatype posted, to count what arrived
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+// Wait for all of `transfers` under one deadline, completing them in whatever order they finish.
+void wait_all(std::vector<Transfer>& transfers, double timeout_s = -1);
+
+}  // namespace autodice

@@ -1,0 +1,143 @@
+// Sending an ncnn::Mat between two ranks: pack + contiguous send + unpack ("packed"), against
+// the strided MPI datatype that sends the padded Mat in place ("datatype", autodice::mat_datatype
+// with blocking MPI_Send/MPI_Recv), and the same through autodice::Transfer ("transfer"), whose
+// wait polls MPI_Test under the watchdog.
+//
+//   mpirun -n 2 bench_transfer [out.json] [reps]
+//
+// Each row is one CNN-sized tensor, timed as a ping-pong (rank 0 -> 1 -> 0) with the receiver
+// ending up holding a Mat, as the generated program needs; the table shows the median one-way
+// time of each method and their ratio, side by side in one run. Rank 0 prints and writes JSON.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autodice_runtime.h"
+
+using autodice::DType;
+using autodice::Shape;
+using autodice::TensorInfo;
+using autodice::Transfer;
+
+namespace {
+
+int g_rank = 0;
+int g_peer = 1;
+
+// Method 1: the receiver gets a dense buffer and packs it into a fresh Mat; the sender unpacks
+// its Mat into a dense buffer first.
+ncnn::Mat hop_packed(const TensorInfo& info, const ncnn::Mat& m, bool sending,
+                     std::vector<float>& scratch) {
+  const int n = static_cast<int>(autodice::element_count(info.shape));
+  if (sending) {
+    autodice::dense_from_mat(m, scratch.data());
+    MPI_Send(scratch.data(), n, MPI_FLOAT, g_peer, 1, MPI_COMM_WORLD);
+    return m;
+  }
+  MPI_Recv(scratch.data(), n, MPI_FLOAT, g_peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  return autodice::mat_from_dense(scratch.data(), info.shape);
+}
+
+// Method 2: the Mat goes as it lies, padding skipped by the datatype, into a fresh Mat.
+ncnn::Mat hop_datatype(const TensorInfo& info, const ncnn::Mat& m, bool sending,
+                       std::vector<float>&) {
+  if (sending) {
+    MPI_Datatype type = autodice::mat_datatype(m);
+    MPI_Send(m.data, 1, type, g_peer, 2, MPI_COMM_WORLD);
+    MPI_Type_free(&type);
+    return m;
+  }
+  ncnn::Mat out = autodice::alloc_mat(info.shape);
+  MPI_Datatype type = autodice::mat_datatype(out);
+  MPI_Recv(out.data, 1, type, g_peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Type_free(&type);
+  return out;
+}
+
+// Method 3: as 2, through autodice::Transfer.
+ncnn::Mat hop_transfer(const TensorInfo& info, const ncnn::Mat& m, bool sending,
+                       std::vector<float>&) {
+  if (sending) {
+    Transfer t = Transfer::send(MPI_COMM_WORLD, info, m, g_peer, 2);
+    t.wait();
+    return m;
+  }
+  ncnn::Mat out;
+  Transfer t = Transfer::recv(MPI_COMM_WORLD, info, out, g_peer, 2);
+  t.wait();
+  return out;
+}
+
+using Hop = ncnn::Mat (*)(const TensorInfo&, const ncnn::Mat&, bool, std::vector<float>&);
+
+// Median one-way microseconds over `reps` ping-pongs (after a few untimed ones).
+double median_one_way_us(Hop hop, const TensorInfo& info, int reps) {
+  std::vector<float> dense(static_cast<size_t>(autodice::element_count(info.shape)), 1.0f);
+  std::vector<float> scratch(dense.size());
+  ncnn::Mat mine = autodice::mat_from_dense(dense.data(), info.shape);
+  std::vector<double> times;
+  for (int i = -3; i < reps; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    autodice::Timer timer;
+    if (g_rank == 0) {
+      hop(info, mine, true, scratch);
+      mine = hop(info, mine, false, scratch);
+    } else {
+      ncnn::Mat got = hop(info, mine, false, scratch);
+      hop(info, got, true, scratch);
+    }
+    if (i >= 0) times.push_back(timer.elapsed_ms() * 1000.0 / 2.0);
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  autodice::init_runtime(MPI_COMM_WORLD);
+  int size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 2) autodice::abort_run("bench_transfer needs exactly 2 ranks", 2);
+  g_peer = 1 - g_rank;
+  const char* json_path = argc > 1 ? argv[1] : nullptr;
+  const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 31;
+
+  // Feature maps of VGG/ResNet-like CNNs at 224x224; the odd spatial sizes carry padding.
+  const std::vector<Shape> shapes = {{1, 64, 112, 112}, {1, 128, 56, 56}, {1, 256, 28, 28},
+                                     {1, 512, 14, 14},  {1, 512, 7, 7},   {1, 64, 55, 55},
+                                     {1, 1000}};
+  std::string json = "{\"reps\": " + std::to_string(reps) + ", \"rows\": [";
+  if (g_rank == 0)
+    std::printf("%-14s %9s %10s %11s %11s %8s\n", "shape", "bytes", "packed_us", "datatype_us",
+                "transfer_us", "packed/datatype");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const TensorInfo info{"t", shapes[i], DType::Float32};
+    const double packed = median_one_way_us(hop_packed, info, reps);
+    const double datatype = median_one_way_us(hop_datatype, info, reps);
+    const double transfer = median_one_way_us(hop_transfer, info, reps);
+    if (g_rank != 0) continue;
+    const std::string shape = autodice::shape_str(info.shape);
+    const long long bytes = static_cast<long long>(info.bytes());
+    std::printf("%-14s %9lld %10.1f %11.1f %11.1f %7.2fx\n", shape.c_str(), bytes, packed,
+                datatype, transfer, packed / datatype);
+    char row[256];
+    std::snprintf(row, sizeof row,
+                  "%s{\"shape\": \"%s\", \"bytes\": %lld, \"packed_us\": %.2f, "
+                  "\"datatype_us\": %.2f, \"transfer_us\": %.2f}",
+                  i ? ", " : "", shape.c_str(), bytes, packed, datatype, transfer);
+    json += row;
+  }
+  if (g_rank == 0 && json_path) {
+    json += "]}\n";
+    if (FILE* f = std::fopen(json_path, "w")) {
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
