@@ -14,12 +14,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps 'pnnx==20261020'
 	touch $(STAMP)
 
+# The main job on the bundled default: SqueezeNet (full size, seeded weights) over 2 ranks.
+# The first run also builds ncnn once (~10 min on 2 cores; cached in ~/.cache/autodice).
 demo: $(STAMP)
 	mkdir -p $(DEMO)
-	$(BIN)/autodice zoo resnet50 -o $(DEMO)/resnet50.onnx
-	$(BIN)/autodice split $(DEMO)/resnet50.onnx -m specs/resnet50/mapping.json \
-	    -p specs/resnet50/platform.txt -o $(DEMO)/out --check
+	$(BIN)/autodice zoo squeezenet -o $(DEMO)/squeezenet.onnx
+	$(BIN)/python -c "import numpy as np; np.save('$(DEMO)/input.npy', \
+	    np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))"
+	$(BIN)/autodice split $(DEMO)/squeezenet.onnx -m specs/squeezenet/mapping.json \
+	    -p specs/squeezenet/platform.txt -o $(DEMO)/out --check
 	$(BIN)/autodice view $(DEMO)/out -o $(DEMO)/partition.png
+	$(BIN)/autodice gen $(DEMO)/out
+	$(BIN)/autodice build $(DEMO)/out
+	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

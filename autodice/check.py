@@ -86,6 +86,23 @@ def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     return diff, diff / scale if scale > 0 else diff
 
 
+def compare_with_model(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
+                       outputs: dict[str, np.ndarray], model: str | Path | None = None,
+                       ) -> list[OutputDiff]:
+    """Differences between ``outputs`` and onnxruntime's whole model on ``feeds``."""
+    whole = _session(_whole_model(plan, out_dir, model))
+    names = [t.name for t in plan.model_outputs]
+    return [OutputDiff(n, *compare(outputs[n], want))
+            for n, want in zip(names, whole.run(names, feeds))]
+
+
+def _whole_model(plan: Plan, out_dir: Path, model: str | Path | None) -> Path:
+    path = Path(model) if model else out_dir / plan.model
+    if not path.exists():
+        raise AutodiceError(f"{path}: the whole model is not there (moved?); pass --model PATH")
+    return path
+
+
 def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Path | None = None,
           ) -> list[OutputDiff]:
     """Compare the chained sub-models with the whole model on ``samples`` random inputs.
@@ -97,11 +114,7 @@ def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Pat
     """
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
-    whole_path = Path(model) if model else out_dir / plan.model
-    if not whole_path.exists():
-        raise AutodiceError(f"{whole_path}: the whole model is not there (moved?); "
-                            f"pass --model PATH")
-    whole = _session(whole_path)
+    whole = _session(_whole_model(plan, out_dir, model))
     names = [t.name for t in plan.model_outputs]
     worst = {n: (0.0, 0.0) for n in names}
     sessions: dict = {}

@@ -85,6 +85,10 @@ def _check(output, samples, rtol, model) -> None:
 
     with console.status(f"running sub-models and whole model in onnxruntime ({samples} inputs)"):
         diffs = run_check(output, samples=samples, model=model)
+    _report(diffs, rtol)
+
+
+def _report(diffs, rtol) -> None:
     bad = [d for d in diffs if not d.rel <= rtol]
     for d in diffs:
         verdict = "[red]FAIL[/red]" if d in bad else "[green]ok[/green]"
@@ -150,6 +154,83 @@ def view(output, image, model):
     with console.status("drawing"):
         render(output, image, model)
     out.print(f"wrote {image}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--fp16", is_flag=True,
+              help="fp16 weights and arithmetic (smaller, faster on some boards; check the error).")
+def gen(output, fp16):
+    """Convert OUTPUT's sub-models to ncnn and write the SPMD program and a package per host."""
+    from rich.progress import Progress
+
+    from .gen import gen as run_gen
+    from .plan import load_plan
+
+    n = len(load_plan(output).ranks)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("converting sub-models with pnnx", total=n)
+        plan = run_gen(output, fp16=fp16, progress=lambda r: bar.advance(task))
+    out.print(f"wrote {output}/packages/ for {', '.join(plan.hosts())}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--vulkan", is_flag=True, help="Use an ncnn built with Vulkan (GPU ranks).")
+@click.option("--lean", is_flag=True, help="Use the quick-to-build AVX2-only ncnn (tests).")
+def build(output, vulkan, lean):
+    """Build OUTPUT's program (once per architecture), building ncnn first if needed."""
+    from .build import build as run_build
+
+    with console.status("building (ncnn once, then the program)"):
+        program = run_build(output, vulkan=vulkan, lean=lean, console=console)
+    out.print(f"built {program}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--input", "inputs", multiple=True, required=True, metavar="[NAME=]FILE.npy",
+              help="Model input as .npy (NAME= needed when the model has several inputs).")
+@click.option("--frames", default=1, show_default=True, help="Frames to stream through.")
+@click.option("--results", type=click.Path(file_okay=False), default=None,
+              help="Where outputs and stats.json go (default OUTPUT/results).")
+@click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
+@click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime.")
+@click.option("--rtol", default=1e-4, show_default=True, help="Tolerance for --check.")
+def run(output, inputs, frames, results, no_pipeline, check, rtol):
+    """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
+    import numpy as np
+
+    from .check import compare_with_model
+    from .plan import load_plan
+    from .run import run as run_job
+
+    plan = load_plan(output)
+    names = [t.name for t in plan.model_inputs]
+    given = {}
+    for spec in inputs:
+        name, eq, path = spec.rpartition("=")
+        if not eq and len(names) == 1:
+            name = names[0]
+        elif not eq or name not in names:
+            raise AutodiceError(f'--input {spec}: name one of the model inputs '
+                                f'({", ".join(names)}) as NAME=FILE.npy')
+        given[name] = Path(path)
+    with console.status(f"running {len(plan.ranks)} ranks x {frames} frames under mpirun"):
+        res = run_job(output, given, frames, results, pipeline=not no_pipeline)
+    s = res.stats
+    out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s[/bold]"
+              f" ({'pipelined' if s['pipeline'] else 'frame by frame'}); results in {res.results}")
+    table = Table()
+    for col in ("rank", "key", "compute s", "recv wait s", "send wait s", "sent", "peak RSS"):
+        table.add_column(col, justify="left" if col == "key" else "right")
+    for r in s["ranks"]:
+        table.add_row(str(r["rank"]), r["key"], f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
+                      f"{r['send_wait_s']:.3f}", _human(r["bytes_sent"]), _human(r["peak_rss"]))
+    out.print(table)
+    if check:
+        feeds = {n: np.load(p) for n, p in given.items()}
+        _report(compare_with_model(plan, Path(output), feeds, res.outputs), rtol)
 
 
 @main.command()

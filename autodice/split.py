@@ -52,14 +52,15 @@ def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str
 
 
 @contextlib.contextmanager
-def staged(out: Path) -> Iterator[Path]:
+def staged(out: Path, owned: bool = False) -> Iterator[Path]:
     """A temporary directory that replaces ``out`` when the block succeeds.
 
-    Refuses to replace a non-empty directory that is not an earlier autodice output, so a typo in
-    ``-o`` cannot delete someone's files.
+    Unless the caller ``owned`` it (a folder inside an autodice output), refuses to replace a
+    non-empty directory that is not an earlier autodice output, so a typo in ``-o`` cannot delete
+    someone's files.
     """
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and
-                                              not (out / "plan.json").exists())):
+    if out.exists() and not owned and (not out.is_dir() or (
+            any(out.iterdir()) and not (out / "plan.json").exists())):
         raise AutodiceError(f"{out}: exists and is not an autodice output directory; "
                             f"choose another -o or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)

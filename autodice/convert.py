@@ -1,0 +1,119 @@
+"""ONNX sub-models -> ncnn ``.param``/``.bin`` with the ``pnnx`` binary.
+
+pnnx renames graph inputs to ``in0, in1...`` and outputs to ``out0, out1...`` in graph order; the
+plan keeps each sub-model's input/output order, so the generated program addresses blobs by
+position. Conversions are cached by content hash (model bytes + options + pnnx version) under
+``~/.cache/autodice/pnnx`` and run two at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .engine import cache_root
+from .errors import AutodiceError
+from .plan import Plan, Rank
+
+PNNX_VERSION = "20261020"
+
+
+def pnnx_binary() -> Path:
+    """The static pnnx binary inside the ``pnnx`` wheel (its console script imports torch)."""
+    spec = importlib.util.find_spec("pnnx")
+    if spec is None or not spec.submodule_search_locations:
+        raise AutodiceError(f"pnnx is not installed: pip install --no-deps pnnx=={PNNX_VERSION}")
+    binary = Path(list(spec.submodule_search_locations)[0]) / "pnnx"
+    if not binary.exists():
+        raise AutodiceError(f"{binary}: the pnnx wheel has no binary for this platform")
+    return binary
+
+
+def _digest(path: Path, fp16: bool) -> str:
+    h = hashlib.sha256(f"pnnx {PNNX_VERSION} fp16={int(fp16)}\n".encode())
+    for p in (path, Path(str(path) + ".data")):
+        if p.exists():
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()[:24]
+
+
+def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None:
+    """Write ``dest.param`` and ``dest.bin`` for the sub-model at ``onnx_path``.
+
+    Raises:
+        AutodiceError: pnnx failed or produced a net whose inputs/outputs do not match the plan;
+            the message names the rank, its key and its layers.
+    """
+    entry = cache_root() / "pnnx" / _digest(onnx_path, fp16)
+    if not (entry / "model.ncnn.param").exists():
+        with tempfile.TemporaryDirectory(prefix="pnnx-") as tmp:
+            work = Path(tmp)
+            os.symlink(onnx_path.resolve(), work / "model.onnx")
+            if Path(str(onnx_path) + ".data").exists():
+                os.symlink(Path(str(onnx_path) + ".data").resolve(),
+                           work / Path(str(onnx_path) + ".data").name)
+            proc = subprocess.run([str(pnnx_binary()), "model.onnx", f"fp16={int(fp16)}"],
+                                  cwd=work, capture_output=True, text=True)
+            if proc.returncode != 0 or not (work / "model.ncnn.param").exists():
+                tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+                raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
+                                    f'{", ".join(rank.layers[:6])}{"..." if len(rank.layers) > 6 else ""}): '
+                                    f"pnnx could not convert {onnx_path.name}: {tail}")
+            staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
+            for suffix in ("param", "bin"):
+                shutil.move(work / f"model.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
+            try:
+                staging.rename(entry)
+            except OSError:  # another process cached it first
+                shutil.rmtree(staging, ignore_errors=True)
+    _check_interface(entry / "model.ncnn.param", rank)
+    for suffix in ("param", "bin"):
+        target = Path(f"{dest}.{suffix}")
+        target.unlink(missing_ok=True)
+        try:
+            os.link(entry / f"model.ncnn.{suffix}", target)
+        except OSError:
+            shutil.copyfile(entry / f"model.ncnn.{suffix}", target)
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _check_interface(param: Path, rank: Rank) -> None:
+    """pnnx must expose in0..inN and out0..outM exactly as the plan's sub-model interface."""
+    blobs = set()
+    for line in param.read_text().splitlines()[2:]:
+        parts = line.split()
+        if len(parts) >= 4:
+            n_in, n_out = int(parts[2]), int(parts[3])
+            blobs.update(parts[4:4 + n_in + n_out])
+    want = {f"in{k}" for k in range(len(rank.submodel_inputs))} | \
+           {f"out{k}" for k in range(len(rank.submodel_outputs))}
+    missing = sorted(want - blobs)
+    if missing:
+        raise AutodiceError(f'rank {rank.rank} (key "{rank.key}"): the converted ncnn net lacks '
+                            f"blobs {', '.join(missing)}; pnnx dropped part of the sub-model")
+
+
+def convert_all(plan: Plan, out_dir: Path, dest_dir: Path, fp16: bool = False,
+                progress=None) -> None:
+    """Convert every rank's sub-model into ``dest_dir/<key>.ncnn.{param,bin}``."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+
+    def one(rank: Rank) -> None:
+        convert(out_dir / rank.submodel, dest_dir / f"{rank.key}.ncnn", rank, fp16)
+        if progress:
+            progress(rank)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, plan.ranks))

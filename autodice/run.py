@@ -1,0 +1,105 @@
+"""``autodice run``: every rank on this machine under ``mpirun``, then outputs and stats.
+
+Hosts are mapped to localhost. The rankfile's cores are used as they are when they exist here and
+no two ranks share one; otherwise ranks run unbound with ``--oversubscribe`` (Open MPI's default
+binding with two ranks would pin each rank's threads to one core).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .engine import mpi_prefix
+from .errors import AutodiceError
+from .gen import file_name
+from .plan import Plan, load_plan
+
+
+@dataclass(frozen=True)
+class RunResult:
+    results: Path
+    stats: dict
+    outputs: dict[str, np.ndarray]
+
+
+def local_binding(plan: Plan, n_cpus: int) -> list[str] | None:
+    """Rankfile lines for this machine, or None when the plan's cores cannot be honoured here."""
+    used: set[int] = set()
+    for r in plan.ranks:
+        if any(c >= n_cpus or c in used for c in r.slots):
+            return None
+        used.update(r.slots)
+    return [f"rank {r.rank}=localhost slots={','.join(map(str, r.slots))}" for r in plan.ranks]
+
+
+def stage_inputs(plan: Plan, inputs: dict[str, Path], dest: Path) -> None:
+    """Check each input .npy against the plan and copy it where the program reads it.
+
+    Raises:
+        AutodiceError: a missing input, or an array of the wrong shape or dtype.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for t in plan.model_inputs:
+        path = inputs.get(t.name)
+        if path is None:
+            raise AutodiceError(f'no input given for model input "{t.name}" '
+                                f"(shape {'x'.join(map(str, t.shape))} {t.dtype})")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise AutodiceError(f"{path}: not a .npy array ({e})") from None
+        if array.shape != t.shape or array.dtype != np.dtype(t.dtype):
+            raise AutodiceError(f'{path}: model input "{t.name}" must be '
+                                f"{'x'.join(map(str, t.shape))} {t.dtype}, got "
+                                f"{'x'.join(map(str, array.shape))} {array.dtype}")
+        np.save(dest / file_name(t.name), np.ascontiguousarray(array))
+
+
+def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
+        results: str | Path | None = None, pipeline: bool = True,
+        timeout_s: float = 600) -> RunResult:
+    """Run the built program with all ranks on this machine.
+
+    Raises:
+        AutodiceError: not built, bad inputs, or the job failed (the ranks' last lines shown).
+    """
+    out_dir = Path(out_dir)
+    plan = load_plan(out_dir)
+    program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
+    if not program.exists():
+        raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")
+    results = Path(results) if results else out_dir / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    stage_inputs(plan, inputs, results / "inputs")
+    mpirun = str(mpi_prefix() / "bin" / "mpirun")
+    cmd = [mpirun, "-np", str(len(plan.ranks))]
+    lines = local_binding(plan, os.cpu_count() or 1)
+    if lines is None:
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    else:
+        (results / "rankfile.local").write_text("\n".join(lines) + "\n")
+        cmd += ["--rankfile", str(results / "rankfile.local")]
+    cmd += [str(program.resolve()), "--models", str(out_dir / "ncnn"), "--inputs",
+            str(results / "inputs"), "--results", str(results), "--frames", str(frames)]
+    if not pipeline:
+        cmd.append("--no-pipeline")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "passive"))
+    (results / "stats.json").unlink(missing_ok=True)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AutodiceError(f"the job ran past {timeout_s:.0f} s and was stopped") from None
+    if proc.returncode != 0 or not (results / "stats.json").exists():
+        said = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.startswith("[rank")]
+        tail = said[-5:] or (proc.stderr + proc.stdout).strip().splitlines()[-8:]
+        raise AutodiceError(f"the job failed (exit {proc.returncode}):", *tail)
+    stats = json.loads((results / "stats.json").read_text())
+    outputs = {t.name: np.load(results / file_name(t.name)) for t in plan.model_outputs}
+    return RunResult(results, stats, outputs)

@@ -1,0 +1,107 @@
+"""gen -> build -> mpirun for real (ncnn lean build, Open MPI wheel), checked against onnxruntime."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from autodice.build import build
+from autodice.cli import main
+from autodice.errors import AutodiceError
+from autodice.gen import gen, render_program
+from autodice.model import load_model
+from autodice.run import run
+from autodice.split import split
+
+from test_zoo import interleaved
+
+GOLDEN = Path(__file__).parent / "golden" / "figure2"
+pytestmark = pytest.mark.cpp
+
+
+@pytest.fixture
+def fig2_built(fig2):
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    build(fig2 / "out", lean=True)
+    x = np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    return fig2
+
+
+def test_figure2_program_golden(fig2):
+    plan = split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    program = render_program(plan)
+    if os.environ.get("AUTODICE_RECORD"):
+        (GOLDEN / "program.cpp").write_text(program)
+    assert program == (GOLDEN / "program.cpp").read_text(), "program changed; review, re-record"
+    assert [f"if (rank == {k}) run_rank_{k}(args, st);" in program for k in range(3)] == [True] * 3
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_figure2_runs_distributed(fig2_built, pipeline):
+    x = np.load(fig2_built / "x.npy")
+    res = run(fig2_built / "out", {"input": fig2_built / "x.npy"}, frames=6, pipeline=pipeline)
+    want = ort.InferenceSession(str(fig2_built / "model.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-6)
+    stats = json.loads((fig2_built / "out" / "results" / "stats.json").read_text())
+    assert stats["frames"] == 6 and stats["pipeline"] is pipeline and stats["fps"] > 0
+    assert [r["key"] for r in stats["ranks"]] == ["edge01_arm123", "edge01_gpu", "edge04_gpu"]
+    assert stats["ranks"][0]["bytes_sent"] == 6 * (256 * 2 + 256)
+
+
+def test_packages_hold_only_their_hosts_models(fig2_built):
+    pkgs = fig2_built / "out" / "packages"
+    assert sorted(p.name for p in (pkgs / "edge01" / "models").iterdir()) == [
+        "edge01_arm123.ncnn.bin", "edge01_arm123.ncnn.param", "edge01_gpu.ncnn.bin",
+        "edge01_gpu.ncnn.param"]
+    assert sorted(p.name for p in (pkgs / "edge04" / "models").iterdir()) == [
+        "edge04_gpu.ncnn.bin", "edge04_gpu.ncnn.param"]
+    for host in ("edge01", "edge04"):
+        assert (pkgs / host / "program.cpp").read_text() == (pkgs / "edge01" / "program.cpp").read_text()
+        assert os.access(pkgs / host / "run.sh", os.X_OK)
+
+
+def test_zoo_model_interleaved_three_ranks(tmp_path, zoo_model):
+    path = zoo_model("squeezenet")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1\nedge02, arm, slots=0-3\n")
+    (tmp_path / "mapping.json").write_text(json.dumps(
+        interleaved(load_model(path), ["edge01_x860", "edge01_x861", "edge02_arm0"], 7)))
+    split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
+    gen(tmp_path / "out")
+    build(tmp_path / "out", lean=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = run(tmp_path / "out", {"data_0": tmp_path / "x.npy"}, frames=3)
+    want = ort.InferenceSession(str(path)).run(None, {"data_0": x})[0]
+    got = res.outputs["softmaxout_1"]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_cli_run_check(fig2_built):
+    r = CliRunner().invoke(main, ["run", str(fig2_built / "out"), "--input",
+                                  str(fig2_built / "x.npy"), "--frames", "3", "--check"])
+    assert r.exit_code == 0, r.output
+    assert "frames/s" in r.output and "check output" in r.output and "ok" in r.output
+
+
+def test_wrong_input_shape_is_refused_before_running(fig2_built):
+    np.save(fig2_built / "bad.npy", np.zeros((1, 4, 8), np.float32))
+    with pytest.raises(AutodiceError, match='model input "input" must be 1x4x8x8 float32, got 1x4x8'):
+        run(fig2_built / "out", {"input": fig2_built / "bad.npy"})
+
+
+def test_missing_submodel_names_the_file(fig2_built):
+    (fig2_built / "out" / "ncnn" / "edge01_gpu.ncnn.param").unlink()
+    with pytest.raises(AutodiceError, match=r"\[rank 1 .*edge01_gpu.ncnn.param"):
+        run(fig2_built / "out", {"input": fig2_built / "x.npy"})
+
+
+def test_corrupt_submodel_names_the_file(fig2_built):
+    (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").write_bytes(b"\0" * 10)
+    with pytest.raises(AutodiceError, match=r"\[rank 2 .*edge04_gpu.ncnn.bin"):
+        run(fig2_built / "out", {"input": fig2_built / "x.npy"})
