@@ -11,18 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import AutodiceError
+from .plan import human_bytes as _human
 
 console = Console(stderr=True)
 # Tables stay readable when piped (rich would squeeze them to 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 130)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""
 
 
 class Main(click.Group):

@@ -99,6 +99,15 @@ class Plan:
         return list(dict.fromkeys(r.host for r in self.ranks))
 
 
+def human_bytes(n: float) -> str:
+    """``1234567`` -> ``"1.2 MB"`` (decimal units, as tables and pictures show sizes)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
 def _tensor_json(t: TensorSpec) -> dict:
     return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
 

@@ -10,15 +10,7 @@ from pathlib import Path
 
 from .errors import AutodiceError
 from .model import load_model
-from .plan import load_plan
-
-
-def _human(nbytes: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if nbytes < 1000 or unit == "GB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1000
-    return ""
+from .plan import human_bytes as _human, load_plan
 
 
 def render(out_dir: str | Path, image: str | Path, model: str | Path | None = None) -> None:
