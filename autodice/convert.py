@@ -70,18 +70,18 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             for suffix in ("param", "bin"):
                 shutil.move(work / f"model.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
+                (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
             try:
                 staging.rename(entry)
             except OSError:  # another process cached it first
                 shutil.rmtree(staging, ignore_errors=True)
     _check_interface(entry / "model.ncnn.param", rank)
     for suffix in ("param", "bin"):
+        # A copy, not a hard link: a link would let anything that edits the output (a user, a
+        # test corrupting a model on purpose) poison the cache for every later conversion.
         target = Path(f"{dest}.{suffix}")
         target.unlink(missing_ok=True)
-        try:
-            os.link(entry / f"model.ncnn.{suffix}", target)
-        except OSError:
-            shutil.copyfile(entry / f"model.ncnn.{suffix}", target)
+        shutil.copyfile(entry / f"model.ncnn.{suffix}", target)
 
 
 def _ensure(path: Path) -> Path:

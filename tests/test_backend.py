@@ -105,3 +105,14 @@ def test_corrupt_submodel_names_the_file(fig2_built):
     (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").write_bytes(b"\0" * 10)
     with pytest.raises(AutodiceError, match=r"\[rank 2 .*edge04_gpu.ncnn.bin"):
         run(fig2_built / "out", {"input": fig2_built / "x.npy"})
+
+
+def test_editing_an_output_model_leaves_the_cache_intact(fig2_built):
+    """The conversion cache must not share files with an output directory (it once did, through
+    hard links, and a corrupted output poisoned every later run)."""
+    (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").write_bytes(b"\0" * 10)
+    gen(fig2_built / "out")
+    assert (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").stat().st_size > 10
+    build(fig2_built / "out", lean=True)
+    res = run(fig2_built / "out", {"input": fig2_built / "x.npy"})
+    assert res.outputs["output"].shape == (1, 4, 4, 4)
