@@ -16,6 +16,25 @@ def tensor_spec(graph: Graph, name: str) -> TensorSpec:
     return TensorSpec(name, tuple(int(d) for d in t.shape), t.dtype, t.nbytes)
 
 
+def consumer_ranks(graph: Graph, placement: Placement, tensor: str) -> set[int]:
+    """Ranks whose layers read ``tensor`` (followers only read constants and static shapes)."""
+    ranks: set[int] = set()
+    for c in graph.consumers.get(tensor, ()):
+        if c not in graph.followers:
+            ranks.update(placement.node_ranks[c])
+    return ranks
+
+
+def input_owners(graph: Graph, placement: Placement) -> dict[str, int]:
+    """The rank that reads each model input: its first consumer, which forwards it to others."""
+    owners = {}
+    for name in graph.inputs:
+        ranks = consumer_ranks(graph, placement, name)
+        if ranks:
+            owners[name] = min(ranks)
+    return owners
+
+
 def find_edges(graph: Graph, placement: Placement, mapping_path: str) -> tuple[Edge, ...]:
     """Every tensor some rank produces (or reads as model input) and another rank consumes.
 
@@ -27,27 +46,17 @@ def find_edges(graph: Graph, placement: Placement, mapping_path: str) -> tuple[E
     """
     node_ranks = placement.node_ranks
     cuts: list[tuple[str, int, tuple[int, ...], str]] = []
-
-    def consumer_ranks(tensor: str) -> set[int]:
-        ranks: set[int] = set()
-        for c in graph.consumers.get(tensor, ()):
-            if c not in graph.followers:  # followers only read constants and static shapes
-                ranks.update(node_ranks[c])
-        return ranks
-
-    for name in graph.inputs:
-        ranks = consumer_ranks(name)
-        if ranks:
-            src = min(ranks)
-            if ranks - {src}:
-                cuts.append((name, src, tuple(sorted(ranks - {src})), "input"))
+    for name, src in input_owners(graph, placement).items():
+        dst = consumer_ranks(graph, placement, name) - {src}
+        if dst:
+            cuts.append((name, src, tuple(sorted(dst)), "input"))
     for i, node in enumerate(graph.nodes):
         if i in graph.followers:
             continue
         src = node_ranks[i][0]
         for t in node.output:
             if t:
-                dst = consumer_ranks(t) - {src}
+                dst = consumer_ranks(graph, placement, t) - {src}
                 if dst:
                     cuts.append((t, src, tuple(sorted(dst)), "activation"))
     problems = Problems()
@@ -60,12 +69,9 @@ def find_edges(graph: Graph, placement: Placement, mapping_path: str) -> tuple[E
                          f'{", ".join(chr(34) + keys[d] + chr(34) for d in dst)} has no static '
                          f"shape ({shape}); give the input shape with --input-shape NAME=1x3x...")
     problems.raise_if_any()
-    return tuple(Edge(t, src, dst, *_spec_fields(tensor_spec(graph, t)), tag=k, kind=kind)
-                 for k, (t, src, dst, kind) in enumerate(cuts))
-
-
-def _spec_fields(s: TensorSpec) -> tuple:
-    return s.shape, s.dtype, s.nbytes
+    specs = [tensor_spec(graph, t) for t, *_ in cuts]
+    return tuple(Edge(t, src, dst, spec.shape, spec.dtype, spec.nbytes, tag=k, kind=kind)
+                 for k, ((t, src, dst, kind), spec) in enumerate(zip(cuts, specs)))
 
 
 def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_dir: Path,
@@ -82,12 +88,7 @@ def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_
             order.setdefault(t, len(graph.inputs) + i)
     sends = [[e for e in edges if e.src == r] for r in range(n_ranks)]
     recvs = [[e for e in edges if r in e.dst] for r in range(n_ranks)]
-    owner = {}
-    for name in graph.inputs:  # the rank that reads a model input: its first consumer
-        ranks = {r for c in graph.consumers.get(name, ()) if c not in graph.followers
-                 for r in placement.node_ranks[c]}
-        if ranks:
-            owner[name] = min(ranks)
+    owner = input_owners(graph, placement)
     out_owner = {}
     for t in graph.outputs:
         if t in graph.producer:

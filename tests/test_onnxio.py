@@ -1,5 +1,7 @@
 """The lazy reader/writer: weights by reference, external data, old-style models, layer names."""
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -7,8 +9,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autodice import onnxio
 from autodice.check import check
-from autodice.model import load_model, name_layers
+from autodice.model import load_model, name_layers, parse_input_shapes
 from autodice.split import split
+from autodice.suggest import balanced_mapping
+
+
+def write_mapping(path, model, keys):
+    """A balanced mapping of ``model`` over ``keys``, written to ``path``."""
+    path.write_text(json.dumps(balanced_mapping(load_model(model), keys)))
 
 
 def test_round_trip_keeps_every_weight(tmp_path, zoo_model):
@@ -29,10 +37,7 @@ def test_external_data_in_and_out(tmp_path, zoo_model, fig2):
                     location="ext.weights", size_threshold=0)
     lazy = onnxio.read_model(tmp_path / "ext.onnx")
     assert all(t.external for t in lazy.tensors.values())
-    g = load_model(tmp_path / "ext.onnx")
-    from autodice.suggest import balanced_mapping
-    import json
-    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(g, ["edge01_arm1", "edge04_x862"])))
+    write_mapping(tmp_path / "m.json", tmp_path / "ext.onnx", ["edge01_arm1", "edge04_x862"])
     plan = split(tmp_path / "ext.onnx", tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
     for r in plan.ranks:
         assert (tmp_path / "o" / (r.submodel + ".data")).exists()
@@ -41,11 +46,8 @@ def test_external_data_in_and_out(tmp_path, zoo_model, fig2):
 
 def test_submodels_past_the_protobuf_limit_go_external(tmp_path, zoo_model, fig2, monkeypatch):
     monkeypatch.setattr(onnxio, "PROTOBUF_LIMIT", 100_000)
-    import json
-    from autodice.suggest import balanced_mapping
     src = zoo_model("squeezenet")
-    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(load_model(src),
-                                                                 ["edge01_arm1", "edge01_arm2"])))
+    write_mapping(tmp_path / "m.json", src, ["edge01_arm1", "edge01_arm2"])
     plan = split(src, tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
     sizes = [(tmp_path / "o" / r.submodel).stat().st_size for r in plan.ranks]
     assert max(sizes) < 100_000
@@ -61,10 +63,8 @@ def test_old_style_initializers_listed_as_inputs(tmp_path, zoo_model, fig2):
     onnx.save(model, tmp_path / "old.onnx")
     g = load_model(tmp_path / "old.onnx")
     assert g.inputs == ["data_0"]
-    import json
-    from autodice.suggest import balanced_mapping
-    (tmp_path / "m.json").write_text(json.dumps(balanced_mapping(g, ["edge01_arm1", "edge01_arm2",
-                                                                     "edge04_gpu"])))
+    write_mapping(tmp_path / "m.json", tmp_path / "old.onnx", ["edge01_arm1", "edge01_arm2",
+                                                               "edge04_gpu"])
     plan = split(tmp_path / "old.onnx", tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")
     assert [t.name for t in plan.model_inputs] == ["data_0"]
     for r in plan.ranks:
@@ -123,7 +123,6 @@ def test_shape_arithmetic_follows_its_consumers(tmp_path, fig2):
 
 @pytest.mark.parametrize("text, shapes", [("data=1x3x224x224", {"data": (1, 3, 224, 224)})])
 def test_input_shape_spec(text, shapes):
-    from autodice.model import parse_input_shapes
     assert parse_input_shapes([text]) == shapes
 
 
