@@ -1,0 +1,121 @@
+"""``profile.json``: what each layer costs on each resource, measured on the real engine.
+
+The cost model (``cost.py``) and the search (``dse.py``) read only this, so a profile measured once
+(on this machine, or on a board of the cluster) makes 40,000 candidate mappings cheap to score.
+
+Format (version 1), byte-stable (sorted keys, no timestamps)::
+
+    {
+      "version": 1,
+      "model": "densenet121.onnx", "model_sha256": "...",
+      "engine": {"ncnn": "1.0.20261020", "build": "full", "fp16": false},
+      "machine": {"arch": "x86_64", "cpu": "AMD EPYC ...", "cores": 2},
+      "threads": [1, 2],                      # thread counts measured on the CPU
+      "layers": [                             # every mappable layer, in execution order
+        {"name": "conv1", "op": "Conv", "cpu_ms": {"1": 3.21, "2": 1.70}, "gpu_ms": null},
+        ...
+      ],
+      "links": {                              # bytes/s and seconds per message
+        "shm": {"bandwidth": 5.1e9, "latency": 2e-6},
+        "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
+      }
+    }
+
+``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
+is the Vulkan latency or null where no GPU was measured. ``links`` always has ``shm`` (ranks on one
+host); other entries are host pairs (sorted names joined by ``-``), measured on a cluster or taken
+from the platform's ``bandwidth``/``latency`` fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import AutodiceError
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    name: str
+    op: str
+    cpu_ms: dict[int, float]  # threads -> median ms
+    gpu_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s
+    latency: float  # s per message
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    model_sha256: str
+    engine: dict
+    machine: dict
+    threads: tuple[int, ...]
+    layers: tuple[LayerCost, ...]
+    links: dict[str, Link] = field(default_factory=dict)
+
+    def layer(self, name: str) -> LayerCost:
+        return {lc.name: lc for lc in self.layers}[name]
+
+    def link(self, a: str, b: str) -> Link | None:
+        """The link between hosts ``a`` and ``b`` (``shm`` when they are the same host)."""
+        if a == b:
+            return self.links.get("shm")
+        return self.links.get("-".join(sorted((a, b))))
+
+
+def profile_to_json(p: Profile) -> dict:
+    return {
+        "version": PROFILE_VERSION,
+        "model": p.model,
+        "model_sha256": p.model_sha256,
+        "engine": p.engine,
+        "machine": p.machine,
+        "threads": list(p.threads),
+        "layers": [{"name": lc.name, "op": lc.op,
+                    "cpu_ms": {str(t): ms for t, ms in sorted(lc.cpu_ms.items())},
+                    "gpu_ms": lc.gpu_ms} for lc in p.layers],
+        "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
+                  for k, v in sorted(p.links.items())},
+    }
+
+
+def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
+    if d.get("version") != PROFILE_VERSION:
+        raise AutodiceError(f"{where}: profile version {d.get('version')!r}, this autodice reads "
+                            f"{PROFILE_VERSION}; profile the model again")
+    try:
+        return Profile(
+            model=d["model"], model_sha256=d["model_sha256"], engine=d["engine"],
+            machine=d["machine"], threads=tuple(int(t) for t in d["threads"]),
+            layers=tuple(LayerCost(x["name"], x["op"],
+                                   {int(t): float(ms) for t, ms in x["cpu_ms"].items()},
+                                   None if x.get("gpu_ms") is None else float(x["gpu_ms"]))
+                         for x in d["layers"]),
+            links={k: Link(float(v["bandwidth"]), float(v["latency"]))
+                   for k, v in d.get("links", {}).items()})
+    except (KeyError, TypeError, ValueError) as e:
+        raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
+
+
+def save_profile(p: Profile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile_to_json(p), indent=1, sort_keys=True) + "\n")
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except OSError as e:
+        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise AutodiceError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+    return profile_from_json(d, str(path))
