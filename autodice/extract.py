@@ -31,15 +31,9 @@ def _opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def legalize_softmax(graph: Graph, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-    """Before opset 13, Softmax(axis=a) flattens the input to 2-D at ``a``; pnnx converts that
-    wrongly for inputs of rank > 2 (SqueezeNet's 1x1000x1x1 comes out all ones). Spelled as
-    Reshape to 2-D, Softmax, Reshape back, it is the same function and converts correctly."""
-    shape = graph.types[node.input[0]].shape
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % len(shape)
-    rows = 1
-    for d in shape[:axis]:
-        rows *= d
+def _through_2d(graph: Graph, node: onnx.NodeProto, shape2d: list[int],
+                **attrs) -> list[onnx.NodeProto]:
+    """``node`` applied to its first input reshaped to ``shape2d``, the result reshaped back."""
     name, x, y = node.name or node.output[0], node.input[0], node.output[0]
 
     def const(suffix: str, values) -> onnx.NodeProto:
@@ -47,11 +41,29 @@ def legalize_softmax(graph: Graph, node: onnx.NodeProto) -> list[onnx.NodeProto]
                                 value=helper.make_tensor(f"{name}/{suffix}", onnx.TensorProto.INT64,
                                                          [len(values)], values))
 
-    return [const("shape2d", [rows, -1]), const("shape", list(shape)),
+    return [const("shape2d", shape2d), const("shape", list(graph.types[y].shape)),
             helper.make_node("Reshape", [x, f"{name}/shape2d"], [f"{name}/2d"], name=f"{name}/2d"),
-            helper.make_node(node.op_type, [f"{name}/2d"], [f"{name}/out2d"], name=name, axis=1),
+            helper.make_node(node.op_type, [f"{name}/2d", *node.input[1:]], [f"{name}/out2d"],
+                             name=name, **attrs),
             helper.make_node("Reshape", [f"{name}/out2d", f"{name}/shape"], [y],
                              name=f"{name}/back")]
+
+
+def legalize(graph: Graph, node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
+    """The same function in a spelling pnnx converts correctly, or None if ``node`` is fine.
+
+    Before opset 13, Softmax(axis=a) flattens the input to 2-D at ``a``; pnnx converts that
+    wrongly for inputs of rank > 2 (SqueezeNet's 1x1000x1x1 comes out all ones). It becomes
+    Reshape to 2-D, Softmax, Reshape back.
+    """
+    shape = graph.types[node.input[0]].shape if node.input else ()
+    if node.op_type in LEGACY_SOFTMAX and opset < 13 and len(shape) > 2:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % len(shape)
+        rows = 1
+        for d in shape[:axis]:
+            rows *= d
+        return _through_2d(graph, node, [rows, -1], axis=1)
+    return None
 
 
 def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.ModelProto, list]:
@@ -70,11 +82,7 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
         if node.op_type in SHAPE_OPS and i in graph.followers:
             g.node.append(shape_constant(node, graph.types))
             continue
-        if (node.op_type in LEGACY_SOFTMAX and _opset(src) < 13 and
-                len(graph.types[node.input[0]].shape) > 2):
-            g.node.extend(legalize_softmax(graph, node))
-        else:
-            g.node.append(node)
+        g.node.extend(legalize(graph, node, _opset(src)) or [node])
         for t in node.input:
             if graph.is_weight(t):
                 weights[t] = None

@@ -8,6 +8,7 @@ No network access is needed, which is why tests and benchmarks use these.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,9 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import AutodiceError
+
+# Bumped whenever materialize() makes different weights, so caches of zoo models are refreshed.
+WEIGHTS_VERSION = 2
 
 ZOO = ("vgg19", "densenet121", "resnet50", "squeezenet", "inception_v1", "inception_v2",
        "shufflenet", "bvlc_alexnet", "zfnet512")
@@ -60,7 +64,50 @@ def materialize(name: str, seed: int = 0) -> onnx.ModelProto:
     # the first version that allows that.
     graph.input.extend(i for i in inputs if i.name not in {t.name for t in inits})
     model.ir_version = max(model.ir_version, 4)
+    _temper_logits(model, rng)
     return model
+
+
+# Ops between the last weighted layer and the Softmax that commute with a positive scale.
+_HOMOGENEOUS = {"Relu", "Dropout", "Reshape", "Flatten", "AveragePool", "GlobalAveragePool",
+                "MaxPool"}
+
+
+def _temper_logits(model: onnx.ModelProto, rng: np.random.Generator) -> None:
+    """Scale the classifier so the softmax is not saturated.
+
+    Random weights grow activations with depth (ResNet-50's logits reach 1e5), which makes the
+    softmax one-hot and any output comparison blind. Scaling the last Gemm/Conv before the Softmax
+    by a positive factor scales the logits by the same factor (everything in between is positively
+    homogeneous), so one seeded run of onnxruntime can bring their spread to about 2.
+    """
+    nodes = list(model.graph.node)
+    if not nodes or nodes[-1].op_type != "Softmax":
+        return
+    producer = {o: n for n in nodes for o in n.output}
+    node = producer.get(nodes[-1].input[0])
+    while node is not None and node.op_type in _HOMOGENEOUS:
+        node = producer.get(node.input[0])
+    inits = {i.name: i for i in model.graph.initializer}
+    if node is None or node.op_type not in ("Gemm", "Conv") or node.input[1] not in inits:
+        return
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.append(onnx.ValueInfoProto(name=nodes[-1].input[0]))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape],
+                                         dtype=np.float32) for i in session.get_inputs()}
+    spread = float(session.run(None, feeds)[0].std())
+    if not np.isfinite(spread) or spread <= 0:
+        return
+    for name in node.input[1:]:
+        if name in inits:
+            t = inits[name]
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(2 / spread),
+                                               t.name))
 
 
 def save(model: onnx.ModelProto, path: Path) -> None:
@@ -68,3 +115,15 @@ def save(model: onnx.ModelProto, path: Path) -> None:
     big = model.ByteSize() > 1_800_000_000
     onnx.save_model(model, str(path), save_as_external_data=big,
                     location=Path(path).name + ".data" if big else None)
+
+
+def cached(name: str, seed: int = 0) -> Path:
+    """The zoo model ``name`` saved once under ``~/.cache/autodice/zoo`` (benchmarks share it)."""
+    path = (Path.home() / ".cache" / "autodice" / "zoo"
+            / f"{name}-seed{seed}-v{WEIGHTS_VERSION}.onnx")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        save(materialize(name, seed), tmp)
+        os.replace(tmp, path)
+    return path

@@ -22,7 +22,6 @@ from autodice.plan import load_plan
 from autodice.split import split
 from autodice.suggest import balanced_mapping
 
-CACHE = Path.home() / ".cache" / "autodice" / "zoo"
 MODELS = ("vgg19", "densenet121", "resnet50")
 TARGETS = {"vgg19": 2.0, "densenet121": 0.3}  # seconds, from issue 2 (paper: 21.5 s and 1.93 s)
 
@@ -70,14 +69,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path, default=Path("build/bench/split.json"))
     args = ap.parse_args()
-    CACHE.mkdir(parents=True, exist_ok=True)
     results = []
     print(f"{'model':<12} {'nodes':>5} {'MB':>6} {'autodice s':>10} {'protobuf s':>10} "
           f"{'speed-up':>8} {'target s':>8}")
     for name in MODELS:
-        model = CACHE / f"{name}-seed0.onnx"
-        if not model.exists():
-            zoo.save(zoo.materialize(name, seed=0), model)
+        model = zoo.cached(name)
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             platform, mapping = platform_and_mapping(model, work)
