@@ -1,8 +1,12 @@
 // autodice runtime; see autodice_runtime.h for what each piece is for.
 #include "autodice_runtime.h"
 
+#include <omp.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <set>
 
 #include <cerrno>
 #include <climits>
@@ -49,7 +53,10 @@ static int checked_int(int64_t n, const std::string& what) {
 // ---- process setup, logging, timing ---------------------------------------------------------
 
 static std::string g_prefix;
-static double g_timeout_s = 10.0;
+static double g_timeout_s = 8.0;
+// After a timeout, how long a rank waits before ending the job: long enough for the other ranks
+// waiting on the same stuck peer to say so too, which is how `autodice run` names the culprit.
+static constexpr double kGraceS = 1.0;
 
 static bool mpi_running() {
   int initialized = 0, finalized = 0;
@@ -100,6 +107,32 @@ int64_t peak_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+std::vector<int> omp_thread_cpus(int threads) {
+  std::set<int> seen;
+#pragma omp parallel num_threads(threads)
+  {
+    // Busy for 20 ms so the scheduler places every thread where it may run, then say where
+    // each one is while all of them are still busy: distinct answers mean real parallelism.
+    Timer timer;
+    while (timer.elapsed_ms() < 20.0) {
+    }
+    const int cpu = sched_getcpu();
+#pragma omp critical
+    seen.insert(cpu);
+  }
+  return {seen.begin(), seen.end()};
 }
 
 // ---- .npy files -----------------------------------------------------------------------------
@@ -413,21 +446,34 @@ bool Transfer::test() {
 static void wait_until_done(std::vector<Transfer*>& pending, double timeout_s) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
+  auto last = start;
+  double frozen_s = 0;  // time this process itself did not run (stopped, or starved of CPU)
   auto pause = std::chrono::microseconds(0);
   for (int round = 0;; ++round) {
     bool all_done = true;
     for (Transfer* t : pending) all_done = t->test() && all_done;
     if (all_done) return;
-    double waited = std::chrono::duration<double>(clock::now() - start).count();
+    const auto now = clock::now();
+    const double gap = std::chrono::duration<double>(now - last).count();
+    if (gap > 0.5) frozen_s += gap;
+    last = now;
+    double waited = std::chrono::duration<double>(now - start).count();
     if (timeout_s > 0 && waited > timeout_s) {
       for (Transfer* t : pending) {
         if (t->done()) continue;
         char seconds[32];
         std::snprintf(seconds, sizeof seconds, "%.1f", timeout_s);
-        abort_run(std::string("timed out after ") + seconds + " s waiting to " + t->what() +
-                      " (" + t->info().describe() + "): the peer died or is stuck "
-                      "(raise AUTODICE_TIMEOUT_S if it is just slow)",
-                  5);
+        // A rank that was itself frozen for most of the wait is the stuck one, not its peer.
+        const std::string why =
+            frozen_s > timeout_s / 2
+                ? "this rank was frozen (stopped, or starved of CPU) for " +
+                      std::to_string(static_cast<int>(frozen_s)) + " s of it"
+                : "the peer died or is stuck (raise AUTODICE_TIMEOUT_S if it is just slow)";
+        log(std::string("timed out after ") + seconds + " s waiting to " + t->what() + " (" +
+            t->info().describe() + "): " + why);
+        std::this_thread::sleep_for(std::chrono::duration<double>(kGraceS));
+        if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, 5);
+        std::exit(5);
       }
     }
     if (round > 1000) {
@@ -446,6 +492,25 @@ void wait_all(std::vector<Transfer>& transfers, double timeout_s) {
   std::vector<Transfer*> pending;
   for (Transfer& t : transfers) pending.push_back(&t);
   wait_until_done(pending, timeout_s < 0 ? g_timeout_s : timeout_s);
+}
+
+void barrier(MPI_Comm comm, double timeout_s, const std::string& what) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm, &request) != MPI_SUCCESS) abort_run(what + ": MPI_Ibarrier failed", 4);
+  const Timer timer;
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (timeout_s > 0 && timer.elapsed_ms() > timeout_s * 1e3) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f", timeout_s);
+      log(std::string("timed out after ") + seconds + " s at " + what +
+          ": another rank died or is stuck before it");
+      std::this_thread::sleep_for(std::chrono::duration<double>(kGraceS));
+      MPI_Abort(comm, 5);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 }  // namespace autodice

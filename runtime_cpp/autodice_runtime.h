@@ -62,6 +62,14 @@ class Timer {
 // Peak resident set size of this process so far, in bytes (getrusage).
 int64_t peak_rss_bytes();
 
+// The cores this process may run on (sched_getaffinity), ascending.
+std::vector<int> allowed_cpus();
+
+// The distinct cores that `threads` OpenMP threads ran on during a short busy parallel region.
+// This is the binding check: Open MPI binds each of two ranks to one core by default, and then
+// all of a rank's threads share it however many cores its key names.
+std::vector<int> omp_thread_cpus(int threads);
+
 // ---- .npy files -----------------------------------------------------------------------------
 
 struct NpyArray {
@@ -124,7 +132,8 @@ struct TensorInfo {
   std::string describe() const;  // "shape 1x4x4x4 float32"
 };
 
-// Seconds a wait may take before the watchdog aborts the run: 10 by default, or
+// Seconds a wait may take before the watchdog aborts the run (after a 1 s grace, so the job
+// ends within 10 s of a peer dying): 8 by default, or
 // AUTODICE_TIMEOUT_S (read by init_runtime), or set_wait_timeout(). <= 0 waits forever.
 void set_wait_timeout(double seconds);
 double wait_timeout();
@@ -174,5 +183,9 @@ class Transfer {
 
 // Wait for all of `transfers` under one deadline, completing them in whatever order they finish.
 void wait_all(std::vector<Transfer>& transfers, double timeout_s = -1);
+
+// MPI_Barrier under a deadline (<= 0 waits forever), so a rank that hangs while the others wait
+// for it at a synchronisation point ends the run with a message naming `what`.
+void barrier(MPI_Comm comm, double timeout_s, const std::string& what);
 
 }  // namespace autodice

@@ -2,6 +2,9 @@
 
 import json
 import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +119,75 @@ def test_editing_an_output_model_leaves_the_cache_intact(fig2_built):
     build(fig2_built / "out", lean=True)
     res = run(fig2_built / "out", {"input": fig2_built / "x.npy"})
     assert res.outputs["output"].shape == (1, 4, 4, 4)
+
+
+def _rank_pid(program: Path, rank: int, timeout_s: float = 30) -> int:
+    """The pid of the running ``program`` process that is MPI rank ``rank``."""
+    deadline = time.monotonic() + timeout_s
+    want = str(program.resolve())
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            try:
+                if os.readlink(proc / "exe") != want:
+                    continue
+                env = (proc / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} of {program} never started")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2_built, signal_name):
+    """Rank 1 dies (SIGKILL) or hangs (SIGSTOP) mid-run: mpirun must not wait forever."""
+    program = fig2_built / "out" / "packages" / "edge01" / "build" / "program"
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(run, fig2_built / "out", {"input": fig2_built / "x.npy"},
+                          frames=10**8)
+        pid = _rank_pid(program, 1)
+        time.sleep(2.0)  # well into the stream of frames
+        assert not job.done()
+        os.kill(pid, getattr(signal, signal_name))
+        hit = time.monotonic()
+        with pytest.raises(AutodiceError) as failure:
+            job.result(timeout=30)
+        ended = time.monotonic() - hit
+    assert ended < 10, f"the job took {ended:.1f} s to end"
+    first = failure.value.problems[1]
+    if signal_name == "SIGKILL":
+        assert first == "rank 1 (edge01_gpu on edge01) died: killed by signal 9 (Killed)"
+    else:
+        assert first.startswith("rank 1 (edge01_gpu on edge01) stopped responding (rank 0 for")
+
+
+def _two_cores_or_skip():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+
+
+@pytest.mark.parametrize("mapping", [
+    {"edge01_x8601": ["Conv1", "Relu1", "MaxPool1", "FC1", "Add1"]},
+    {"edge01_x860": ["MaxPool1", "Conv1", "FC1"], "edge01_x861": ["Add1", "Relu1"]},
+], ids=["1rank_2threads", "2ranks_1thread"])
+def test_ranks_threads_run_on_their_own_cores(fig2, mapping):
+    """Open MPI binds each of two ranks to one core by default; the rankfile must win, and a
+    2-thread rank's threads must really run on two cores at once."""
+    _two_cores_or_skip()
+    (fig2 / "platform.txt").write_text("edge01, x86, slots=0-1\n")
+    (fig2 / "mapping.json").write_text(json.dumps(mapping))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    build(fig2 / "out", lean=True)
+    x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    res = run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2)
+    want = ort.InferenceSession(str(fig2 / "model.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-6)
+    got = [(r["cpus"], r["omp_cpus"]) for r in res.stats["ranks"]]
+    if len(mapping) == 1:
+        assert got == [([0, 1], [0, 1])]
+    else:
+        assert got == [([0], [0]), ([1], [1])]
+    assert res.warnings == ()

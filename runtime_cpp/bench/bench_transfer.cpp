@@ -5,11 +5,13 @@
 //
 //   mpirun -n 2 bench_transfer [out.json] [reps]
 //
-// Each row is one CNN-sized tensor, timed as a ping-pong (rank 0 -> 1 -> 0) with the receiver
-// ending up holding a Mat, as the generated program needs; the table shows the median one-way
-// time of each method and their ratio, side by side in one run. Rank 0 prints and writes JSON.
+// Each row is one tensor (1-64 MiB, then CNN-sized), timed as a ping-pong (rank 0 -> 1 -> 0)
+// with the receiver ending up holding a Mat, as the generated program needs; the table shows the
+// median one-way time of each method and of a plain memcpy of the same bytes, side by side in
+// one run. Rank 0 prints and writes JSON.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,21 @@ double median_one_way_us(Hop hop, const TensorInfo& info, int reps) {
   return times[times.size() / 2];
 }
 
+// Median microseconds of a plain memcpy of `bytes` between two warm buffers: the ceiling a
+// transfer between two processes on one host can approach.
+double median_memcpy_us(size_t bytes, int reps) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::vector<double> times;
+  for (int i = -3; i < reps; ++i) {
+    autodice::Timer timer;
+    std::memcpy(to.data(), from.data(), bytes);
+    if (i >= 0) times.push_back(timer.elapsed_ms() * 1000.0);
+    from[static_cast<size_t>(i + 3) % bytes] = to[0];  // keeps the copy from being elided
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,29 +123,30 @@ int main(int argc, char** argv) {
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 31;
 
-  // Feature maps of VGG/ResNet-like CNNs at 224x224; the odd spatial sizes carry padding.
-  const std::vector<Shape> shapes = {{1, 64, 112, 112}, {1, 128, 56, 56}, {1, 256, 28, 28},
-                                     {1, 512, 14, 14},  {1, 512, 7, 7},   {1, 64, 55, 55},
+  // 1, 4, 16 and 64 MiB tensors, then CNN feature maps whose odd sizes carry padding.
+  const std::vector<Shape> shapes = {{1, 256, 32, 32},   {1, 256, 64, 64}, {1, 256, 128, 128},
+                                     {1, 256, 256, 256}, {1, 512, 7, 7},   {1, 64, 55, 55},
                                      {1, 1000}};
   std::string json = "{\"reps\": " + std::to_string(reps) + ", \"rows\": [";
   if (g_rank == 0)
-    std::printf("%-14s %9s %10s %11s %11s %8s\n", "shape", "bytes", "packed_us", "datatype_us",
-                "transfer_us", "packed/datatype");
+    std::printf("%-16s %9s %10s %11s %11s %10s %9s %14s\n", "shape", "bytes", "packed_us",
+                "datatype_us", "transfer_us", "memcpy_us", "GB/s", "memcpy/transfer");
   for (size_t i = 0; i < shapes.size(); ++i) {
     const TensorInfo info{"t", shapes[i], DType::Float32};
     const double packed = median_one_way_us(hop_packed, info, reps);
     const double datatype = median_one_way_us(hop_datatype, info, reps);
     const double transfer = median_one_way_us(hop_transfer, info, reps);
     if (g_rank != 0) continue;
+    const double copy = median_memcpy_us(info.bytes(), reps);
     const std::string shape = autodice::shape_str(info.shape);
     const long long bytes = static_cast<long long>(info.bytes());
-    std::printf("%-14s %9lld %10.1f %11.1f %11.1f %7.2fx\n", shape.c_str(), bytes, packed,
-                datatype, transfer, packed / datatype);
-    char row[256];
+    std::printf("%-16s %9lld %10.1f %11.1f %11.1f %10.1f %9.2f %13.2fx\n", shape.c_str(), bytes,
+                packed, datatype, transfer, copy, bytes / transfer / 1e3, copy / transfer);
+    char row[320];
     std::snprintf(row, sizeof row,
                   "%s{\"shape\": \"%s\", \"bytes\": %lld, \"packed_us\": %.2f, "
-                  "\"datatype_us\": %.2f, \"transfer_us\": %.2f}",
-                  i ? ", " : "", shape.c_str(), bytes, packed, datatype, transfer);
+                  "\"datatype_us\": %.2f, \"transfer_us\": %.2f, \"memcpy_us\": %.2f}",
+                  i ? ", " : "", shape.c_str(), bytes, packed, datatype, transfer, copy);
     json += row;
   }
   if (g_rank == 0 && json_path) {

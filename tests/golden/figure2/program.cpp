@@ -9,6 +9,7 @@
 // Usage: program --inputs DIR --results DIR [--models DIR] [--frames N] [--no-pipeline]
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -38,11 +39,41 @@ struct Args {
 };
 
 // Per-rank figures gathered to rank 0 for stats.json; all doubles so one MPI_Gather moves them.
+// Core sets travel as bit masks (exact in a double up to 53 cores).
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
-         peak_rss = 0;
+         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0;
+  double start = 0;  // not gathered: when this rank's clock started
 };
-constexpr int kStatFields = 6;
+constexpr int kStatFields = 9;
+
+double mask(const std::vector<int>& cpus) {
+  double m = 0;
+  for (int c : cpus)
+    if (c < 53) m += static_cast<double>(int64_t{1} << c);
+  return m;
+}
+
+void print_mask(FILE* f, double m) {
+  const auto bits = static_cast<int64_t>(m);
+  const char* sep = "";
+  for (int c = 0; c < 53; ++c)
+    if (bits >> c & 1) {
+      std::fprintf(f, "%s%d", sep, c);
+      sep = ", ";
+    }
+}
+
+// Called by every rank once its model and inputs are loaded: the clock starts together, so
+// frames/s counts frames, not loading. Also records where the rank's threads may and do run.
+void start_clock(Stats& st, const autodice::Timer& loading, int threads) {
+  st.load_s = loading.elapsed_ms() / 1e3;
+  st.cpus = mask(autodice::allowed_cpus());
+  st.omp_cpus = mask(autodice::omp_thread_cpus(threads));
+  // Loading a large sub-model on a small board takes a while: wait longer than for a tensor.
+  autodice::barrier(MPI_COMM_WORLD, std::max(60.0, autodice::wait_timeout()), "the start");
+  st.start = MPI_Wtime();
+}
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -121,6 +152,7 @@ void timed_wait_all(std::vector<Transfer>& ts, double& seconds) {
 // sends Buff1 (1x4x4x4 float32, 256 B) to ranks 1, 2
 // sends Buff4 (1x4x4x4 float32, 256 B) to rank 2
 void run_rank_0(const Args& args, Stats& st) {
+  const autodice::Timer loading;
   ncnn::Net net;
   load_net(net, args, "edge01_arm123", 3, false, true);
   const TensorInfo t_input{"input", {1, 4, 8, 8}, DType::Float32};
@@ -132,6 +164,7 @@ void run_rank_0(const Args& args, Stats& st) {
   ncnn::Mat received[2][2];
   ncnn::Mat produced[2][2];
   std::vector<Transfer> recvs[2], sends[2];
+  start_clock(st, loading, 3);
   auto post_receives = [&](int frame) {
     const int s = frame % 2;
     recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, t_Buff2, received[s][0], 2, tag(1, frame)));
@@ -168,7 +201,7 @@ void run_rank_0(const Args& args, Stats& st) {
     timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
-      MPI_Barrier(MPI_COMM_WORLD);
+      autodice::barrier(MPI_COMM_WORLD, autodice::wait_timeout(), "the end of a frame");
       if (f + 1 < args.frames) post_receives(f + 1);
     }
   }
@@ -183,6 +216,7 @@ void run_rank_0(const Args& args, Stats& st) {
 // receives Buff1 (1x4x4x4 float32, 256 B) from rank 0 as in0
 // sends Buff3 (1x4x4x4 float32, 256 B) to rank 0
 void run_rank_1(const Args& args, Stats& st) {
+  const autodice::Timer loading;
   ncnn::Net net;
   load_net(net, args, "edge01_gpu", 1, true, false);
   const TensorInfo t_Buff1{"Buff1", {1, 4, 4, 4}, DType::Float32};
@@ -190,6 +224,7 @@ void run_rank_1(const Args& args, Stats& st) {
   ncnn::Mat received[2][1];
   ncnn::Mat produced[2][1];
   std::vector<Transfer> recvs[2], sends[2];
+  start_clock(st, loading, 1);
   auto post_receives = [&](int frame) {
     const int s = frame % 2;
     recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, t_Buff1, received[s][0], 0, tag(0, frame)));
@@ -213,7 +248,7 @@ void run_rank_1(const Args& args, Stats& st) {
     timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
-      MPI_Barrier(MPI_COMM_WORLD);
+      autodice::barrier(MPI_COMM_WORLD, autodice::wait_timeout(), "the end of a frame");
       if (f + 1 < args.frames) post_receives(f + 1);
     }
   }
@@ -229,6 +264,7 @@ void run_rank_1(const Args& args, Stats& st) {
 // receives Buff4 (1x4x4x4 float32, 256 B) from rank 0 as in1
 // sends Buff2 (1x4x4x4 float32, 256 B) to rank 0
 void run_rank_2(const Args& args, Stats& st) {
+  const autodice::Timer loading;
   ncnn::Net net;
   load_net(net, args, "edge04_gpu", 1, true, true);
   const TensorInfo t_Buff1{"Buff1", {1, 4, 4, 4}, DType::Float32};
@@ -238,6 +274,7 @@ void run_rank_2(const Args& args, Stats& st) {
   ncnn::Mat received[2][2];
   ncnn::Mat produced[2][2];
   std::vector<Transfer> recvs[2], sends[2];
+  start_clock(st, loading, 1);
   auto post_receives = [&](int frame) {
     const int s = frame % 2;
     recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, t_Buff1, received[s][0], 0, tag(0, frame)));
@@ -271,7 +308,7 @@ void run_rank_2(const Args& args, Stats& st) {
     timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
-      MPI_Barrier(MPI_COMM_WORLD);
+      autodice::barrier(MPI_COMM_WORLD, autodice::wait_timeout(), "the end of a frame");
       if (f + 1 < args.frames) post_receives(f + 1);
     }
   }
@@ -295,16 +332,15 @@ int main(int argc, char** argv) {
                         std::to_string(kRanks) + " ranks", 2);
   const Args args = parse_args(argc, argv);
   Stats st;
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double start = MPI_Wtime();
   if (rank == 0) run_rank_0(args, st);
   if (rank == 1) run_rank_1(args, st);
   if (rank == 2) run_rank_2(args, st);
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double seconds = MPI_Wtime() - start;
+  autodice::barrier(MPI_COMM_WORLD, autodice::wait_timeout(), "the end of the run");
+  const double seconds = MPI_Wtime() - st.start;
   st.peak_rss = static_cast<double>(autodice::peak_rss_bytes());
-  const double mine[kStatFields] = {st.compute_s,  st.recv_wait_s,    st.send_wait_s,
-                                    st.bytes_sent, st.bytes_received, st.peak_rss};
+  const double mine[kStatFields] = {st.compute_s,      st.recv_wait_s, st.send_wait_s,
+                                    st.bytes_sent,     st.bytes_received, st.peak_rss,
+                                    st.load_s,         st.cpus,        st.omp_cpus};
   std::vector<double> all(rank == 0 ? kStatFields * kRanks : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, 0,
              MPI_COMM_WORLD);
@@ -320,8 +356,13 @@ int main(int argc, char** argv) {
       const double* v = &all[k * kStatFields];
       std::fprintf(f, "    {\"rank\": %d, \"key\": \"%s\", \"compute_s\": %.6f, "
                       "\"recv_wait_s\": %.6f, \"send_wait_s\": %.6f, \"bytes_sent\": %.0f, "
-                      "\"bytes_received\": %.0f, \"peak_rss\": %.0f}%s\n",
-                   k, kKeys[k], v[0], v[1], v[2], v[3], v[4], v[5], k + 1 < kRanks ? "," : "");
+                      "\"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
+                      "\"cpus\": [",
+                   k, kKeys[k], v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+      print_mask(f, v[7]);
+      std::fprintf(f, "], \"omp_cpus\": [");
+      print_mask(f, v[8]);
+      std::fprintf(f, "]}%s\n", k + 1 < kRanks ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

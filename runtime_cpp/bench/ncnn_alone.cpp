@@ -1,0 +1,69 @@
+// The baseline for the generated program's overhead: the same ncnn model, options and input,
+// run frame after frame by a plain loop with no MPI, no plan and no packing.
+//
+//   ncnn_alone MODEL.ncnn.param MODEL.ncnn.bin INPUT.npy 1x3x224x224 THREADS FRAMES
+//
+// Prints {"frames": N, "seconds": S, "fps": F, "load_s": L}; the clock starts after loading,
+// as the generated program's does.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "autodice_runtime.h"
+#include "net.h"
+
+namespace {
+
+autodice::Shape parse_shape(const std::string& text) {
+  autodice::Shape shape;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t x = text.find('x', start);
+    shape.push_back(std::stoll(text.substr(start, x - start)));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  return shape;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s PARAM BIN INPUT.npy SHAPE THREADS FRAMES\n", argv[0]);
+    return 2;
+  }
+  const autodice::Timer loading;
+  ncnn::Net net;
+  net.opt.num_threads = std::atoi(argv[5]);
+  net.opt.lightmode = true;
+  // The generated program's fp32 options, so both run the same kernels.
+  net.opt.use_fp16_packed = false;
+  net.opt.use_fp16_storage = false;
+  net.opt.use_fp16_arithmetic = false;
+  net.opt.use_bf16_storage = false;
+  if (net.load_param(argv[1]) != 0 || net.load_model(argv[2]) != 0) {
+    std::fprintf(stderr, "cannot load %s / %s\n", argv[1], argv[2]);
+    return 1;
+  }
+  const autodice::Shape shape = parse_shape(argv[4]);
+  const autodice::NpyArray input = autodice::npy_load(argv[3], autodice::DType::Float32, shape);
+  const ncnn::Mat in = autodice::mat_from_dense(input.f32(), shape);
+  const double load_s = loading.elapsed_ms() / 1e3;
+
+  const int frames = std::atoi(argv[6]);
+  const autodice::Timer clock;
+  ncnn::Mat out;
+  for (int f = 0; f < frames; ++f) {
+    ncnn::Extractor ex = net.create_extractor();
+    ex.input("in0", in);
+    if (ex.extract("out0", out) != 0) {
+      std::fprintf(stderr, "extracting out0 failed\n");
+      return 1;
+    }
+  }
+  const double seconds = clock.elapsed_ms() / 1e3;
+  std::printf("{\"frames\": %d, \"seconds\": %.6f, \"fps\": %.4f, \"load_s\": %.6f}\n", frames,
+              seconds, frames / seconds, load_s);
+  return 0;
+}

@@ -1,0 +1,330 @@
+// Per-layer latency of one ncnn net, measured the way the generated program runs it.
+//
+//   profile_layers MODEL.param MODEL.bin OUT.json --threads 1,2 [--warmup 3] [--runs 11]
+//                  --input in0.npy [--input in1.npy ...]
+//
+// For every thread count the net is loaded again (ncnn picks kernels and tile sizes for
+// opt.num_threads while it loads) with the generated program's options: fp32 end to end, light
+// mode, no Vulkan. Each run is timed twice, interleaved so drift hits both alike:
+//   whole  one Extractor extracts the net's outputs, as a rank that holds the whole model does;
+//   layers one Extractor extracts the first output blob of every layer in file order and times
+//          each extract. File order is topological and every earlier blob is still held, so
+//          each extract runs exactly that one layer.
+// Two details keep "layers" honest: the Extractor gets its own pool allocators (with the net's
+// local pool, extract() deep-copies every blob it returns), and blobs are taken unpacked
+// (type 1) and dropped at once, so no extra conversion runs and no in-place consumer finds a
+// blob shared with us and clones it.
+//
+// One untimed pass first records a fingerprint (element count, sum, sum of |x|, sum of x^2) of
+// every layer output; autodice matches them against onnxruntime's tensors to learn which ONNX
+// layers each ncnn layer computes (pnnx fuses Conv+BatchNorm+ReLU and renames everything).
+// OUT.json holds the raw times of every run; autodice takes the medians. Progress goes to
+// stderr as "progress DONE TOTAL" lines.
+//
+//   mpirun -np 2 profile_layers --link OUT.json
+//
+// measures the link between two ranks instead: the median one-way time of a ping-pong through
+// autodice::Transfer (the generated program's path) for tensors of 4 KB to 4 MiB; autodice fits
+// latency + bytes / bandwidth to the rows.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "allocator.h"
+#include "autodice_runtime.h"
+#include "layer.h"
+#include "net.h"
+
+namespace {
+
+struct Args {
+  std::string param, bin, out;
+  std::vector<std::string> inputs;
+  std::vector<int> threads = {1};
+  int warmup = 3;
+  int runs = 11;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "profile_layers: %s\nusage: profile_layers MODEL.param MODEL.bin OUT.json "
+               "--threads 1,2 [--warmup N] [--runs N] --input in0.npy [--input ...]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+int count(const std::string& flag, const std::string& text, int least) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || v < least || v > 100000)
+    usage(flag + " " + text + ": expected an integer of at least " + std::to_string(least));
+  return static_cast<int>(v);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--threads") {
+      a.threads.clear();
+      std::string list = value();
+      size_t start = 0;
+      while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        a.threads.push_back(count(k, list.substr(start, comma - start), 1));
+        start = comma + 1;
+      }
+    } else if (k == "--warmup") {
+      a.warmup = count(k, value(), 0);
+    } else if (k == "--runs") {
+      a.runs = count(k, value(), 1);
+    } else if (k == "--input") {
+      a.inputs.push_back(value());
+    } else if (!k.empty() && k[0] == '-') {
+      usage("unknown option " + k);
+    } else {
+      positional.push_back(k);
+    }
+  }
+  if (positional.size() != 3) usage("expected MODEL.param MODEL.bin OUT.json");
+  if (a.inputs.empty()) usage("at least one --input is needed");
+  a.param = positional[0];
+  a.bin = positional[1];
+  a.out = positional[2];
+  return a;
+}
+
+// The generated program's net options (templates/program.cpp.j2, load_net) for a CPU rank.
+void load(ncnn::Net& net, const Args& args, int threads) {
+  net.opt.num_threads = threads;
+  net.opt.use_vulkan_compute = false;
+  net.opt.lightmode = true;
+  net.opt.use_fp16_packed = false;
+  net.opt.use_fp16_storage = false;
+  net.opt.use_fp16_arithmetic = false;
+  net.opt.use_bf16_storage = false;
+  if (net.load_param(args.param.c_str()) != 0)
+    autodice::abort_run("cannot load " + args.param + " (missing or corrupt)", 4);
+  if (net.load_model(args.bin.c_str()) != 0)
+    autodice::abort_run("cannot load " + args.bin + " (missing or corrupt)", 4);
+}
+
+// Allocators that live across runs, as the net's own local pools would.
+struct Pools {
+  ncnn::PoolAllocator blobs;
+  ncnn::PoolAllocator workspace;
+  Pools() {
+    blobs.set_size_compare_ratio(0.f);
+    workspace.set_size_compare_ratio(0.f);
+  }
+};
+
+ncnn::Extractor start(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs) {
+  ncnn::Extractor ex = net.create_extractor();
+  ex.set_blob_allocator(&pools.blobs);
+  ex.set_workspace_allocator(&pools.workspace);
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (ex.input(("in" + std::to_string(k)).c_str(), inputs[k]) != 0)
+      autodice::abort_run("the net has no input blob in" + std::to_string(k), 4);
+  return ex;
+}
+
+// Timed like the generated program's compute: from the first extract to the last.
+double run_whole(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs) {
+  ncnn::Extractor ex = start(net, pools, inputs);
+  autodice::Timer timer;
+  for (int blob : net.output_indexes()) {
+    ncnn::Mat m;
+    if (ex.extract(blob, m, 1) != 0) autodice::abort_run("extracting an output failed", 5);
+  }
+  return timer.elapsed_ms();
+}
+
+void run_layers(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs,
+                const std::vector<int>& layers, std::vector<double>& ms) {
+  ncnn::Extractor ex = start(net, pools, inputs);
+  ms.assign(layers.size(), 0.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    ncnn::Mat m;
+    autodice::Timer timer;
+    if (ex.extract(net.layers()[layers[i]]->tops[0], m, 1) != 0)
+      autodice::abort_run("extracting the output of layer " + net.layers()[layers[i]]->name +
+                          " failed", 5);
+    ms[i] = timer.elapsed_ms();
+  }
+}
+
+// Element count, sum, sum |x|, sum x^2 of a blob (float32, unpacked); the sums are null when
+// the blob holds inf or NaN (random weights can overflow), which then matches nothing.
+std::string fingerprint(const ncnn::Mat& m) {
+  const int64_t n = static_cast<int64_t>(m.w) * m.h * m.d * m.c;
+  std::vector<float> dense(static_cast<size_t>(n));
+  autodice::dense_from_mat(m, dense.data());
+  double sum = 0, asum = 0, sq = 0;
+  for (float v : dense) {
+    sum += v;
+    asum += std::fabs(v);
+    sq += static_cast<double>(v) * v;
+  }
+  char buf[160];
+  if (std::isfinite(sum) && std::isfinite(asum) && std::isfinite(sq))
+    std::snprintf(buf, sizeof buf, "[%lld, %.17g, %.17g, %.17g]", static_cast<long long>(n), sum,
+                  asum, sq);
+  else
+    std::snprintf(buf, sizeof buf, "[%lld, null, null, null]", static_cast<long long>(n));
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string out = "[";
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.6f", i ? ", " : "", v[i]);
+    out += buf;
+  }
+  return out + "]";
+}
+
+// Rank 0 writes {"rows": [{"bytes": B, "seconds": S}, ...]}.
+int measure_link(const std::string& out) {
+  MPI_Init(nullptr, nullptr);
+  autodice::init_runtime(MPI_COMM_WORLD);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 2) autodice::abort_run("--link needs exactly 2 ranks", 2);
+  const int peer = 1 - rank;
+  const std::vector<autodice::Shape> shapes = {
+      {1, 1000}, {1, 64, 16, 16}, {1, 128, 28, 28}, {1, 256, 32, 32}, {1, 256, 64, 64}};
+  const int reps = 25;
+  std::string json = "{\"rows\": [";
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    const autodice::TensorInfo info{"link", shapes[s], autodice::DType::Float32};
+    ncnn::Mat mine = autodice::alloc_mat(info.shape);
+    mine.fill(1.0f);
+    std::vector<double> one_way;
+    for (int i = -3; i < reps; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      autodice::Timer timer;
+      for (int hop = 0; hop < 2; ++hop) {
+        if ((hop == 0) == (rank == 0)) {
+          autodice::Transfer t = autodice::Transfer::send(MPI_COMM_WORLD, info, mine, peer, hop);
+          t.wait();
+        } else {
+          autodice::Transfer t = autodice::Transfer::recv(MPI_COMM_WORLD, info, mine, peer, hop);
+          t.wait();
+        }
+      }
+      if (i >= 0) one_way.push_back(timer.elapsed_ms() / 2e3);
+    }
+    std::nth_element(one_way.begin(), one_way.begin() + one_way.size() / 2, one_way.end());
+    char row[96];
+    std::snprintf(row, sizeof row, "%s{\"bytes\": %lld, \"seconds\": %.9f}", s ? ", " : "",
+                  static_cast<long long>(info.bytes()), one_way[one_way.size() / 2]);
+    json += row;
+  }
+  json += "]}\n";
+  if (rank == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (!f) autodice::abort_run("cannot write " + out, 6);
+    std::fputs(json.c_str(), f);
+    std::fclose(f);
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--link") return measure_link(argv[2]);
+  const Args args = parse_args(argc, argv);
+  std::vector<ncnn::Mat> inputs;
+  for (const std::string& path : args.inputs) {
+    try {
+      autodice::NpyArray a = autodice::npy_load(path);
+      inputs.push_back(autodice::mat_from_dense(a.f32(), a.shape));
+    } catch (const std::exception& e) {
+      autodice::abort_run(e.what(), 2);
+    }
+  }
+  const long total = static_cast<long>(args.threads.size()) * (args.warmup + args.runs) + 1;
+  long done = 0;
+  auto progress = [&]() { std::fprintf(stderr, "progress %ld %ld\n", ++done, total); };
+
+  // Fingerprints, and which layers to time.
+  std::string json = "{\n \"layers\": [";
+  std::vector<int> timed;
+  {
+    ncnn::Net net;
+    load(net, args, args.threads[0]);
+    Pools pools;
+    ncnn::Extractor ex = start(net, pools, inputs);
+    const std::vector<ncnn::Layer*>& layers = net.layers();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const ncnn::Layer* layer = layers[i];
+      if (layer->type == "Input" || layer->tops.empty()) continue;
+      std::string tops;
+      for (int blob : layer->tops) {
+        ncnn::Mat m;
+        if (ex.extract(blob, m, 0) != 0)
+          autodice::abort_run("extracting the output of layer " + layer->name + " failed", 5);
+        tops += (tops.empty() ? "" : ", ") + fingerprint(m);
+      }
+      json += std::string(timed.empty() ? "\n  " : ",\n  ") + "{\"type\": " +
+              json_string(layer->type) + ", \"name\": " + json_string(layer->name) +
+              ", \"tops\": [" + tops + "]}";
+      timed.push_back(static_cast<int>(i));
+    }
+    progress();
+  }
+  json += "\n ],\n \"runs\": {";
+
+  for (size_t t = 0; t < args.threads.size(); ++t) {
+    ncnn::Net net;
+    load(net, args, args.threads[t]);
+    Pools pools;
+    std::vector<double> whole, ms;
+    std::vector<std::vector<double>> per_run;
+    for (int r = -args.warmup; r < args.runs; ++r) {
+      const double w = run_whole(net, pools, inputs);
+      run_layers(net, pools, inputs, timed, ms);
+      if (r >= 0) {
+        whole.push_back(w);
+        per_run.push_back(ms);
+      }
+      progress();
+    }
+    json += std::string(t ? ",\n" : "\n") + "  \"" + std::to_string(args.threads[t]) +
+            "\": {\"whole_ms\": " + json_list(whole) + ",\n   \"layer_ms\": [";
+    for (size_t r = 0; r < per_run.size(); ++r)
+      json += std::string(r ? ",\n    " : "\n    ") + json_list(per_run[r]);
+    json += "]}";
+  }
+  json += "\n }\n}\n";
+
+  FILE* f = std::fopen(args.out.c_str(), "w");
+  if (!f) autodice::abort_run("cannot write " + args.out, 6);
+  std::fputs(json.c_str(), f);
+  std::fclose(f);
+  return 0;
+}
