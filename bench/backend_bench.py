@@ -1,0 +1,182 @@
+"""Back-end benchmark (issue 3): the generated program against ncnn alone, pipelines against one
+rank, pipelined against frame by frame, the wire against memcpy, and fp16 against fp32.
+
+    python bench/backend_bench.py [--models resnet50,densenet121] [--frames 20] [--rounds 3]
+
+Every configuration of a model runs once per round, round after round, so the machine's drift
+hits all of them alike; the table shows medians over rounds and the ratios the issue asks for.
+All on this machine's first two cores, full ncnn build (the one `make demo` uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from autodice import zoo
+from autodice.build import build
+from autodice.check import compare
+from autodice.engine import cmake_args, ensure_ncnn, mpi_prefix
+from autodice.gen import gen
+from autodice.model import load_model
+from autodice.run import run
+from autodice.spec import mapping_json
+from autodice.split import layer_table, split
+from autodice.suggest import balanced_mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+PLATFORM = "edge01, x86, slots=0-1\n"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def mappings(model: Path) -> dict[str, dict[str, list[str]]]:
+    """1 rank x 1 thread, 1 rank x 2 threads, 2 ranks x 1 thread (FLOP-balanced cut)."""
+    graph = load_model(model)
+    layers = [r["name"] for r in layer_table(graph) if not r["follows"]]
+    return {"1x1": {"edge01_x860": layers}, "1x2": {"edge01_x8601": layers},
+            "2x1": balanced_mapping(graph, ["edge01_x860", "edge01_x861"])}
+
+
+def prepare(model: Path, mapping: dict, work: Path, fp16: bool = False) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "platform.txt").write_text(PLATFORM)
+    (work / "mapping.json").write_text(mapping_json(mapping))
+    out = work / "out"
+    split(model, work / "mapping.json", work / "platform.txt", out)
+    gen(out, fp16=fp16)
+    build(out)
+    return out
+
+
+def build_tools(dest: Path) -> Path:
+    """ncnn_alone and bench_transfer, against the same ncnn build as the programs."""
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cmake", "-S", str(ROOT), "-B", str(dest), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DAUTODICE_BUILD_TESTS=OFF", *cmake_args(ensure_ncnn())], check=True,
+                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(dest), "--target", "ncnn_alone", "bench_transfer",
+                    "-j", "2"], check=True, capture_output=True)
+    return dest / "runtime_cpp"
+
+
+def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,)) -> float:
+    """fps of the whole model in a plain ncnn loop, 1 thread, on core 0 like rank 0.
+
+    With several ``cores``, one such process per core at once, and the sum of their fps: the
+    most any 2-rank split could reach on this machine (both cores share caches and memory)."""
+    base = out / "ncnn" / "edge01_x860.ncnn"
+    procs = [subprocess.Popen(["taskset", "-c", str(c), str(tools / "ncnn_alone"),
+                               f"{base}.param", f"{base}.bin", str(x), "x".join(map(str, shape)),
+                               "1", str(frames)], stdout=subprocess.PIPE, text=True, env=ENV)
+             for c in cores]
+    return sum(json.loads(p.communicate()[0])["fps"] for p in procs)
+
+
+def wire(tools: Path, dest: Path) -> list[dict]:
+    subprocess.run([str(mpi_prefix() / "bin" / "mpirun"), "-n", "2", "--bind-to", "core",
+                    str(tools / "bench_transfer"), str(dest), "15"], check=True, env=ENV,
+                   capture_output=True)
+    return json.loads(dest.read_text())["rows"]
+
+
+def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) -> dict:
+    model = zoo.cached(name)
+    outs = {k: prepare(model, m, work / name / k) for k, m in mappings(model).items()}
+    spec = load_model(model)
+    shape = spec.types[spec.inputs[0]].shape
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.save(work / "x.npy", x)
+    feeds = {spec.inputs[0]: work / "x.npy"}
+    fps: dict[str, list[float]] = {k: [] for k in ("alone", "2 alone", "1x1", "1x2", "2x1",
+                                                   "2x1 frame")}
+    worst = 0.0
+    want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
+    for r in range(rounds):
+        fps["alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames))
+        fps["2 alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
+                                         cores=(0, 1)))
+        for k in ("1x1", "1x2", "2x1"):
+            res = run(outs[k], feeds, frames)
+            fps[k].append(res.stats["fps"])
+            worst = max(worst, compare(next(iter(res.outputs.values())), want)[1])
+        fps["2x1 frame"].append(run(outs["2x1"], feeds, frames, pipeline=False).stats["fps"])
+        print(f"  {name} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in fps.items()),
+              file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in fps.items()}
+    return {"model": name, "frames": frames, "rounds": rounds, "fps": fps, "median_fps": med,
+            "max_rel_error": worst,
+            "ratios": {"1x1 / ncnn alone": med["1x1"] / med["alone"],
+                       "ceiling: 2 x ncnn alone at once / alone": med["2 alone"] / med["alone"],
+                       "2x1 / 1x1": med["2x1"] / med["1x1"],
+                       "2x1 / 1x2": med["2x1"] / med["1x2"],
+                       "pipelined / frame by frame": med["2x1"] / med["2x1 frame"]}}
+
+
+def bench_fp16(frames: int, work: Path) -> dict:
+    """SqueezeNet on one rank, fp32 and fp16: speed and the error against onnxruntime."""
+    model = zoo.cached("squeezenet")
+    spec = load_model(model)
+    x = np.random.default_rng(0).standard_normal(spec.types[spec.inputs[0]].shape)
+    x = x.astype(np.float32)
+    np.save(work / "sq.npy", x)
+    want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
+    layers = [r["name"] for r in layer_table(spec) if not r["follows"]]
+    row = {}
+    for fp16 in (False, True):
+        out = prepare(model, {"edge01_x860": layers}, work / f"fp16-{fp16}", fp16=fp16)
+        res = run(out, {spec.inputs[0]: work / "sq.npy"}, frames)
+        got = next(iter(res.outputs.values()))
+        row["fp16" if fp16 else "fp32"] = {"fps": res.stats["fps"],
+                                           "rel_error": compare(got, want)[1],
+                                           "top1_same": bool(got.argmax() == want.argmax())}
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,densenet121")
+    ap.add_argument("--frames", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=Path("build/bench/backend.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        tools = build_tools(work / "tools")
+        rows = [bench_model(m, args.frames, args.rounds, tools, work)
+                for m in args.models.split(",")]
+        wire_rows = wire(tools, work / "wire.json")
+        fp16 = bench_fp16(args.frames * 5, work)
+    print(f"\n{'model':<12} {'alone':>7} {'2 alone':>7} {'1x1':>7} {'1x2':>7} {'2x1':>7} "
+          f"{'2x1 fbf':>7}   {'1x1/alone':>9} {'ceiling':>7} {'2x1/1x1':>8} {'2x1/1x2':>8} "
+          f"{'pipe/fbf':>8}  (frames/s, medians)")
+    for r in rows:
+        m, q = r["median_fps"], list(r["ratios"].values())
+        print(f"{r['model']:<12} {m['alone']:7.2f} {m['2 alone']:7.2f} {m['1x1']:7.2f} "
+              f"{m['1x2']:7.2f} {m['2x1']:7.2f} {m['2x1 frame']:7.2f}   {q[0]:9.3f} {q[1]:7.3f} "
+              f"{q[2]:8.3f} {q[3]:8.3f} {q[4]:8.3f}")
+    print("goals: 1x1/alone >= 0.97, 2x1/1x1 >= 1.9, 2x1/1x2 >= 1.05; ceiling: what two "
+          "independent single-thread ncnn processes reach together over one")
+    print(f"\n{'tensor':<16} {'MB':>7} {'wire GB/s':>9} {'memcpy GB/s':>11} {'wire/memcpy':>11}")
+    for w in wire_rows:
+        print(f"{w['shape']:<16} {w['bytes'] / 1e6:7.2f} {w['bytes'] / w['transfer_us'] / 1e3:9.2f} "
+              f"{w['bytes'] / w['memcpy_us'] / 1e3:11.2f} {w['memcpy_us'] / w['transfer_us']:11.2f}")
+    print("\nSqueezeNet, 1 rank: " + ", ".join(
+        f"{k} {v['fps']:.1f} frames/s, rel error {v['rel_error']:.2g}, same top-1 {v['top1_same']}"
+        for k, v in fp16.items()))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"models": rows, "wire": wire_rows, "fp16": fp16},
+                                    indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
