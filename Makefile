@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean ssh-tools
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,11 +28,25 @@ demo: $(STAMP)
 	$(BIN)/autodice build $(DEMO)/out
 	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
 
-test: $(STAMP)
+# tests/test_cluster.py runs sshd and rsync in an emulated cluster: as root, install them if missing.
+ssh-tools:
+	@if [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server rsync; \
+	  else echo "note: openssh-server or rsync missing (not root): the cluster tests will skip"; fi; \
+	fi
+
+test: $(STAMP) ssh-tools
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+# Every benchmark; each prints a table and writes build/bench/<name>.json. The deploy one needs
+# root (an emulated cluster); it is skipped with a note otherwise.
+bench: $(STAMP) ssh-tools
 	$(BIN)/python bench/split_bench.py
+	$(BIN)/python bench/backend_bench.py
+	$(BIN)/python bench/dse_bench.py
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py; \
+	else echo "note: bench/deploy_bench.py needs root (emulated cluster): skipped"; fi
 
 clean:
 	rm -rf build

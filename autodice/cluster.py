@@ -1,0 +1,530 @@
+"""``autodice cluster up|down|status``: an emulated edge cluster on this machine, to deploy to.
+
+Each host is a network namespace hanging off one Linux bridge by a veth pair, with its own
+address, its own ``/etc/hosts`` (``ip netns exec`` bind-mounts ``/etc/netns/<ns>/hosts``), its own
+hostname (a UTS namespace, so ranks name their host in messages) and its own sshd, started under
+``taskset`` when the host gets a CPU set (everything a login spawns inherits it). Each link is
+shaped with ``tbf`` in both directions (``netem`` is not available here, so: bandwidth only).
+The bridge gets the subnet's first address, so this machine reaches every host like a laptop on
+the boards' switch, and ``deploy`` runs from here unchanged.
+
+Everything the cluster creates is named with the ``adc`` prefix and recorded in a state
+directory (``$AUTODICE_CLUSTER_DIR`` or ``/run/autodice-cluster``) *before* it is created, so
+``down`` removes all of it even after an ``up`` that failed half-way. Keys, known_hosts, sshd
+configs and each host's remote directory live under that directory too: ``down`` deletes it.
+Hosts share this machine's filesystem, so each gets a distinct remote directory and a deploy
+really copies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import AutodiceError, Problems
+from .spec import _RATE_UNITS, _number, parse_cores
+
+NETNS_PREFIX = "adc-"
+BRIDGE = "adcbr0"
+VETH_PREFIX = "adcv"
+DEFAULT_SUBNET = "10.77.0.0/24"
+FILESYSTEM = "autodice-cluster"  # the inventory's label for "these hosts share one filesystem"
+SSH_PACKAGES = ("openssh-server", "rsync")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    netns: str
+    veth: str  # the root namespace's end; the namespace's end is called eth0
+    address: str
+    cores: str  # taskset CPU list, "" for all
+    remote_dir: str
+
+
+@dataclass(frozen=True)
+class Cluster:
+    state_dir: str
+    subnet: str
+    gateway: str  # the bridge's address: this machine as seen from the hosts
+    bandwidth: str  # tc rate, e.g. "1000000000bit"; "" when unshaped
+    hosts: tuple[Host, ...]
+
+    @property
+    def identity(self) -> Path:
+        return Path(self.state_dir) / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return Path(self.state_dir) / "known_hosts"
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    address: str
+    cores: str
+    netns: bool
+    sshd_pid: int | None  # None when not running
+
+
+def state_dir() -> Path:
+    """``$AUTODICE_CLUSTER_DIR`` or ``/run/autodice-cluster`` (gone after a reboot, like netns)."""
+    return Path(os.environ.get("AUTODICE_CLUSTER_DIR") or "/run/autodice-cluster")
+
+
+# --- up ---------------------------------------------------------------------------------------
+
+
+def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
+                 cores: dict[str, str] | None = None, subnet: str = DEFAULT_SUBNET,
+                 root: Path | None = None) -> Cluster:
+    """The cluster ``up`` would make: names, addresses, rates. Checks every argument at once.
+
+    Args:
+        hosts: host names (they become the platform's host names: edge01, edge02, ...).
+        bandwidth: per-link rate in platform.txt units (``1gbit``, ``100MB/s``); None: unshaped.
+        cores: host -> CPU list (``0-1``, ``2,3``) its sshd and everything it starts run on.
+        subnet: an IPv4 network with room for the bridge and every host.
+    Raises:
+        AutodiceError: a bad host name, duplicate, rate, CPU list or subnet.
+    """
+    root = Path(root or state_dir())
+    problems = Problems()
+    for name in hosts:
+        if not _HOST_NAME.fullmatch(name):
+            problems.add(f'--hosts: "{name}" is not a host name (letters, digits, "-")')
+    for name in {h for h in hosts if hosts.count(h) > 1}:
+        problems.add(f'--hosts: "{name}" is given twice')
+    if not hosts:
+        problems.add("--hosts: give at least one host name")
+    rate = ""
+    if bandwidth:
+        try:
+            rate = f"{round(_number(bandwidth, _RATE_UNITS, '') * 8)}bit"
+        except ValueError as e:
+            problems.add(f"--bandwidth {bandwidth}: {e} (e.g. 1gbit, 100mbit, 50MB/s)")
+    cores = dict(cores or {})
+    n_cpus = os.cpu_count() or 1
+    for name, text in cores.items():
+        if name not in hosts:
+            problems.add(f'--cores {name}={text}: "{name}" is not one of --hosts')
+            continue
+        try:
+            bad = [c for c in parse_cores(text) if c >= n_cpus]
+        except ValueError as e:
+            problems.add(f"--cores {name}={text}: {e}")
+            continue
+        if bad:
+            problems.add(f"--cores {name}={text}: this machine has cores 0-{n_cpus - 1}")
+    try:
+        net = ipaddress.IPv4Network(subnet)
+        if net.num_addresses < len(hosts) + 12:
+            problems.add(f"--subnet {subnet}: too small for {len(hosts)} hosts")
+    except ValueError as e:
+        problems.add(f"--subnet {subnet}: {e}")
+        net = None
+    problems.raise_if_any()
+    assert net is not None
+    base = net.network_address
+    return Cluster(
+        state_dir=str(root), subnet=str(net), gateway=str(base + 1), bandwidth=rate,
+        hosts=tuple(Host(name=h, netns=NETNS_PREFIX + h, veth=f"{VETH_PREFIX}{i}",
+                         address=str(base + 11 + i), cores=cores.get(h, ""),
+                         remote_dir=str(root / "hosts" / h / "work"))
+                    for i, h in enumerate(hosts)))
+
+
+def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] | None = None,
+       subnet: str = DEFAULT_SUBNET, inventory: str | Path | None = None,
+       ncnn_dir: str | Path | None = None, console=None) -> Cluster:
+    """Create the cluster, or repair it when it already exists with the same settings.
+
+    Idempotent: the same call again only restarts sshds that died and rewrites the inventory.
+    A different host list, rate, CPU sets or subnet replaces the old cluster.
+
+    Args:
+        inventory: where to write the inventory for ``autodice deploy`` (a copy always goes to
+            the state directory).
+        ncnn_dir: the ncnn install the hosts build against (default: ``$AUTODICE_NCNN_DIR``, else
+            a cached build, if any).
+    Raises:
+        AutodiceError: not root, tools missing and not installable, a bad argument, or a step that
+            failed (everything created so far is removed again).
+    """
+    require_root("cluster up")
+    want = plan_cluster(hosts, bandwidth, cores, subnet)
+    have = load_state()
+    if have is not None and (have != want or not all(_netns_exists(h.netns) for h in have.hosts)):
+        down()  # other settings, or a namespace went missing: start over
+        have = None
+    elif have is None and (_link_exists(BRIDGE) or _our_namespaces()):
+        down()  # leftovers of an up that died before recording its state
+    _ensure_tools(console)
+    root = Path(want.state_dir)
+    try:
+        if have is None:
+            _conflicts(want)
+            _save_state(want)  # first: `down` must know what to remove if anything below fails
+            _create_network(want)
+            _create_keys(want)
+        for host in want.hosts:
+            if _sshd_pid(want, host) is None:
+                _start_sshd(want, host)
+        for host in want.hosts:
+            _wait_for_sshd(want, host)
+    except BaseException:
+        if have is None:
+            down()
+        raise
+    text = inventory_toml(want, ncnn_dir=ncnn_dir)
+    (root / "inventory.toml").write_text(text)
+    if inventory:
+        Path(inventory).write_text(text)
+    return want
+
+
+def require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise AutodiceError(f"{what} needs root (network namespaces, veth links, a bridge, "
+                            "sshd): run it as root, e.g. `sudo autodice cluster up ...`")
+
+
+def _ensure_tools(console) -> None:
+    """ip, tc, unshare, taskset, sshd, ssh-keygen, rsync; installs openssh-server, rsync."""
+    missing = [p for p, exe in (("openssh-server", "/usr/sbin/sshd"), ("rsync", "rsync"))
+               if not (Path(exe).exists() if exe.startswith("/") else shutil.which(exe))]
+    if missing and shutil.which("apt-get"):
+        if console is not None:
+            console.print(f"installing {' '.join(missing)} (apt-get)")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+                raise AutodiceError(f"{' '.join(cmd)} failed:", *tail)
+    tools = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux",
+             "taskset": "util-linux", "ssh-keygen": "openssh-client", "ssh": "openssh-client",
+             "rsync": "rsync"}
+    problems = Problems()
+    for tool, package in tools.items():
+        if shutil.which(tool) is None:
+            problems.add(f"cluster: {tool} is missing (apt-get install {package})")
+    if not Path("/usr/sbin/sshd").exists():
+        problems.add("cluster: /usr/sbin/sshd is missing (apt-get install openssh-server)")
+    problems.raise_if_any()
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AutodiceError(f"cluster: `{' '.join(cmd)}` failed: "
+                            f"{(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def _conflicts(c: Cluster) -> None:
+    """Refuse a subnet that an interface of this machine already routes (someone else's)."""
+    net = ipaddress.IPv4Network(c.subnet)
+    for line in _run("ip", "-o", "-4", "addr", "show").stdout.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[1] != BRIDGE:
+            addr = ipaddress.IPv4Interface(parts[3])
+            if addr.network.overlaps(net):
+                raise AutodiceError(f"--subnet {c.subnet}: overlaps {addr} on {parts[1]}; "
+                                    "choose another --subnet")
+
+
+def _create_network(c: Cluster) -> None:
+    prefix = ipaddress.IPv4Network(c.subnet).prefixlen
+    _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    _run("ip", "addr", "add", f"{c.gateway}/{prefix}", "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+    hosts_file = "127.0.0.1 localhost\n" + "".join(
+        f"{h.address} {h.name}\n" for h in c.hosts)
+    for h in c.hosts:
+        _run("ip", "netns", "add", h.netns)
+        _run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns",
+             h.netns)
+        _run("ip", "link", "set", h.veth, "master", BRIDGE)
+        _run("ip", "link", "set", h.veth, "up")
+        ns = ("ip", "netns", "exec", h.netns)
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        _run(*ns, "ip", "addr", "add", f"{h.address}/{prefix}", "dev", "eth0")
+        _run(*ns, "ip", "link", "set", "eth0", "up")
+        if c.bandwidth:
+            # Both directions: out of the host (its eth0) and into it (the bridge's veth end).
+            # The burst covers a few 64 KiB GSO segments, else tbf drops them whole.
+            for dev_cmd in ((*ns, "tc"), ("tc",)):
+                dev = "eth0" if len(dev_cmd) > 1 else h.veth
+                _run(*dev_cmd, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                     c.bandwidth, "burst", "256kb", "latency", "50ms")
+        etc = Path("/etc/netns") / h.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(hosts_file)
+        (Path(h.remote_dir)).mkdir(parents=True, exist_ok=True)
+
+
+def _create_keys(c: Cluster) -> None:
+    root = Path(c.state_dir)
+    root.chmod(0o700)
+    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "autodice-cluster",
+         "-f", str(c.identity))
+    client = c.identity.with_suffix(".pub").read_text().strip()
+    # Only from the cluster's subnet: the key lets in nobody from elsewhere.
+    (root / "authorized_keys").write_text(f'from="{c.subnet}" {client}\n')
+    known = []
+    for h in c.hosts:
+        key = root / "hosts" / h.name / "ssh_host_ed25519_key"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(key))
+        kind, blob = key.with_suffix(".pub").read_text().split()[:2]
+        known.append(f"{h.name},{h.address} {kind} {blob}\n")
+    c.known_hosts.write_text("".join(known))
+    for h in c.hosts:
+        folder = root / "hosts" / h.name
+        (folder / "sshd_config").write_text(_sshd_config(c, h, folder))
+
+
+def _sshd_config(c: Cluster, h: Host, folder: Path) -> str:
+    return "\n".join([
+        f"# sshd of emulated host {h.name} (autodice cluster)",
+        f"ListenAddress {h.address}",
+        "Port 22",
+        f"HostKey {folder / 'ssh_host_ed25519_key'}",
+        f"PidFile {folder / 'sshd.pid'}",
+        f"AuthorizedKeysFile {Path(c.state_dir) / 'authorized_keys'}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "PrintMotd no",
+        "X11Forwarding no",
+        "MaxStartups 200",  # mpirun and a deploy open many sessions at once
+        "MaxSessions 200",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def _start_sshd(c: Cluster, h: Host) -> None:
+    folder = Path(c.state_dir) / "hosts" / h.name
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    (folder / "sshd.pid").unlink(missing_ok=True)
+    pin = ["taskset", "-c", h.cores] if h.cores else []
+    # setsid -f: sshd is nobody's child here (init reaps it), so no zombies after `down`.
+    # The shell is a constant; the host name reaches it as "$1", never inside the script.
+    cmd = ["setsid", "-f", "ip", "netns", "exec", h.netns, "unshare", "--uts", "--",
+           "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", h.name, *pin,
+           "/usr/sbin/sshd", "-D", "-f", str(folder / "sshd_config"),
+           "-E", str(folder / "sshd.log")]
+    subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+
+
+def _wait_for_sshd(c: Cluster, h: Host, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((h.address, 22), timeout=1):
+                if _sshd_pid(c, h) is not None:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    log = Path(c.state_dir) / "hosts" / h.name / "sshd.log"
+    tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
+    raise AutodiceError(f"cluster: sshd of {h.name} ({h.address}) did not come up", *tail)
+
+
+def _sshd_pid(c: Cluster, h: Host) -> int | None:
+    """The pid of this host's sshd if it is alive (checked against its command line)."""
+    pid_file = Path(c.state_dir) / "hosts" / h.name / "sshd.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -f CONFIG ... [listener]"), so search.
+    config = str(Path(c.state_dir) / "hosts" / h.name / "sshd_config").encode()
+    return pid if config in cmdline and _state_of(pid) != "Z" else None
+
+
+def _netns_exists(name: str) -> bool:
+    return Path("/run/netns", name).exists()
+
+
+# --- down / status ----------------------------------------------------------------------------
+
+
+def load_state() -> Cluster | None:
+    path = state_dir() / "cluster.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return Cluster(**{**data, "hosts": tuple(Host(**h) for h in data["hosts"])})
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _save_state(c: Cluster) -> None:
+    root = Path(c.state_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cluster.json").write_text(json.dumps(asdict(c), indent=1, sort_keys=True) + "\n")
+
+
+def netns_pids(netns: str) -> list[int]:
+    """Processes living in a namespace (``ip netns pids``)."""
+    proc = _run("ip", "netns", "pids", netns, check=False)
+    return [int(p) for p in proc.stdout.split() if p.isdigit()]
+
+
+def down() -> list[str]:
+    """Remove every namespace, link, process and file an ``up`` created; returns what went.
+
+    Works from the state file, and also sweeps ``adc``-prefixed namespaces, the bridge and
+    ``/etc/netns`` entries, so a lost state file leaves nothing behind either.
+    """
+    require_root("cluster down")
+    c = load_state()
+    removed: list[str] = []
+    names = {h.netns for h in c.hosts} if c else set()
+    names |= set(_our_namespaces())
+    for ns in sorted(names):
+        # Everything inside one of our namespaces is ours: its sshd, logins, ranks.
+        pids = netns_pids(ns)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 2
+            while (pids := [p for p in pids if Path(f"/proc/{p}").exists()
+                            and _state_of(p) != "Z"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not pids:
+                break
+        if _netns_exists(ns):
+            _run("ip", "netns", "del", ns, check=False)
+            removed.append(f"namespace {ns}")
+        etc = Path("/etc/netns") / ns
+        if etc.exists():
+            shutil.rmtree(etc, ignore_errors=True)
+            removed.append(f"{etc}")
+    if c:
+        for h in c.hosts:  # a veth goes with its namespace; this catches one left half-made
+            if _link_exists(h.veth):
+                _run("ip", "link", "del", h.veth, check=False)
+                removed.append(f"link {h.veth}")
+    try:
+        Path("/etc/netns").rmdir()  # only if empty: another tool's entries stay
+    except OSError:
+        pass
+    if _link_exists(BRIDGE):
+        _run("ip", "link", "del", BRIDGE, check=False)
+        removed.append(f"bridge {BRIDGE}")
+    root = state_dir()
+    if root.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(str(root))
+    return removed
+
+
+def _state_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _our_namespaces() -> list[str]:
+    listed = _run("ip", "netns", "list", check=False).stdout.splitlines()
+    return [line.split()[0] for line in listed if line.startswith(NETNS_PREFIX)]
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def status() -> tuple[Cluster | None, list[HostStatus]]:
+    """The recorded cluster and, per host, whether its namespace and sshd are alive."""
+    c = load_state()
+    if c is None:
+        return None, []
+    return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), _sshd_pid(c, h))
+               for h in c.hosts]
+
+
+def stop_sshd(name: str) -> None:
+    """Stop one host's sshd (a board that went away); ``up`` starts it again."""
+    c = load_state()
+    host = next((h for h in c.hosts if h.name == name), None) if c else None
+    if host is None:
+        raise AutodiceError(f"cluster: no host {name} (run `autodice cluster status`)")
+    pid = _sshd_pid(c, host)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while _sshd_pid(c, host) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+# --- inventory --------------------------------------------------------------------------------
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string of printable text is a TOML basic string
+
+
+def find_ncnn() -> Path | None:
+    """An ncnn install this machine already has (no build): the override, full, then lean."""
+    from .engine import CONFIG, PROFILES, cache_key, cache_root
+
+    override = os.environ.get("AUTODICE_NCNN_DIR")
+    if override:
+        return Path(override)
+    for profile in ("cpu", "lean"):
+        prefix = cache_root() / "ncnn" / cache_key(PROFILES[profile]) / "install"
+        if (prefix / CONFIG).is_file():
+            return prefix
+    return None
+
+
+def inventory_toml(c: Cluster, hosts: list[str] | None = None,
+                   ncnn_dir: str | Path | None = None) -> str:
+    """The inventory for ``autodice deploy`` to reach ``hosts`` (default: all) of ``c``."""
+    from .engine import mpi_prefix
+
+    ncnn = Path(ncnn_dir) if ncnn_dir else find_ncnn()
+    lines = [
+        "# Inventory for `autodice deploy`, written by `autodice cluster up` (emulated hosts).",
+        f"network = {_toml_str(c.subnet)}  # MPI traffic stays on this subnet",
+        "",
+        "[defaults]",
+        'user = "root"',
+        "port = 22",
+        f"identity = {_toml_str(str(c.identity))}",
+        f"known_hosts = {_toml_str(str(c.known_hosts))}",
+        f"filesystem = {_toml_str(FILESYSTEM)}  # shared: one build per architecture",
+        f"mpi_prefix = {_toml_str(str(mpi_prefix()))}",
+    ]
+    if ncnn:
+        lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
+    for h in c.hosts:
+        if hosts is not None and h.name not in hosts:
+            continue
+        lines += ["", f"[hosts.{h.name}]", f"address = {_toml_str(h.address)}",
+                  f"remote_dir = {_toml_str(h.remote_dir)}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,274 @@
+"""The emulated edge cluster and `autodice deploy` for real: network namespaces, sshd, rsync,
+mpirun's ssh launcher across hosts, checked against onnxruntime.
+
+One cluster of four hosts serves the whole module (bringing it up takes a fraction of a second;
+the remote builds dominate). Needs root; CI runs as root.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from autodice import cluster
+from autodice.cli import main
+from autodice.deploy import deploy
+from autodice.engine import ensure_ncnn
+from autodice.errors import AutodiceError
+from autodice.gen import gen
+from autodice.model import load_model
+from autodice.spec import mapping_json
+from autodice.split import split
+from autodice.suggest import balanced_mapping
+
+pytestmark = [
+    pytest.mark.cpp,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the emulated cluster needs root (network "
+                       "namespaces, veth links, sshd); CI runs these as root"),
+]
+HOSTS = ["edge01", "edge02", "edge03", "edge04"]
+# Figure 2 spread over three hosts: rank 0 on edge01, rank 1 on edge02, rank 2 on edge04.
+FIG2_MAPPING = {"edge01_arm123": ["MaxPool1", "Add1"], "edge02_gpu": ["FC1"],
+                "edge04_gpu": ["Conv1", "Relu1"]}
+
+
+@pytest.fixture(scope="module")
+def emu():
+    c = cluster.up(HOSTS, bandwidth="1gbit")
+    yield c
+    cluster.down()
+
+
+def write_inventory(c, folder: Path, hosts: list[str]) -> Path:
+    path = folder / "inventory.toml"
+    path.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn(lean=True)))
+    return path
+
+
+@pytest.fixture
+def fig2_three_hosts(fig2, emu):
+    (fig2 / "mapping.json").write_text(mapping_json(FIG2_MAPPING))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    x = np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    write_inventory(emu, fig2, ["edge01", "edge02", "edge04"])
+    return fig2
+
+
+def remote(c, host: str) -> Path:
+    return Path(next(h.remote_dir for h in c.hosts if h.name == host))
+
+
+def test_up_is_idempotent_and_hosts_are_separate(emu):
+    _, before = cluster.status()
+    assert cluster.up(HOSTS, bandwidth="1gbit") == emu
+    _, after = cluster.status()
+    assert [s.sshd_pid for s in after] == [s.sshd_pid for s in before]  # nothing restarted
+    assert all(s.netns and s.sshd_pid for s in after)
+    # Each host has its own address, name and /etc/hosts, and the rate is on both link ends.
+    got = subprocess.run(["ip", "netns", "exec", "adc-edge03", "sh", "-c",
+                          "hostname; cat /etc/hosts; ip -4 -o addr show eth0; "
+                          "tc qdisc show dev eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "10.77.0.13/24" in got and "10.77.0.12 edge02" in got and "tbf" in got
+    assert "rate 1Gbit" in subprocess.run(["tc", "qdisc", "show", "dev", "adcv2"],
+                                          capture_output=True, text=True).stdout
+    r = CliRunner().invoke(main, ["cluster", "status"])
+    assert r.exit_code == 0 and "edge04" in r.output and "10.77.0.14" in r.output
+
+
+def test_figure2_on_three_hosts(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    res = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"},
+                 frames=4)
+    want = ort.InferenceSession(str(d / "model.onnx")).run(None, {"input": np.load(d / "x.npy")})[0]
+    np.testing.assert_allclose(res.run.outputs["output"], want, rtol=1e-5, atol=1e-6)
+    assert res.run.stats["frames"] == 4
+    # Built once (the hosts share a filesystem and an architecture), copied to the others.
+    assert [r.built for r in res.hosts.values()] == [True, False, False]
+    assert res.hosts["edge01"].compiled
+    assert {r.built_by for r in res.hosts.values()} == {"edge01"}
+    # Each host holds only its own sub-models, in its own remote directory.
+    assert sorted(p.name for p in (remote(emu, "edge02") / "package" / "models").iterdir()) == [
+        "edge02_gpu.ncnn.bin", "edge02_gpu.ncnn.param"]
+    assert (d / "out" / "deploy" / "launch" / "rankfile").read_text() == (
+        "rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.12 slots=0\nrank 2=10.77.0.14 slots=0\n")
+
+
+def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    for host in ("edge01", "edge02", "edge04"):
+        with open(d / "out" / "packages" / host / "program.cpp", "a") as f:
+            f.write('#error "broken on purpose"\n')
+    with pytest.raises(AutodiceError) as e:
+        deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
+    log = remote(emu, "edge01").parent / "work" / "build.log"
+    first, *tail = str(e.value).splitlines()
+    assert first == f"edge01 (root@10.77.0.11:22): build: compiling failed (log: edge01:{log}):"
+    assert any('error: #error "broken on purpose"' in line for line in tail)
+    assert not (d / "out" / "deploy" / "run.log").exists()  # nothing ran
+
+
+def test_stopped_sshd_is_named_before_anything_moves(fig2, emu):
+    (fig2 / "mapping.json").write_text(mapping_json(
+        {"edge01_arm123": ["MaxPool1", "Add1"], "edge02_gpu": ["FC1"],
+         "edge03_gpu": ["Conv1", "Relu1"]}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    inventory = write_inventory(emu, fig2, ["edge01", "edge02", "edge03"])
+    shutil.rmtree(remote(emu, "edge03"), ignore_errors=True)
+    cluster.stop_sshd("edge02")
+    try:
+        with pytest.raises(AutodiceError) as e:
+            deploy(fig2 / "out", inventory)
+        assert e.value.problems == [(
+            "edge02 (root@10.77.0.12:22): connect: unreachable (ssh: connect to host 10.77.0.12 "
+            "port 22: Connection refused)")]
+        assert not remote(emu, "edge03").exists()  # nothing was copied anywhere
+        r = CliRunner().invoke(main, ["deploy", str(fig2 / "out"), "-i", str(inventory)])
+        assert r.exit_code == 2 and "error: edge02 (root@10.77.0.12:22): connect" in r.output
+    finally:
+        cluster.up(HOSTS, bandwidth="1gbit")  # repairs: starts the stopped sshd again
+    assert all(s.sshd_pid for s in cluster.status()[1])
+
+
+def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    failure = {}
+
+    def job():
+        try:
+            deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"},
+                   frames=10_000_000, timeout_s=120)
+        except AutodiceError as e:
+            failure["error"] = e
+        failure["at"] = time.monotonic()
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    program = str(remote(emu, "edge02") / "build" / "program")
+    victim = None
+    while victim is None and thread.is_alive():
+        victim = next((p for p in cluster.netns_pids("adc-edge02") if _exe(p) == program), None)
+        time.sleep(0.05)
+    assert victim is not None, "rank 1 never started on edge02"
+    time.sleep(1)
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    thread.join(60)
+    assert failure["at"] - killed_at < 10
+    assert failure["error"].problems[0] == (
+        "edge02 (root@10.77.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
+    # No rank, Open MPI daemon or ssh of the job is left: each namespace holds only its sshd.
+    deadline = time.monotonic() + 5
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == {}
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _leftovers() -> dict:
+    _, rows = cluster.status()
+    left = {}
+    for s in rows:
+        others = [p for p in cluster.netns_pids(f"adc-{s.name}") if p != s.sshd_pid]
+        if others:
+            left[s.name] = [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in others
+                            if Path(f"/proc/{p}").exists()]
+    return {k: v for k, v in left.items() if v}
+
+
+def test_zoo_model_on_four_hosts_then_only_changed_submodels_move(tmp_path, emu, zoo_model):
+    path = zoo_model("squeezenet")
+    (tmp_path / "platform.txt").write_text("".join(f"{h}, x86, slots=0-1\n" for h in HOSTS))
+    keys = ["edge01_cpu0", "edge02_cpu1", "edge03_cpu0", "edge04_cpu1"]
+    graph = load_model(path)
+    op = {graph.names[i]: node.op_type for i, node in enumerate(graph.nodes)}
+    mapping = balanced_mapping(graph, keys)
+    (tmp_path / "mapping.json").write_text(mapping_json(mapping))
+    split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
+    gen(tmp_path / "out")
+    inventory = write_inventory(emu, tmp_path, HOSTS)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(path)).run(None, {"data_0": x})[0]
+
+    first = deploy(tmp_path / "out", inventory, run=True, inputs={"data_0": tmp_path / "x.npy"},
+                   frames=3)
+    got = first.run.outputs["softmaxout_1"]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    packages = tmp_path / "out" / "packages"
+    models = {h: sum(p.stat().st_size for p in (packages / h / "models").iterdir())
+              for h in HOSTS}
+    assert all(first.hosts[h].literal_bytes >= models[h] for h in HOSTS)
+
+    # Move edge04's first layers, up to its first Conv, to edge03: only those two sub-models
+    # change (weights move with the Conv).
+    while op[moved := mapping["edge04_cpu1"].pop(0)] != "Conv":
+        mapping["edge03_cpu0"].append(moved)
+    mapping["edge03_cpu0"].append(moved)
+    (tmp_path / "mapping.json").write_text(mapping_json(mapping))
+    split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
+    gen(tmp_path / "out")
+    again = deploy(tmp_path / "out", inventory, run=True, inputs={"data_0": tmp_path / "x.npy"},
+                   frames=3)
+    for h in ("edge01", "edge02"):  # same sub-models: only the new program source moves
+        assert not [f for f in again.hosts[h].files if "models/" in f], again.hosts[h]
+        assert again.hosts[h].bytes_sent < 64_000 < models[h]
+    for h, key in (("edge03", "edge03_cpu0"), ("edge04", "edge04_cpu1")):
+        assert f"models/{key}.ncnn.bin" in again.hosts[h].files
+    got = again.run.outputs["softmaxout_1"]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    report = json.loads((tmp_path / "out" / "deploy" / "report.json").read_text())
+    assert report["hosts"]["edge01"]["bytes_sent"] == again.hosts["edge01"].bytes_sent
+
+
+def test_without_root_a_clear_message(tmp_path):
+    """As an unprivileged user (for real, through setpriv), `cluster up` says it needs root."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-m", "autodice", "cluster", "up", "--hosts", "edge01",
+                           "-o", str(tmp_path / "inv.toml")],
+                          capture_output=True, text=True, cwd="/", env={**os.environ, "HOME": "/"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: cluster up needs root"), proc.stderr
+
+
+def test_down_leaves_nothing_behind(emu):
+    removed = cluster.down()
+    assert "bridge adcbr0" in removed and "namespace adc-edge01" in removed
+    assert not [ln for ln in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                            text=True).stdout.splitlines() if ln.startswith("adc-")]
+    assert not [n for n in os.listdir("/sys/class/net") if n.startswith("adc")]
+    etc = Path("/etc/netns")
+    assert not etc.is_dir() or not [n for n in os.listdir(etc) if n.startswith("adc-")]
+    assert not cluster.state_dir().exists()
+    state = str(cluster.state_dir()).encode()
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and state in _read(p / "cmdline")]  # no sshd (nor anything) of the cluster
+    assert cluster.down() == []  # nothing left to remove

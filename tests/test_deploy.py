@@ -1,0 +1,180 @@
+"""The parts of `autodice deploy` that need no network: the inventory, launch files, the mpirun
+command and failure reports (tests/test_cluster.py runs deploy for real)."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autodice.cli import main
+from autodice.deploy import (
+    _Host,
+    build_groups,
+    honours_cores,
+    launch_files,
+    mpirun_argv,
+    run_failure,
+    ssh_config,
+)
+from autodice.errors import AutodiceError
+from autodice.inventory import load_inventory
+from autodice.split import split
+
+INVENTORY = """
+network = "10.77.0.0/24"
+
+[defaults]
+user = "root"
+identity = "id_key"
+known_hosts = "known_hosts"
+filesystem = "shared"
+mpi_prefix = "/opt/mpi"
+ncnn_dir = "/opt/ncnn"
+
+[hosts.edge01]
+address = "10.77.0.11"
+remote_dir = "/srv/autodice/edge01"
+
+[hosts.edge04]
+address = "10.77.0.14"
+port = 2222
+remote_dir = "/srv/autodice/edge04"
+"""
+
+
+@pytest.fixture
+def fig2_plan(fig2):
+    plan = split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    for name in ("id_key", "known_hosts"):
+        (fig2 / name).write_text("")
+    (fig2 / "inventory.toml").write_text(INVENTORY)
+    return fig2, plan
+
+
+def test_inventory_resolves_defaults_and_local_paths(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    assert list(inv.targets) == ["edge01", "edge04"] and inv.network == "10.77.0.0/24"
+    t = inv.targets["edge04"]
+    assert (t.user, t.port, t.address, t.remote_dir) == ("root", 2222, "10.77.0.14",
+                                                          "/srv/autodice/edge04")
+    assert t.identity == str(d / "id_key") and t.mpi_prefix == "/opt/mpi"
+    assert inv.targets["edge01"].port == 22
+
+
+def test_inventory_every_offender_at_once(fig2_plan):
+    d, plan = fig2_plan
+    (d / "inventory.toml").write_text(INVENTORY.replace('[hosts.edge04]', '[hosts.edge09]')
+                                      .replace('remote_dir = "/srv/autodice/edge01"',
+                                               'remote_dir = "srv/x; rm -rf /"\nprot = 2'))
+    with pytest.raises(AutodiceError) as e:
+        load_inventory(d / "inventory.toml", plan.hosts())
+    where = str(d / "inventory.toml")
+    assert e.value.problems == [
+        (f'{where}: host edge01: unknown key "prot" (did you mean "port"?); allowed: address (IP '
+        "address or DNS name (required)), remote_dir (absolute directory on the host that deploy "
+        "owns (required)), user (ssh login (default: your user name)), port (ssh port (default "
+        "22)), identity (private key file (default: ssh's own choice)), known_hosts (known_hosts "
+        "file to check host keys against (default: ssh's)), mpi_prefix (Open MPI install prefix "
+        "on the host (default: the remote PATH)), ncnn_dir (ncnn install prefix on the host "
+        "(default: build ncnn there)), filesystem (label shared by hosts on one filesystem: they "
+        "share one build per arch)"),
+        (f'{where}: host edge01: remote_dir "srv/x; rm -rf /" must be an absolute path of '
+         'letters, digits and "._+@-" (no "..", spaces or quotes)'),
+        f"{where}: host edge04 of the plan has no [hosts.edge04] entry (address, remote_dir)",
+        (f'{where}: host edge09 is not in the plan (did you mean "edge04"?) (plan hosts: edge01, '
+         "edge04); remove its entry"),
+    ]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('address = "10.77.0.11"', 'address = "-oProxyCommand=x"', "is not a host name or IP address"),
+    ('remote_dir = "/srv/autodice/edge01"', 'remote_dir = "/srv/../etc"', 'no ".."'),
+    ('remote_dir = "/srv/autodice/edge01"', 'remote_dir = "/srv"', "too close to /"),
+    ('identity = "id_key"', 'identity = "missing_key"', "missing_key does not exist"),
+    ('user = "root"', 'user = "root -oX"', "must be letters"),
+    ('[hosts.edge04]\naddress = "10.77.0.14"', '[hosts.edge04]\naddress = "10.77.0.11"',
+     "same address"),
+])
+def test_inventory_refuses_unsafe_values(fig2_plan, old, new, message):
+    d, plan = fig2_plan
+    assert old in INVENTORY
+    (d / "inventory.toml").write_text(INVENTORY.replace(old, new))
+    with pytest.raises(AutodiceError, match=message):
+        load_inventory(d / "inventory.toml", plan.hosts())
+
+
+def test_launch_files_and_mpirun_command(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    files = launch_files(plan, inv)
+    assert files["hostfile"] == "10.77.0.11 slots=2\n10.77.0.14 slots=1\n"
+    assert files["rankfile"] == ("rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.11 slots=0\n"
+                                 "rank 2=10.77.0.14 slots=0\n")
+    assert "Host 10.77.0.14\n  HostName 10.77.0.14\n  Port 2222\n" in files["ssh_config"]
+    assert "StrictHostKeyChecking yes" in files["ssh_config"]
+    hosts = {h: _Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
+    argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
+    assert argv[argv.index("--prtemca") + 1:][:2] == [
+        "plm_ssh_agent", "ssh -F /srv/autodice/edge01/launch/ssh_config"]
+    assert ["--mca", "btl_tcp_if_include", "10.77.0.0/24"] == argv[
+        argv.index("btl_tcp_if_include") - 1:argv.index("btl_tcp_if_include") + 2]
+    assert "--rankfile" in argv  # cores 0-11 exist on every host: bind as the plan says
+    assert argv.count(":") == 2 and argv.count("--wdir") == 3
+    assert "/srv/autodice/edge04/build/program" in argv
+    hosts["edge01"].cpus = 2  # cores 1,2,3 do not exist there: run unbound
+    argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
+    assert "--rankfile" not in argv and "--bind-to" in argv and not honours_cores(
+        plan, hosts)
+    # The command crosses one remote shell: quoting keeps every argument whole.
+    assert shlex.split(" ".join(shlex.quote(a) for a in argv)) == argv
+
+
+def test_one_build_per_shared_filesystem_and_arch(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    hosts = [_Host(inv.targets[h], arch="x86_64") for h in ("edge01", "edge04")]
+    assert {b: [h.target.host for h in g] for b, g in build_groups(hosts).items()} == {
+        "edge01": ["edge01", "edge04"]}
+    hosts[1].arch = "aarch64"
+    assert list(build_groups(hosts)) == ["edge01", "edge04"]
+
+
+def test_ssh_config_keeps_host_key_checking_on(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    text = ssh_config(inv.targets.values(), by="host")
+    assert "Host edge01\n  HostName 10.77.0.11\n" in text
+    assert "StrictHostKeyChecking yes" in text and "BatchMode yes" in text
+    assert f"UserKnownHostsFile {d / 'known_hosts'}" in text
+
+
+def test_failure_report_names_rank_and_host(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    log = Path("run.log")
+    # The rank wrappers' markers win over the peers that lost their connection first.
+    noisy = ("prterun has exited due to process rank 0 with PID 12 on node edge01 calling\n"
+             '"abort".\n')
+    lines = run_failure(plan, inv, noisy, 1, 2.5, log, deaths=[(5.0, 2, 137), (6.0, 0, 143)])
+    assert lines[0] == ("edge04 (root@10.77.0.14:2222): run: rank 2 (edge04_gpu) died: killed by "
+                        "signal 9 (SIGKILL)")
+    noticed = ("prterun noticed that process rank 1 with PID 4987 on node edge01 exited on\n"
+               "signal 11 (Segmentation fault).\n")
+    assert run_failure(plan, inv, noticed, 139, 1.0, log)[0] == (
+        "edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) died: it exited on signal 11 "
+        "(Segmentation fault)")
+    said = "[rank 2 board4] cannot load models/edge04_gpu.ncnn.bin (missing or corrupt)\n"
+    assert run_failure(plan, inv, said, 4, 1.0, log)[0] == (
+        "run: the job failed (exit 4); rank 2 (edge04_gpu) on host edge04: cannot load "
+        "models/edge04_gpu.ncnn.bin (missing or corrupt)")
+
+
+def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
+    d, _ = fig2_plan
+    (d / "inventory.toml").write_text(INVENTORY.replace("[hosts.edge04]", "[hosts.edge05]"))
+    r = CliRunner().invoke(main, ["deploy", str(d / "out"), "-i", str(d / "inventory.toml")])
+    assert r.exit_code == 2
+    assert "error: " in r.output and "host edge04 of the plan has no [hosts.edge04]" in r.output
+    assert "host edge05 is not in the plan" in r.output
