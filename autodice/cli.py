@@ -180,6 +180,21 @@ def build(output, vulkan, lean):
     out.print(f"built {program}")
 
 
+def _inputs(plan, specs) -> dict[str, Path]:
+    """``--input [NAME=]FILE.npy`` options as model input name -> file."""
+    names = [t.name for t in plan.model_inputs]
+    given = {}
+    for spec in specs:
+        name, eq, path = spec.rpartition("=")
+        if not eq and len(names) == 1:
+            name = names[0]
+        elif not eq or name not in names:
+            raise AutodiceError(f'--input {spec}: name one of the model inputs '
+                                f'({", ".join(names)}) as NAME=FILE.npy')
+        given[name] = Path(path)
+    return given
+
+
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--input", "inputs", multiple=True, required=True, metavar="[NAME=]FILE.npy",
@@ -199,28 +214,23 @@ def run(output, inputs, frames, results, no_pipeline, check, rtol):
     from .run import run as run_job
 
     plan = load_plan(output)
-    names = [t.name for t in plan.model_inputs]
-    given = {}
-    for spec in inputs:
-        name, eq, path = spec.rpartition("=")
-        if not eq and len(names) == 1:
-            name = names[0]
-        elif not eq or name not in names:
-            raise AutodiceError(f'--input {spec}: name one of the model inputs '
-                                f'({", ".join(names)}) as NAME=FILE.npy')
-        given[name] = Path(path)
+    given = _inputs(plan, inputs)
     with console.status(f"running {len(plan.ranks)} ranks x {frames} frames under mpirun"):
         res = run_job(output, given, frames, results, pipeline=not no_pipeline)
     s = res.stats
     out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s[/bold]"
               f" ({'pipelined' if s['pipeline'] else 'frame by frame'}); results in {res.results}")
     table = Table()
-    for col in ("rank", "key", "compute s", "recv wait s", "send wait s", "sent", "peak RSS"):
-        table.add_column(col, justify="left" if col == "key" else "right")
+    for col in ("rank", "key", "on cores", "load s", "compute s", "recv wait s", "send wait s",
+                "sent", "peak RSS"):
+        table.add_column(col, justify="left" if col in ("key", "on cores") else "right")
     for r in s["ranks"]:
-        table.add_row(str(r["rank"]), r["key"], f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
+        table.add_row(str(r["rank"]), r["key"], ",".join(map(str, r["omp_cpus"])),
+                      f"{r['load_s']:.3f}", f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
                       f"{r['send_wait_s']:.3f}", _human(r["bytes_sent"]), _human(r["peak_rss"]))
     out.print(table)
+    for line in res.warnings:
+        console.print(f"[yellow]warning:[/yellow] {line}")
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
         _report(compare_with_model(plan, Path(output), feeds, res.outputs), rtol)
@@ -238,6 +248,262 @@ def zoo(name, output, seed):
     with console.status(f"materializing {name}"):
         zoo_models.save(zoo_models.materialize(name, seed), Path(output))
     out.print(f"wrote {output}")
+
+
+def _thread_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        threads = tuple(int(t) for t in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f'"{value}" is not a list of thread counts such as 1,2') from None
+    return threads
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
+              help="platform.txt: picks the thread counts and gives the host-to-host links.")
+@click.option("--output", "-o", default="profile.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Where to write the profile.")
+@click.option("--threads", callback=_thread_list, metavar="1,2",
+              help="Thread counts to measure (default: 1 and each device's cores, up to this "
+                   "machine's).")
+@input_shape_option
+@click.option("--runs", default=15, show_default=True, help="Timed runs per thread count.")
+@click.option("--warmup", default=3, show_default=True, help="Untimed runs first.")
+@click.option("--no-cache", is_flag=True, help="Measure again even if a cached profile fits.")
+def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache):
+    """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
+    from .model import parse_input_shapes
+    from .profile import save_profile
+    from .profiler import op_summary, run_profile
+
+    res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup, runs,
+                      console=console, use_cache=not no_cache)
+    p = res.profile
+    save_profile(p, output)
+    ts = p.threads
+    table = Table(title=f"{len(p.layers)} layers of {p.model} ({res.ncnn_layers} ncnn layers), "
+                        f"median ms{' (cached)' if res.cached else ''} -> {output}")
+    table.add_column("op")
+    table.add_column("layers", justify="right")
+    for t in ts:
+        table.add_column(f"{t} thr ms", justify="right")
+    for t in ts[1:]:
+        table.add_column(f"x{t} speed-up (eff.)", justify="right")
+    rows = op_summary(p)
+    total = {t: sum(r[2][t] for r in rows) for t in ts}
+    for op, n, per in [*rows, ("all layers", len(p.layers), total),
+                       ("whole model", len(p.layers), res.whole_ms)]:
+        table.add_row(op, str(n), *(f"{per[t]:.3f}" for t in ts),
+                      *(f"{per[ts[0]] / per[t]:.2f} ({per[ts[0]] / per[t] / t * ts[0]:.0%})"
+                        for t in ts[1:]))
+    out.print(table)
+    for name, link in sorted(p.links.items()):
+        out.print(f"link {name}: {link.bandwidth / 1e6:.0f} MB/s, {link.latency * 1e6:.1f} us")
+    if res.unmatched:
+        console.print(f"note: {len(res.unmatched)} layers matched no ncnn blob and share their "
+                      f"successor's time: {', '.join(res.unmatched[:8])}"
+                      f"{'...' if len(res.unmatched) > 8 else ''}")
+    for note in res.notes:
+        console.print(f"note: {note}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
+              help="platform.txt: the devices (mem, power_* and bandwidth fields feed the model).")
+@click.option("--profile", "profiles", multiple=True, metavar="[HOST=]profile.json",
+              help="Per-layer latencies from `autodice profile`; HOST=FILE for boards profiled "
+                   "apart (repeatable). Omitted: profile the model now.")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output directory: pareto.csv, pareto.json, pareto.png, mappings/.")
+@click.option("--pop", default=100, show_default=True, help="Population size (the paper's 100).")
+@click.option("--gens", default=400, show_default=True, help="Generations (the paper's 400).")
+@click.option("--seed", default=0, show_default=True, help="Random seed: the same seed, the same front.")
+@click.option("--crossover", default=0.5, show_default=True,
+              help="Probability that two parents are crossed (two-point).")
+@click.option("--mutation", default=0.1, show_default=True,
+              help="Probability that an offspring is mutated.")
+@click.option("--encoding", default="layer", show_default=True,
+              help="layer: a resource per layer (the paper's); segment: K contiguous runs.")
+@click.option("--segments", type=int, default=None,
+              help="K for --encoding segment (default: the number of resources, at most 16).")
+@click.option("--measure", "measure_k", default=0, show_default=True,
+              help="Then run this many front points for real here and compare with the model.")
+@click.option("--frames", default=20, show_default=True, help="Frames per --measure run.")
+@click.option("--lean", is_flag=True, help="--measure with the quick-to-build AVX2-only ncnn.")
+def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
+        segments, measure_k, frames, lean):
+    """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
+    from rich.progress import Progress
+
+    from .dse import Settings, measure, profile_arg, table_rows
+    from .dse import dse as run_dse
+
+    settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments)
+    settings.check()
+    if measure_k < 0 or frames < 1:
+        raise AutodiceError(f"--measure {measure_k} --frames {frames}: need --measure >= 0 and "
+                            f"--frames >= 1")
+    profile = profile_arg(profiles, model, platform)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
+        front = run_dse(model, platform, profile, output, settings,
+                        progress=lambda g, n: bar.update(task, completed=g))
+    table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
+                        f"in {front.seconds:.1f} s -> {output}")
+    for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",
+                "#cores", "#GPUs"):
+        table.add_column(col, justify="left" if col == "mapping" else "right")
+    shown = table_rows(front)
+    for p in (*front.references, *shown):
+        c = p.cost
+        table.add_row(p.name, f"{c.max_energy_j * 1e3:.1f}", f"{c.throughput:.2f}",
+                      f"{c.max_memory / 1e6:.1f}", str(p.devices), str(c.cores), str(c.gpus),
+                      style="dim" if p in front.references else None)
+    out.print(table)
+    if len(shown) < len(front.points):
+        out.print(f"({len(front.points) - len(shown)} more points in {output}/pareto.csv)")
+    for note in front.notes:
+        out.print(f"note: {note}")
+    if measure_k:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("measuring", total=min(measure_k, len(front.points)))
+            results = measure(output, model, platform, profile, measure_k, frames, lean,
+                              progress=lambda k, n, what: bar.update(task, completed=k,
+                                                                      description=what))
+        table = Table(title=f"predicted vs measured on this machine ({frames} frames each)")
+        for col in ("point", "predicted fps", "measured fps", "error", "predicted MB",
+                    "measured MB (peak RSS)", "error", "notes"):
+            table.add_column(col, justify="left" if col in ("point", "notes") else "right")
+        for m in results:
+            table.add_row(m.point, f"{m.predicted_fps:.2f}", f"{m.measured_fps:.2f}",
+                          f"{m.fps_error:+.0%}", f"{m.predicted_memory / 1e6:.1f}",
+                          f"{m.measured_memory / 1e6:.1f}", f"{m.memory_error:+.0%}",
+                          "; ".join(m.notes))
+        out.print(table)
+
+
+@main.group()
+def cluster():
+    """An emulated edge cluster here: network namespaces on a bridge, each with its own sshd."""
+
+
+@cluster.command("up")
+@click.option("--hosts", required=True, metavar="NAME,NAME,...",
+              help="Host names (as in platform.txt), e.g. edge01,edge02,edge03.")
+@click.option("--bandwidth", default="1gbit", show_default=True,
+              help="Rate of each host's link, both ways (tbf), e.g. 100mbit; 'none': unshaped.")
+@click.option("--cores", multiple=True, metavar="HOST=CPUS",
+              help="Run a host (its sshd, all it starts) on CPUs, e.g. edge01=0-1 (repeatable).")
+@click.option("--subnet", default="10.77.0.0/24", show_default=True,
+              help="IPv4 subnet of the cluster; this machine gets its first address.")
+@click.option("--ncnn-dir", type=click.Path(file_okay=False), default=None,
+              help="ncnn install the hosts build against (default: one already built here).")
+@click.option("--output", "-o", default="inventory.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
+def cluster_up(hosts, bandwidth, cores, subnet, ncnn_dir, output):
+    """Create (or repair) the emulated cluster and write its inventory."""
+    from . import cluster as emu
+
+    pins = {}
+    for spec in cores:
+        host, eq, cpus = spec.partition("=")
+        if not eq:
+            raise AutodiceError(f"--cores {spec}: expected HOST=CPUS, e.g. edge01=0-1")
+        pins[host] = cpus
+    with console.status("bringing the cluster up"):
+        c = emu.up([h for h in hosts.split(",") if h], None if bandwidth == "none" else bandwidth,
+                   pins, subnet, output, ncnn_dir, console)
+    _cluster_table(c)
+    out.print(f"wrote {output}")
+
+
+@cluster.command("down")
+def cluster_down():
+    """Remove every namespace, link, sshd and file of the emulated cluster."""
+    from . import cluster as emu
+
+    removed = emu.down()
+    out.print(f"removed {len(removed)} things" + (": " + ", ".join(removed) if removed else ""))
+
+
+@cluster.command("status")
+def cluster_status():
+    """Show the emulated cluster's hosts, addresses and whether their sshd is alive."""
+    from . import cluster as emu
+
+    c, _ = emu.status()
+    if c is None:
+        out.print("no cluster (run `autodice cluster up --hosts ...`)")
+        return
+    _cluster_table(c)
+
+
+def _cluster_table(c) -> None:
+    from . import cluster as emu
+
+    _, rows = emu.status()
+    rate = f"{int(c.bandwidth[:-3]) / 1e6:g} Mbit/s" if c.bandwidth else "unshaped"
+    table = Table(title=f"cluster {c.subnet}, links {rate}, "
+                        f"state in {c.state_dir}")
+    for col in ("host", "address", "cores", "namespace", "sshd"):
+        table.add_column(col)
+    for s in rows:
+        table.add_row(s.name, s.address, s.cores or "all", "ok" if s.netns else "[red]gone[/red]",
+                      f"pid {s.sshd_pid}" if s.sshd_pid else "[red]down[/red]")
+    out.print(table)
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--inventory", "-i", required=True, type=click.Path(dir_okay=False),
+              help="inventory.toml: ssh destination and remote directory per host.")
+@click.option("--run", "run_job", is_flag=True, help="Then run the job across the hosts.")
+@click.option("--input", "inputs", multiple=True, metavar="[NAME=]FILE.npy",
+              help="Model input as .npy for --run (NAME= needed when the model has several).")
+@click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
+@click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
+@click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime (--run).")
+@click.option("--rtol", default=1e-4, show_default=True, help="Tolerance for --check.")
+@click.option("--lean", is_flag=True, help="A host without ncnn builds the quick AVX2-only one.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
+def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, lean, timeout):
+    """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
+    import numpy as np
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .check import compare_with_model
+    from .deploy import deploy as run_deploy
+    from .plan import load_plan
+
+    plan = load_plan(output)
+    given = _inputs(plan, inputs)
+    with Progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
+        res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
+                         frames=frames, pipeline=not no_pipeline, lean=lean, timeout_s=timeout,
+                         progress=lambda h, step: bar.update(tasks[h], description=step))
+    table = Table(title=f"deployed to {len(res.hosts)} hosts in "
+                        f"{sum(res.seconds.values()):.1f} s "
+                        f"({', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items())})")
+    for col in ("host", "arch", "sent", "files moved", "program"):
+        table.add_column(col, justify="right" if col == "sent" else "left")
+    for r in res.hosts.values():
+        table.add_row(r.host, r.arch, _human(r.bytes_sent), str(len(r.files)),
+                      "built here" if r.built else f"built on {r.built_by}")
+    out.print(table)
+    if res.run is not None:
+        s = res.run.stats
+        out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
+                  f"[/bold]; results in {res.run.results}")
+        if check:
+            feeds = {n: np.load(p) for n, p in given.items()}
+            _report(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""``autodice dse``: NSGA-II over mappings, its front, its files, and re-running points for real.
+
+Profiles are FIXTURES derived from FLOPs (``test_cost.fixture_profile``), not measurements.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from graphs import figure2
+from test_cost import fixture_profile
+
+from autodice.check import check
+from autodice.cli import main
+from autodice.cost import CostModel, Timing
+from autodice.dse import Genes, Settings, explore, objectives
+from autodice.model import load_model
+from autodice.profile import save_profile
+from autodice.spec import parse_platform_text
+from autodice.split import split
+from autodice.validate import check_plan
+
+PLATFORM = """\
+edge01, arm, slots=0-3, mem=4GB, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit, latency=0.2ms
+edge02, arm, slots=0-3, gpu=NVIDIAVolta (CUDA), mem=8GB, power_idle=4.5W, power_cpu=1.0W, power_gpu=9W, bandwidth=1gbit, latency=0.2ms
+edge03, x86, slots=0-1, mem=16GB, power_idle=10W, power_cpu=4W, bandwidth=100MB/s, latency=0.5ms
+"""
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def squeeze(zoo_model, tmp_path_factory):
+    """SqueezeNet (68 layers), the 3-device platform and a FIXTURE profile, as files."""
+    d = tmp_path_factory.mktemp("dse")
+    model = zoo_model("squeezenet")
+    (d / "platform.txt").write_text(PLATFORM)
+    save_profile(fixture_profile(load_model(model)), d / "profile.json")
+    return model, d
+
+
+@pytest.fixture(scope="module")
+def squeeze_out(squeeze):
+    model, d = squeeze
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json", "-o",
+               d / "out", "--pop", 24, "--gens", 25, "--seed", 7)
+    assert r.exit_code == 0, r.output
+    return r, d / "out"
+
+
+def test_front_dominates_random_valid_mappings(squeeze):
+    model, _ = squeeze
+    graph = load_model(model)
+    timing = Timing(parse_platform_text(PLATFORM), fixture_profile(graph))
+    front = explore(graph, timing, Settings(pop=40, gens=60, seed=1))
+    F = np.array([[-p.cost.throughput, p.cost.max_energy_j, p.cost.max_memory / 1e6]
+                  for p in front.points])
+    for a in F:  # the front is mutually non-dominated
+        assert not (np.all(F <= a, axis=1) & np.any(F < a, axis=1)).any()
+    cm = CostModel(graph, timing)
+    genes = Genes(cm)
+    rng = np.random.default_rng(0)
+    N = cm.n_layers
+    per_layer = rng.integers(0, genes.n_alpha, (500, N))  # the paper's encoding, uniform
+    runs = np.empty((500, N), dtype=int)  # random pipelines: 1-8 runs, random resources
+    for i in range(500):
+        k = rng.integers(1, 9)
+        starts = np.concatenate([[0], np.sort(rng.choice(np.arange(1, N), k - 1, replace=False))])
+        runs[i] = rng.integers(0, genes.n_alpha, k)[np.searchsorted(starts, np.arange(N),
+                                                                    "right") - 1]
+    R, G = objectives(cm.evaluate(genes.decode(np.vstack([per_layer, runs]))))
+    R = R[(G <= 0).all(axis=1)]
+    assert len(R) == 1000  # all fit in memory: they are valid mappings
+    dominated = [(np.all(F <= r, axis=1)).any() for r in R]
+    assert np.mean(dominated) == 1.0, f"{np.sum(~np.array(dominated))} random mappings undominated"
+
+
+def test_the_paper_table_and_the_files(squeeze_out):
+    r, out = squeeze_out
+    for word in ("1-device CPU", "1-device GPU", "energy mJ/frame", "throughput frames/s",
+                 "memory MB", "#devices", "#cores", "#GPUs", "Pareto points"):
+        assert word in r.output
+    rows = (out / "pareto.csv").read_text().splitlines()
+    assert rows[0] == ("point,throughput_fps,energy_j,memory_bytes,devices,cores,gpus,ranks,"
+                       "period_s,bottleneck,mapping")
+    doc = json.loads((out / "pareto.json").read_text())
+    assert len(doc["points"]) == len(rows) - 1 == len(list((out / "mappings").iterdir()))
+    assert doc["settings"] == {"pop": 24, "gens": 25, "seed": 7, "crossover": 0.5,
+                               "mutation": 0.1, "encoding": "layer", "segments": None}
+    assert [p["name"] if "name" in p else p["point"] for p in doc["references"]] == [
+        "1-device CPU", "1-device GPU"]
+    fps = [p["throughput_fps"] for p in doc["points"]]
+    assert fps == sorted(fps, reverse=True)
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_emitted_mapping_passes_split_and_check(squeeze, squeeze_out):
+    model, d = squeeze
+    _, out = squeeze_out
+    for path in sorted((out / "mappings").iterdir()):
+        plan = split(model, path, d / "platform.txt", d / "split" / path.stem)
+        check_plan(plan)
+        assert list(json.loads(path.read_text())) == [r.key for r in plan.ranks]
+        for diff in check(d / "split" / path.stem, samples=1):
+            assert diff.rel <= 1e-4, (path.name, diff)
+
+
+def test_seed_reproduces_the_front(squeeze, squeeze_out, tmp_path):
+    model, d = squeeze
+    _, first = squeeze_out
+    args = ["dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json", "--pop", 24,
+            "--gens", 25]
+    assert invoke(*args, "-o", tmp_path / "again", "--seed", 7).exit_code == 0
+    for name in ("pareto.csv", "pareto.json", "pareto.png"):
+        assert (tmp_path / "again" / name).read_bytes() == (first / name).read_bytes(), name
+    assert invoke(*args, "-o", tmp_path / "other", "--seed", 8).exit_code == 0
+    assert (tmp_path / "other" / "pareto.csv").read_text() != (first / "pareto.csv").read_text()
+
+
+def test_overlapping_cores_are_repaired(squeeze):
+    model, _ = squeeze
+    graph = load_model(model)
+    cm = CostModel(graph, Timing(parse_platform_text(PLATFORM), fixture_profile(graph)))
+    genes = Genes(cm)
+    alpha = {cm.slots[a].key: k for k, a in enumerate(genes.alpha)}
+    assert "edge01_arm123" not in alpha  # "the other cores" is a repair, not a gene
+    X = np.full(cm.n_layers, alpha["edge01_arm0123"])
+    X[:5] = alpha["edge01_arm0"]
+    keys = list(cm.mapping(genes.decode(X)[0]))
+    assert keys == ["edge01_arm0", "edge01_arm123"]
+    assert list(cm.mapping(genes.decode(np.full(cm.n_layers, alpha["edge01_arm0123"]))[0])) == [
+        "edge01_arm0123"]
+
+
+def test_segment_encoding(squeeze, tmp_path):
+    model, d = squeeze
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json", "-o",
+               tmp_path / "out", "--pop", 16, "--gens", 10, "--encoding", "segment",
+               "--segments", 3)
+    assert r.exit_code == 0, r.output
+    for path in (tmp_path / "out" / "mappings").iterdir():
+        mapping = json.loads(path.read_text())
+        assert len(mapping) <= 3  # at most 3 runs, so at most 3 ranks
+        split(model, path, d / "platform.txt", tmp_path / "split")
+
+
+def test_profile_per_host(squeeze, tmp_path):
+    model, d = squeeze
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json",
+               "--profile", f"edge03={d / 'profile.json'}", "-o", tmp_path / "out", "--pop", 8,
+               "--gens", 2)
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--encoding", "spiral"], '--encoding "spiral": one of layer, segment'),
+    (["--pop", "2"], "--pop 2: needs at least 4"),
+    (["--mutation", "1.5"], "--mutation 1.5: a probability, 0..1"),
+    (["--measure", "-1"], "--measure -1 --frames 20: need --measure >= 0 and --frames >= 1"),
+])
+def test_bad_settings_exit_2_with_one_line(squeeze, tmp_path, args, message):
+    model, d = squeeze
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json", "-o",
+               tmp_path / "out", *args)
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_inputs_exit_2_with_one_line(squeeze, tmp_path):
+    model, d = squeeze
+    other = tmp_path / "fig2.onnx"
+    onnx.save(figure2(), other)
+    save_profile(fixture_profile(load_model(other)), tmp_path / "fig2_profile.json")
+    (tmp_path / "no_link.txt").write_text("a, arm, slots=0-1\nb, arm, slots=0-1\n")
+    (tmp_path / "tiny.txt").write_text("a, arm, slots=0-1, mem=1MB\n")
+    cases = [
+        (["--profile", tmp_path / "missing.json"], "missing.json: cannot read"),
+        (["--profile", tmp_path / "fig2_profile.json"], "layers of"),
+        (["--profile", d / "profile.json", "-p", tmp_path / "no_link.txt"],
+         "no bandwidth between a and b"),
+        (["--profile", d / "profile.json", "-p", tmp_path / "tiny.txt"],
+         "no mapping found that fits the devices' memory"),
+        (["--profile", d / "profile.json", "--profile", f"edge09={d / 'profile.json'}"],
+         'profile for host "edge09": no such host'),
+        (["--profile", f"edge01={d / 'profile.json'}"], "no profile for edge02, edge03"),
+    ]
+    for extra, message in cases:
+        args = ["-p", d / "platform.txt", *extra] if "-p" not in extra else extra
+        r = invoke("dse", model, *args, "-o", tmp_path / "out", "--pop", 8, "--gens", 2)
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+        assert message in lines[0], lines[0]
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.cpp
+def test_measure_reruns_front_points(tmp_path):
+    onnx.save(figure2(), tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("here, x86, slots=0-1, power_idle=5W, power_cpu=2W\n")
+    save_profile(fixture_profile(load_model(tmp_path / "model.onnx")), tmp_path / "profile.json")
+    r = invoke("dse", tmp_path / "model.onnx", "-p", tmp_path / "platform.txt", "--profile",
+               tmp_path / "profile.json", "-o", tmp_path / "out", "--pop", 8, "--gens", 3,
+               "--measure", 1, "--frames", 5, "--lean")
+    assert r.exit_code == 0, r.output
+    assert "predicted vs measured" in r.output
+    (m,) = json.loads((tmp_path / "out" / "measure.json").read_text())
+    assert m["point"] == "p0" and m["frames"] == 5
+    assert m["measured_fps"] > 0 and m["predicted_fps"] > 0 and m["measured_peak_rss_bytes"] > 0
+    assert m["fps_error"] == pytest.approx(m["measured_fps"] / m["predicted_fps"] - 1, rel=1e-3)
+    assert (tmp_path / "out" / "measure" / "p0" / "results" / "stats.json").exists()

@@ -1,0 +1,221 @@
+"""``autodice profile``: per-layer latencies measured on the real ncnn engine, and the links.
+
+The ``cpp`` tests build ``runtime_cpp/profile_layers.cpp`` once (seconds; cached under
+~/.cache/autodice/profiler) against the full ncnn build and time real models; the others check
+the inputs, the link arithmetic and how fused ncnn layers are shared among ONNX layers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from autodice import profiler
+from autodice.cli import main
+from autodice.errors import AutodiceError
+from autodice.model import load_model
+from autodice.profile import Link, load_profile, save_profile
+from autodice.profiler import (
+    attribute_times,
+    fingerprint_onnx,
+    fit_link,
+    match_layers,
+    platform_links,
+    profile_model,
+    run_profile,
+    write_inputs,
+)
+from autodice.spec import parse_platform_text
+from autodice.split import layer_table
+
+SPECS = Path(__file__).parent.parent / "specs"
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def mappable_rows(path: Path) -> list[dict]:
+    return [r for r in layer_table(load_model(path)) if not r["follows"]]
+
+
+# --- real measurements ----------------------------------------------------------------------
+
+
+@pytest.mark.cpp
+def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_path, monkeypatch):
+    model = zoo_model("squeezenet")
+    platform = SPECS / "squeezenet" / "platform.txt"
+    run = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5, use_cache=False)
+    p = run.profile
+
+    rows = mappable_rows(model)
+    assert [(lc.name, lc.op) for lc in p.layers] == [(r["name"], r["op"]) for r in rows]
+    assert p.threads == (1, 2) and not run.cached and run.unmatched == ()
+    assert all(lc.cpu_ms[t] > 0 for lc in p.layers for t in (1, 2))
+    assert all(lc.gpu_ms is None for lc in p.layers)
+    assert run.notes and "gpu_ms is null" in run.notes[0]  # edge02 has a GPU we cannot time
+    # pnnx fused each Conv with its ReLU, so there are fewer ncnn layers than ONNX layers...
+    assert run.ncnn_layers < len(p.layers)
+    # ...and the fused ReLU gets a FLOPs-sized sliver of the Convolution's time.
+    by_name = {lc.name: lc for lc in p.layers}
+    graph = load_model(model)
+    for i, node in enumerate(graph.nodes):
+        if node.op_type == "Relu":
+            conv = graph.nodes[graph.producer[node.input[0]]]
+            assert conv.op_type == "Conv"
+            conv_ms = by_name[conv.name or conv.output[0]].cpu_ms[1]
+            assert by_name[graph.names[i]].cpu_ms[1] < conv_ms / 5
+    # The layers add up to the whole model timed in the same process (the machine is shared,
+    # so medians of five runs wander; a double count or a lost layer would be far outside).
+    for t in p.threads:
+        total = sum(lc.cpu_ms[t] for lc in p.layers)
+        assert 0.6 < total / run.whole_ms[t] < 1.4, (t, total, run.whole_ms[t])
+
+    assert p.links["edge01-edge02"] == Link(1.25e8, 4e-4)  # 1gbit, 0.2 ms + 0.2 ms
+    assert p.links["shm"].bandwidth > 1e8 and 0 < p.links["shm"].latency < 1e-2
+    assert p.link("edge01", "edge01") == p.links["shm"]
+
+    save_profile(p, tmp_path / "profile.json")
+    assert load_profile(tmp_path / "profile.json") == p
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("the second call must come from the cache")
+
+    monkeypatch.setattr(profiler, "measure_model", must_not_measure)
+    again = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5)
+    assert again.cached and again.profile.layers == p.layers and again.whole_ms == run.whole_ms
+    # What `autodice dse` calls when given no --profile: the same cached Profile.
+    assert profile_model(model, platform, threads=(1, 2), warmup=1, runs=5) == again.profile
+
+
+@pytest.mark.cpp
+def test_cli_profiles_figure2_and_prints_thread_efficiency(fig2):
+    out = fig2 / "profile.json"
+    r = invoke("profile", fig2 / "model.onnx", "-p", fig2 / "platform.txt", "-o", out,
+               "--threads", "1,2", "--warmup", "1", "--runs", "3", "--no-cache")
+    assert r.exit_code == 0, r.output
+    assert "x2 speed-up" in r.output and "whole model" in r.output and "link shm" in r.output
+    p = load_profile(out)
+    assert [lc.name for lc in p.layers] == ["MaxPool1", "Conv1", "FC1", "Add1", "Relu1"]
+    assert all(ms > 0 for lc in p.layers for ms in lc.cpu_ms.values())
+    assert set(p.links) == {"shm"}  # the Figure 2 platform states no bandwidths
+    assert p.engine["ncnn"] and p.engine["fp16"] is False and p.machine["cores"] >= 1
+
+
+# --- bad input: one error line, exit 2, before anything is built ----------------------------
+
+
+@pytest.mark.parametrize("threads, message", [
+    ("0", "--threads 0: 0 not between 1 and"),
+    ("1,4096", "--threads 1,4096: 4096 not between 1 and"),
+])
+def test_impossible_thread_counts_are_refused(fig2, threads, message):
+    r = invoke("profile", fig2 / "model.onnx", "-p", fig2 / "platform.txt", "--threads", threads)
+    assert r.exit_code == 2 and f"error: {message}" in r.output
+
+
+def test_thread_list_must_be_numbers(fig2):
+    r = invoke("profile", fig2 / "model.onnx", "-p", fig2 / "platform.txt", "--threads", "one")
+    assert r.exit_code == 2 and "is not a list of thread counts" in r.output
+
+
+@pytest.mark.parametrize("what", ["model", "platform"])
+def test_missing_files_are_named(fig2, what):
+    missing = fig2 / ("nope.onnx" if what == "model" else "nope.txt")
+    model = missing if what == "model" else fig2 / "model.onnx"
+    platform = missing if what == "platform" else fig2 / "platform.txt"
+    r = invoke("profile", model, "-p", platform)
+    assert r.exit_code == 2 and f"error: {missing}" in r.output
+
+
+def test_symbolic_input_needs_a_shape(fig2):
+    """    data[N,4,H,W] -> Relu -> out    (H and W unknown: the profiler cannot feed it)"""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["data"], ["out"], name="Relu1")], "symbolic",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", 4, "H", "W"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4, "H", "W"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              fig2 / "sym.onnx")
+    r = invoke("profile", fig2 / "sym.onnx", "-p", fig2 / "platform.txt")
+    assert r.exit_code == 2 and 'input "data" has no static shape' in r.output
+    assert "--input-shape data=" in r.output
+
+
+# --- links ----------------------------------------------------------------------------------
+
+
+def test_fit_link_recovers_latency_and_rate():
+    sizes = [4e3, 6.5e4, 4e5, 1e6, 4e6]
+    link = fit_link(sizes, [2e-6 + b / 5e9 for b in sizes])
+    assert link["bandwidth"] == pytest.approx(5e9, rel=1e-3)
+    assert link["latency"] == pytest.approx(2e-6)
+
+
+def test_fit_link_refuses_nonsense():
+    with pytest.raises(AutodiceError, match="link measurement makes no sense"):
+        fit_link([4e3, 1e6], [1e-3, 1e-6])
+
+
+def test_host_links_take_the_slower_rate_and_both_latencies():
+    spec = parse_platform_text("a, arm, slots=0-3, bandwidth=1gbit, latency=0.2ms\n"
+                               "b, arm, slots=0-3, bandwidth=100mbit, latency=1ms\n"
+                               "c, x86, slots=0-7\n")
+    links = platform_links(spec)
+    assert sorted(links) == ["a-b", "a-c", "b-c"]
+    for pair, rate, latency in (("a-b", 1.25e7, 1.2e-3), ("a-c", 1.25e8, 2e-4),
+                                ("b-c", 1.25e7, 1e-3)):
+        assert links[pair].bandwidth == rate and links[pair].latency == pytest.approx(latency)
+
+
+# --- from ncnn layers to ONNX layers --------------------------------------------------------
+
+
+def conv_bn_relu_pool() -> onnx.ModelProto:
+    """What pnnx turns into one Convolution (BN folded, ReLU fused), a Split and a Pooling::
+
+        data -> Conv -> c -> BatchNormalization -> b -> Relu -> r -> MaxPool -> out
+    """
+    rng = np.random.default_rng(1)
+
+    def init(name, *shape):
+        return numpy_helper.from_array(rng.uniform(0.5, 1.5, shape).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["data", "w"], ["c"], name="Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bias", "mean", "var"], ["b"],
+                              name="BN"),
+             helper.make_node("Relu", ["b"], ["r"], name="Relu"),
+             helper.make_node("MaxPool", ["r"], ["out"], name="Pool", kernel_shape=[2, 2],
+                              strides=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "cbrp", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [init("w", 4, 3, 3, 3), init("s", 4), init("bias", 4), init("mean", 4), init("var", 4)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
+def test_fused_layers_share_the_time_by_flops(tmp_path, external):
+    onnx.save(conv_bn_relu_pool(), tmp_path / "m.onnx", save_as_external_data=external,
+              location="m.onnx.data", size_threshold=0)
+    graph = load_model(tmp_path / "m.onnx")
+    mappable = list(range(len(graph.nodes)))
+    reference = fingerprint_onnx(graph, tmp_path / "m.onnx", write_inputs(graph, tmp_path),
+                                 mappable)
+    # ncnn's layers as profile_layers reports them: the fused convolution's output is r, the
+    # Split's two outputs are r again, the pooling's is out (tiny float noise as from ncnn).
+    r = [v * (1 + 1e-6) if k else v for k, v in enumerate(reference["r"])]
+    ncnn_layers = [{"tops": [r]}, {"tops": [r, r]}, {"tops": [list(reference["out"])]}]
+    groups, unmatched = match_layers(graph, ncnn_layers, reference, mappable)
+    assert groups == [[0, 1, 2], [], [3]] and unmatched == []
+
+    raw = {"runs": {"1": {"layer_ms": [[3.0, 0.1, 1.0], [3.2, 0.1, 1.2], [2.8, 0.1, 0.8]]}}}
+    ms = attribute_times(graph, raw, groups, (1,))[1]
+    assert sum(ms.values()) == pytest.approx(3.0 + 1.1)  # the Split's time rides with the pool
+    assert ms[3] == pytest.approx(1.1)
+    assert ms[0] > 0.9 * 3.0 and 0 < ms[1] < 0.05 * 3.0 and 0 < ms[2] < 0.05 * 3.0
