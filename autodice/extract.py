@@ -11,8 +11,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .model import SHAPE_OPS, Graph, shape_constant
 from .onnxio import write_model
@@ -58,9 +59,6 @@ def _explicit_pads(graph: Graph, node: onnx.NodeProto, pads: list[int]) -> list[
     which pnnx leaves as an op ncnn does not have, spelled as zero padding + unpadded
     AveragePool, times the window size over the count of real elements per window
     (count_include_pad=0) or not."""
-    import numpy as np
-    from onnx import numpy_helper
-
     name, x, y = node.name or node.output[0], node.input[0], node.output[0]
     (kh, kw), (sh, sw) = _ints(node, "kernel_shape"), _ints(node, "strides") or [1, 1]
     _, _, h, w = graph.types[x].shape
