@@ -273,14 +273,23 @@ def _thread_list(ctx, param, value):
 @click.option("--runs", default=15, show_default=True, help="Timed runs per thread count.")
 @click.option("--warmup", default=3, show_default=True, help="Untimed runs first.")
 @click.option("--no-cache", is_flag=True, help="Measure again even if a cached profile fits.")
-def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache):
+@click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
+              help="inventory.toml of the cluster: measure the links between its hosts there "
+                   "(instead of the platform's bandwidth/latency fields).")
+def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     from .model import parse_input_shapes
     from .profile import save_profile
     from .profiler import op_summary, run_profile
 
+    links = None
+    if inventory:
+        from .links import probe_links
+
+        links = probe_links(inventory, console=console, platform=platform)
+        _links_table(links, inventory)
     res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup, runs,
-                      console=console, use_cache=not no_cache)
+                      console=console, use_cache=not no_cache, links=links)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
@@ -302,12 +311,24 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     out.print(table)
     for name, link in sorted(p.links.items()):
         out.print(f"link {name}: {link.bandwidth / 1e6:.0f} MB/s, {link.latency * 1e6:.1f} us")
+    if p.corun:
+        out.print(f"co-run: the whole model on 1 thread takes {p.corun.slowdown:.2f}x as long "
+                  f"while all {p.corun.cores} cores run it")
     if res.unmatched:
         console.print(f"note: {len(res.unmatched)} layers matched no ncnn blob and share their "
                       f"successor's time: {', '.join(res.unmatched[:8])}"
                       f"{'...' if len(res.unmatched) > 8 else ''}")
     for note in res.notes:
         console.print(f"note: {note}")
+
+
+def _links_table(links, inventory) -> None:
+    table = Table(title=f"links measured on the hosts of {inventory}")
+    for col in ("hosts", "bandwidth MB/s", "latency us"):
+        table.add_column(col, justify="left" if col == "hosts" else "right")
+    for pair, link in sorted(links.items()):
+        table.add_row(pair, f"{link.bandwidth / 1e6:.2f}", f"{link.latency * 1e6:.1f}")
+    console.print(table)
 
 
 @main.command()
@@ -332,10 +353,15 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
               help="K for --encoding segment (default: the number of resources, at most 16).")
 @click.option("--measure", "measure_k", default=0, show_default=True,
               help="Then run this many front points for real here and compare with the model.")
-@click.option("--frames", default=20, show_default=True, help="Frames per --measure run.")
+@click.option("--frames", default=100, show_default=True, help="Frames per --measure run.")
+@click.option("--rounds", default=5, show_default=True,
+              help="--measure runs each point this many times, the points in turn; the median "
+                   "round counts.")
+@click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
+              help="--measure on these hosts (inventory.toml, as deploy takes) instead of here.")
 @click.option("--lean", is_flag=True, help="--measure with the quick-to-build AVX2-only ncnn.")
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
-        segments, measure_k, frames, lean):
+        segments, measure_k, frames, rounds, inventory, lean):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
@@ -344,9 +370,9 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
 
     settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments)
     settings.check()
-    if measure_k < 0 or frames < 1:
-        raise AutodiceError(f"--measure {measure_k} --frames {frames}: need --measure >= 0 and "
-                            f"--frames >= 1")
+    if measure_k < 0 or frames < 1 or rounds < 1:
+        raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
+                            f"--measure >= 0, --frames >= 1 and --rounds >= 1")
     profile = profile_arg(profiles, model, platform)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
@@ -370,16 +396,20 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         out.print(f"note: {note}")
     if measure_k:
         with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("measuring", total=min(measure_k, len(front.points)))
-            results = measure(output, model, platform, profile, measure_k, frames, lean,
-                              progress=lambda k, n, what: bar.update(task, completed=k,
+            task = bar.add_task("measuring", total=None)
+            results = measure(output, model, platform, profile, measure_k, frames, rounds,
+                              inventory, lean,
+                              progress=lambda k, n, what: bar.update(task, completed=k, total=n,
                                                                       description=what))
-        table = Table(title=f"predicted vs measured on this machine ({frames} frames each)")
-        for col in ("point", "predicted fps", "measured fps", "error", "predicted MB",
+        where = f"on the hosts of {inventory}" if inventory else "on this machine"
+        table = Table(title=f"predicted vs measured {where} ({rounds} rounds of {frames} "
+                            f"frames; median round)")
+        for col in ("point", "predicted fps", "measured fps", "rounds", "error", "predicted MB",
                     "measured MB (peak RSS)", "error", "notes"):
             table.add_column(col, justify="left" if col in ("point", "notes") else "right")
         for m in results:
             table.add_row(m.point, f"{m.predicted_fps:.2f}", f"{m.measured_fps:.2f}",
+                          f"{min(m.runs_fps):.0f}-{max(m.runs_fps):.0f}",
                           f"{m.fps_error:+.0%}", f"{m.predicted_memory / 1e6:.1f}",
                           f"{m.measured_memory / 1e6:.1f}", f"{m.memory_error:+.0%}",
                           "; ".join(m.notes))

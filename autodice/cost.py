@@ -15,6 +15,11 @@ on frame i while rank k+1 works on frame i-1:
   serial time a layer of that op type always pays (a layer shorter than ``s`` does not speed up
   at all: small layers do not scale on 6 cores) and ``f`` the parallel fraction of the rest;
   both are least-squares fits (relative error) over every layer and measured thread count.
+* **contention**: per-layer times were taken with the rest of the machine idle, but a pipelined
+  stage computes while the other ranks of its board compute too, sharing caches and memory
+  bandwidth. The profile measured how much slower the whole model runs on one core with every
+  core busy; a rank's compute (and span) stretches by that factor, scaled by how many of its
+  board's other cores the other ranks keep busy (see :func:`contention`).
 * **transfer** of a cut tensor from rank a to rank b: ``bytes / bandwidth + latency``. Ranks on
   one host use the profile's ``shm`` link; other pairs the profile's measured host pair, else the
   platform's fields (a message crosses both hosts' links: the slower ``bandwidth``, the two
@@ -32,7 +37,9 @@ on frame i while rank k+1 works on frame i-1:
   compute.
 * **throughput** = 1 / period, period = the largest stage, span or NIC time.
 * **memory** of rank r = parameters + peak live activations + receive and send buffers, exactly
-  the plan's static memory table (``Rank.memory``). A GPU rank holds its weights twice: ncnn
+  the plan's static memory table (``Rank.memory``), plus what the profile measured a rank
+  process to hold before it loads a model (``runtime_bytes``: MPI, ncnn, the runtime; tens of
+  MB, more than a small model's weights, and paid once per rank). A GPU rank holds its weights twice: ncnn
   loads them on the host and uploads a copy, so on a shared-memory board (no ``gpu_mem``; the
   paper measured this on Jetsons) both copies are RAM; with dedicated ``gpu_mem`` the GPU holds
   weights and activations and RAM the host copy and buffers. Device memory = the sum over its
@@ -177,6 +184,10 @@ class Timing:
                              f"{list(p.threads)}); profile with 1 thread too")
         problems.raise_if_any()
         self._fits = {id(p): fit_threads(p) for p in self.profiles.values()}
+        # (cores, slowdown) of each host's profile; (1, 1.0) where it was not measured.
+        self.corun = {h: (p.corun.cores, p.corun.slowdown) if p.corun else (1, 1.0)
+                      for h, p in self.profiles.items()}
+        self.runtime_bytes = {h: p.runtime_bytes or 0 for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}
         self.links = self._links(problems)
         problems.raise_if_any()
@@ -301,7 +312,7 @@ class RankCost:
     compute_s: float
     comm_s: float
     span_s: float  # first to last layer of one frame, waiting for round trips (>= compute_s)
-    memory: int  # bytes: params + peak activations + receive/send buffers (+ GPU weight copy)
+    memory: int  # bytes: runtime + params + peak activations + buffers (+ GPU weight copy)
 
 
 @dataclass(frozen=True)
@@ -378,6 +389,34 @@ class _Ranks:
     gpu: np.ndarray  # (R,) bool
 
 
+def contention(timing: Timing, cols: _Ranks, compute: np.ndarray,
+               period: np.ndarray) -> np.ndarray:
+    """(P, R) factor >= 1 by which a CPU rank's compute stretches because the other ranks of its
+    board keep the board's other cores busy (shared caches and memory bandwidth).
+
+    The profile measured the slowdown ``F`` of one core with all ``C`` cores of its machine busy;
+    with ``b`` busy cores the slowdown is taken as ``g(b) = 1 + (F - 1) * (b - 1) / (C - 1)``
+    (capped at ``b = C``). A rank on ``n`` threads was profiled with ``n`` cores busy, so it
+    stretches by ``g(n + o) / g(n)``, where ``o`` counts the other ranks' threads on the board,
+    each weighted by the share of the period that rank computes (uncontended figures: a stage
+    that idles half the period loads its cores half the time). GPU ranks neither stretch nor
+    count.
+    """
+    devices = list(timing.platform.devices.values())
+    slow = np.array([timing.corun[d.name][1] for d in devices])[cols.dev]
+    cores = np.array([timing.corun[d.name][0] for d in devices])[cols.dev]
+    cpu = ~cols.gpu
+    busy = np.where(cpu, cols.threads * np.minimum(compute / period[:, None], 1.0), 0.0)
+    onehot = np.zeros((len(cols.dev), len(devices)))
+    onehot[np.arange(len(cols.dev)), cols.dev] = 1.0
+    others = (busy @ onehot)[:, cols.dev] - busy
+
+    def g(b):
+        return 1.0 + (slow - 1.0) * np.clip((b - 1.0) / np.maximum(cores - 1.0, 1.0), 0.0, 1.0)
+
+    return np.where(cpu, g(cols.threads + others) / g(cols.threads), 1.0)
+
+
 def _combine(timing: Timing, cols: _Ranks, compute, comm, span, nic, params, peak, recv, send,
              used) -> Scores:
     """Per-rank figures -> throughput, device memory and energy (shared by both paths)."""
@@ -385,13 +424,18 @@ def _combine(timing: Timing, cols: _Ranks, compute, comm, span, nic, params, pea
     D = len(devices)
     onehot = np.zeros((len(cols.dev), D))
     onehot[np.arange(len(cols.dev)), cols.dev] = 1.0
+    net = nic.max(axis=1) if nic.shape[1] else 0.0
+    period = np.maximum(np.maximum(compute + comm, span).max(axis=1), net)
+    stretch = contention(timing, cols, compute * used, np.maximum(period, 1e-12))
+    compute, span = compute * stretch, span * stretch
     stage = np.maximum(compute + comm, span)
-    period = np.maximum(stage.max(axis=1), nic.max(axis=1) if nic.shape[1] else 0.0)
-    period = np.maximum(period, 1e-12)
+    period = np.maximum(np.maximum(stage.max(axis=1), net), 1e-12)
     dedicated = np.array([d.gpu_mem is not None for d in devices])[cols.dev]
     split_gpu = cols.gpu & dedicated
     weights_twice = np.where(cols.gpu, params, 0.0)
-    ram_r = np.where(split_gpu, params + recv + send, params + peak + recv + send + weights_twice)
+    runtime = np.array([timing.runtime_bytes[d.name] for d in devices])[cols.dev]
+    ram_r = runtime + np.where(split_gpu, params + recv + send,
+                               params + peak + recv + send + weights_twice)
     gmem_r = np.where(split_gpu, params + peak, 0.0)
     ram_r, gmem_r = ram_r * used, gmem_r * used
     ram_d, gmem_d = ram_r @ onehot, gmem_r @ onehot

@@ -53,8 +53,9 @@ Progress = Callable[[str, str], None]  # (host, what it is doing now)
 REMOTE_FOLDERS = ("package", "build", "inputs", "results", "launch")  # all inside remote_dir
 
 # Prerequisites, run on each host. Values arrive as "$1"...: never spliced into the script.
+# $3 is the remote dir, $4 the folder of the program being deployed (see Build), $5 its name.
 _CHECK = r"""
-m=$1; n=$2; d=$3
+m=$1; n=$2; d=$3; b=$4; e=$5
 echo "arch=$(uname -m)"
 echo "cpus=$(nproc 2>/dev/null || echo 1)"
 echo "cpus_all=$(nproc --all 2>/dev/null || echo 1)"
@@ -72,18 +73,19 @@ if [ -n "$n" ] && [ ! -f "$n/lib/cmake/ncnn/ncnnConfig.cmake" ]; then
   echo "missing=ncnn ($n/lib/cmake/ncnn/ncnnConfig.cmake)"
 fi
 # What an earlier deploy left (read only): lets deploy skip a build or a copy that is done.
-[ -f "$d/build/autodice-built" ] && echo "built=$(cat "$d/build/autodice-built")"
-[ -x "$d/build/program" ] && echo "program=$(cksum < "$d/build/program")"
+[ -f "$b/build/autodice-built" ] && echo "built=$(cat "$b/build/autodice-built")"
+[ -x "$b/build/$e" ] && echo "program=$(cksum < "$b/build/$e")"
 for f in "$d"/ncnn/*/install/lib/cmake/ncnn/ncnnConfig.cmake; do
   [ -f "$f" ] && k=${f#"$d/ncnn/"} && echo "ncnn_built=${k%%/*}"
 done
 exit 0
 """
 # Configure (unless done with these flags) and build; $3 names the sources and flags, and is
-# written only once the build succeeded. The log stays on the host (its tail comes back).
+# written only once the build succeeded; $4 is the executable. The log stays on the host (its
+# tail comes back).
 _BUILD = r"""
 cd "$1" || exit 1
-jobs=$2; stamp=$3; shift 3
+jobs=$2; stamp=$3; exe=$4; shift 4
 flags="$*"
 mkdir -p build
 rm -f build/autodice-built
@@ -95,7 +97,7 @@ else
 fi
 cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
 printf '%s' "$stamp" > build/autodice-built
-echo "program=$(cksum < build/program)"
+echo "program=$(cksum < "build/$exe")"
 """
 # Build the pinned ncnn from its source package once: $1 remote dir, $2 tarball, $3 cache key,
 # $4 jobs, then cmake flags. The install appears by rename, so a half build is never used.
@@ -202,6 +204,25 @@ class _Host:
     @property
     def dir(self) -> str:
         return self.target.remote_dir
+
+
+@dataclass(frozen=True)
+class Build:
+    """A CMake program built on every host: sources in ``ROOT/package``, built in ``ROOT/build``
+    into ``exe``; ROOT is the remote directory itself (deploy's program) or ``folder`` inside it
+    (another program, e.g. the link profiler), so two programs never share a build or a stamp."""
+
+    folder: str = ""
+    exe: str = "program"
+
+    def root(self, h: _Host) -> str:
+        return f"{h.dir}/{self.folder}" if self.folder else h.dir
+
+    def binary(self, h: _Host) -> str:
+        return f"{self.root(h)}/build/{self.exe}"
+
+
+PROGRAM = Build()  # what deploy builds: the generated program
 
 
 class _Ssh:
@@ -363,8 +384,11 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     result_run = None
     try:
         _timed(seconds, "check", lambda: _check_all(ssh, hosts, progress))  # + connect
-        _timed(seconds, "sync", lambda: _sync_all(ssh, hosts, out_dir, progress))
-        _timed(seconds, "build", lambda: _build_all(ssh, hosts, out_dir, lean, progress))
+        _timed(seconds, "sync", lambda: _sync_all(ssh, hosts, lambda h: out_dir / "packages" / h,
+                                                  progress))
+        sources = source_digest(out_dir / "packages" / hosts[0].target.host)
+        _timed(seconds, "build", lambda: _build_all(ssh, hosts, sources, work / "bin", lean,
+                                                    progress))
         _write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: _run_job(
@@ -406,11 +430,15 @@ def _check_launchable(inv: Inventory) -> None:
 # --- steps ------------------------------------------------------------------------------------
 
 
-def _check_all(ssh: _Ssh, hosts: list[_Host], progress: Progress) -> None:
-    """Connect to every host and check its tools; all failing hosts in one error."""
+def _check_all(ssh: _Ssh, hosts: list[_Host], progress: Progress, build: Build = PROGRAM) -> None:
+    """Connect to every host and check its tools; all failing hosts in one error.
+
+    Also reads what an earlier build of ``build`` left there (stamp, checksum of its binary).
+    """
     def check(h: _Host) -> None:
         t = h.target
-        proc = ssh.open(t, "sh", "-c", _CHECK, "sh", t.mpi_prefix or "", t.ncnn_dir or "", h.dir)
+        proc = ssh.open(t, "sh", "-c", _CHECK, "sh", t.mpi_prefix or "", t.ncnn_dir or "", h.dir,
+                        build.root(h), build.exe)
         if proc.returncode == 255:
             raise AutodiceError("connect: " + _why_ssh_failed(proc.stderr))
         if proc.returncode != 0:
@@ -436,15 +464,19 @@ def _check_all(ssh: _Ssh, hosts: list[_Host], progress: Progress) -> None:
         raise AutodiceError(*problems)
 
 
-def _sync_all(ssh: _Ssh, hosts: list[_Host], out_dir: Path, progress: Progress) -> None:
+def _sync_all(ssh: _Ssh, hosts: list[_Host], local: Callable[[str], Path], progress: Progress,
+              build: Build = PROGRAM, folders: tuple[str, ...] = REMOTE_FOLDERS) -> None:
+    """rsync each host's package (``local(host)``) into ``build``'s package folder there, after
+    making ``folders`` inside ``build``'s root."""
     def sync(h: _Host) -> None:
         t = h.target
+        root = build.root(h)
         # rsync starts its remote end through the remote shell: make the folders first.
-        folders = " ".join(shlex.quote(f"{h.dir}/{d}") for d in REMOTE_FOLDERS)
+        made = " ".join(shlex.quote(f"{root}/{d}") for d in folders)
         proc = _must(["rsync", "-rpc", "--delete", "--exclude=/build/", "--stats",
                       "--out-format=%n", "-e", ssh.rsh(),
-                      f"--rsync-path=mkdir -p {folders} && rsync",
-                      f"{out_dir / 'packages' / t.host}/", f"{t.host}:{h.dir}/package/"],
+                      f"--rsync-path=mkdir -p {made} && rsync",
+                      f"{local(t.host)}/", f"{t.host}:{root}/package/"],
                      "rsync failed")
         h.sent = _rsync_stats(proc.stdout)
 
@@ -476,9 +508,13 @@ def build_groups(hosts: list[_Host]) -> dict[str, list[_Host]]:
     return {g[0].target.host: g for g in groups.values()}
 
 
-def _build_all(ssh: _Ssh, hosts: list[_Host], out_dir: Path, lean: bool,
-               progress: Progress) -> None:
-    """Build once per group where sources or flags changed; copy the binary where it differs."""
+def _build_all(ssh: _Ssh, hosts: list[_Host], sources: str, bin_dir: Path, lean: bool,
+               progress: Progress, build: Build = PROGRAM) -> None:
+    """Build once per group where sources or flags changed; copy the binary where it differs.
+
+    ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
+    that travel between hosts pass through ``bin_dir/BUILDER/``.
+    """
     groups = build_groups(hosts)
     builders = [g[0] for g in groups.values()]
     for b in builders:
@@ -488,14 +524,13 @@ def _build_all(ssh: _Ssh, hosts: list[_Host], out_dir: Path, lean: bool,
                          lambda b: _build_ncnn(ssh, b, lean), progress)
     if problems:
         raise AutodiceError(*problems)
-    sources = source_digest(out_dir / "packages" / builders[0].target.host)
     plans = {b.target.host: build_flags(b, lean) for b in builders}
     stamps = {k: f"{sources}-{hashlib.sha256(' '.join(f).encode()).hexdigest()[:12]}"
               for k, f in plans.items()}
     stale = [b for b in builders
              if b.facts.get("built") != stamps[b.target.host] or not b.program]
     problems = _parallel(stale, "build", lambda b: _build(ssh, b, plans[b.target.host],
-                                                          stamps[b.target.host]), progress)
+                                                          stamps[b.target.host], build), progress)
     if problems:
         raise AutodiceError(*problems)
     by_name = {b.target.host: b for b in builders}
@@ -504,9 +539,9 @@ def _build_all(ssh: _Ssh, hosts: list[_Host], out_dir: Path, lean: bool,
     fetched: dict[str, Path] = {}
 
     def fetch(b: _Host) -> None:
-        local = out_dir / "deploy" / "bin" / b.target.host / "program"
+        local = bin_dir / b.target.host / build.exe
         local.parent.mkdir(parents=True, exist_ok=True)
-        _must(["rsync", "-pc", "-e", ssh.rsh(), f"{b.target.host}:{b.dir}/build/program",
+        _must(["rsync", "-pc", "-e", ssh.rsh(), f"{b.target.host}:{build.binary(b)}",
                str(local)], "fetching the program failed")
         fetched[b.target.host] = local
 
@@ -515,7 +550,7 @@ def _build_all(ssh: _Ssh, hosts: list[_Host], out_dir: Path, lean: bool,
 
     def receive(h: _Host) -> None:
         _must(["rsync", "-pc", "-e", ssh.rsh(), str(fetched[h.builder]),
-               f"{h.target.host}:{h.dir}/build/program"], "sending the program failed")
+               f"{h.target.host}:{build.binary(h)}"], "sending the program failed")
         h.program = by_name[h.builder].program
 
     problems += _parallel([h for h in needy if h.builder in fetched], "receive program",
@@ -550,14 +585,16 @@ def remote_ncnn(h: _Host, lean: bool) -> str:
     return f"{h.dir}/ncnn/{cache_key(PROFILES[profile_name(lean=lean)])}/install"
 
 
-def _build(ssh: _Ssh, h: _Host, flags: list[str], stamp: str) -> None:
+def _build(ssh: _Ssh, h: _Host, flags: list[str], stamp: str, build: Build = PROGRAM) -> None:
     t = h.target
-    proc = subprocess.run(ssh.script(t, _BUILD, h.dir, str(max(1, h.cpus)), stamp, *flags),
+    root = build.root(h)
+    proc = subprocess.run(ssh.script(t, _BUILD, root, str(max(1, h.cpus)), stamp, build.exe,
+                                     *flags),
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{h.dir}/build.log"),
+        tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{root}/build.log"),
                               capture_output=True, text=True, timeout=60).stdout
-        raise AutodiceError(f"compiling failed (log: {t.host}:{h.dir}/build.log):",
+        raise AutodiceError(f"compiling failed (log: {t.host}:{root}/build.log):",
                             *tail.rstrip().splitlines())
     h.program = next((ln.partition("=")[2] for ln in proc.stdout.splitlines()
                       if ln.startswith("program=")), "")
@@ -635,27 +672,37 @@ def _write_launch_files(ssh: _Ssh, plan: Plan, inv: Inventory, hosts: list[_Host
           f"{head.target.where()}: sending the launch files failed")
 
 
-def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, _Host], frames: int,
-                pipeline: bool) -> list[str]:
-    """The head node's mpirun command: one app context per rank, in rank order."""
-    head = hosts[plan.ranks[0].host]
+def mpirun_head(inv: Inventory, head: _Host, env: dict[str, str], hostfile: str,
+                build: Build = PROGRAM) -> list[str]:
+    """``env ... mpirun`` with what every launch from the head needs: Open MPI's ssh launcher
+    with the ssh config in the head's launch folder, ``env`` set and exported to every rank,
+    the hostfile, and the inventory's subnet for daemons and MPI traffic."""
     t = head.target
-    launch = f"{head.dir}/launch"
-    # Passive waiting: emulated hosts share this machine's cores (see run.omp_wait_policy).
-    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
-           "AUTODICE_TIMEOUT_S": os.environ.get("AUTODICE_TIMEOUT_S", "8")}
+    launch = f"{build.root(head)}/launch"
+    env_all = dict(env)
     if t.user == "root":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    argv = ["env", *(f"{k}={v}" for k, v in env.items())]
+        env_all.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = ["env", *(f"{k}={v}" for k, v in env_all.items())]
     argv += [f"{t.mpi_prefix}/bin/mpirun", "--prefix", t.mpi_prefix] if t.mpi_prefix \
         else ["mpirun"]
     argv += ["--prtemca", "plm_ssh_agent", f"ssh -F {launch}/ssh_config",
              "--prtemca", "plm_ssh_no_tree_spawn", "1",  # only the head holds the ssh config
-             "-x", "OMP_WAIT_POLICY", "-x", "AUTODICE_TIMEOUT_S",
-             "--hostfile", f"{launch}/hostfile"]
+             *(w for k in env for w in ("-x", k)), "--hostfile", hostfile]
     if inv.network:
         argv += ["--prtemca", "prte_if_include", inv.network,
                  "--mca", "btl_tcp_if_include", inv.network]
+    return argv
+
+
+def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, _Host], frames: int,
+                pipeline: bool) -> list[str]:
+    """The head node's mpirun command: one app context per rank, in rank order."""
+    head = hosts[plan.ranks[0].host]
+    launch = f"{head.dir}/launch"
+    # Passive waiting: emulated hosts share this machine's cores (see run.omp_wait_policy).
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "AUTODICE_TIMEOUT_S": os.environ.get("AUTODICE_TIMEOUT_S", "8")}
+    argv = mpirun_head(inv, head, env, f"{launch}/hostfile")
     bound = honours_cores(plan, hosts)
     if bound:
         argv += ["--rankfile", f"{launch}/rankfile"]
@@ -695,17 +742,39 @@ def _run_job(ssh: _Ssh, plan: Plan, inv: Inventory, hosts: list[_Host], out_dir:
     problems = _parallel(hosts, "inputs", prepare, progress)
     if problems:
         raise AutodiceError(*problems)
-    head = hosts[0]
     argv = mpirun_argv(plan, inv, by_name, frames, pipeline)
-    pid_file = f"{head.dir}/launch/mpirun.pid"
     log_path = work / "run.log"
     for h in hosts:
         progress(h.target.host, f"running {frames} frame{'s' * (frames > 1)}")
+    code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s)
+    output = log_path.read_text(errors="replace")
+    if timed_out:
+        raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
+                            f"(log: {log_path})")
+    if code != 0:
+        raise AutodiceError(*run_failure(plan, inv, output, code, elapsed, log_path,
+                                         _deaths(ssh, hosts)))
+    return _collect(ssh, plan, hosts, out_dir, progress)
+
+
+def run_mpirun(ssh: _Ssh, hosts: list[_Host], argv: list[str], log_path: Path,
+               timeout_s: float, build: Build = PROGRAM) -> tuple[int, bool, float]:
+    """Run the mpirun command ``argv`` on the head (``hosts[0]``), its output into ``log_path``.
+
+    Stops it after ``timeout_s``; after anything but a clean exit, nothing of the job (ranks
+    running ``build``'s binary, Open MPI daemons, the head's ssh sessions) survives on any host.
+
+    Returns:
+        (exit code, whether it timed out, seconds).
+    """
+    head = hosts[0]
+    folder = f"{build.root(head)}/launch"
+    pid_file = f"{folder}/mpirun.pid"
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(ssh.script(head.target, _LAUNCH, pid_file,
-                                           f"{head.dir}/launch/mpirun.log", *argv),
+                                           f"{folder}/mpirun.log", *argv),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout_s)
@@ -713,7 +782,7 @@ def _run_job(ssh: _Ssh, plan: Plan, inv: Inventory, hosts: list[_Host], out_dir:
             timed_out = True
         finally:
             if proc.poll() is None:  # timed out or interrupted: stop mpirun on the head
-                subprocess.run(ssh.script(head.target, _STOP, pid_file, f"{head.dir}/launch/"),
+                subprocess.run(ssh.script(head.target, _STOP, pid_file, f"{folder}/"),
                                capture_output=True, timeout=30)
                 try:
                     proc.wait(timeout=15)
@@ -721,19 +790,11 @@ def _run_job(ssh: _Ssh, plan: Plan, inv: Inventory, hosts: list[_Host], out_dir:
                     proc.kill()
                     proc.wait()
             if proc.returncode != 0:  # a clean exit means mpirun already ended everything
-                _reap(ssh, hosts, pid_file)
-    elapsed = time.monotonic() - start
-    output = log_path.read_text(errors="replace")
-    if timed_out:
-        raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
-                            f"(log: {log_path})")
-    if proc.returncode != 0:
-        raise AutodiceError(*run_failure(plan, inv, output, proc.returncode, elapsed, log_path,
-                                         _deaths(ssh, hosts)))
-    return _collect(ssh, plan, hosts, out_dir, progress)
+                _reap(ssh, hosts, pid_file, build)
+    return proc.returncode, timed_out, time.monotonic() - start
 
 
-def _reap(ssh: _Ssh, hosts: list[_Host], pid_file: str) -> None:
+def _reap(ssh: _Ssh, hosts: list[_Host], pid_file: str, build: Build = PROGRAM) -> None:
     """Make sure nothing of the job survives on any host (mpirun normally sees to that)."""
     head = hosts[0]
     proc = subprocess.run(ssh.cmd(head.target, "cat", pid_file), capture_output=True, text=True,
@@ -741,8 +802,8 @@ def _reap(ssh: _Ssh, hosts: list[_Host], pid_file: str) -> None:
     job = proc.stdout.strip() if proc.stdout.strip().isdigit() else ""
 
     def reap(h: _Host) -> None:
-        agent = f"{h.dir}/launch/ssh_config" if h is head else ""
-        subprocess.run(ssh.script(h.target, _REAP, f"{h.dir}/build/program", job, agent),
+        agent = f"{build.root(h)}/launch/ssh_config" if h is head else ""
+        subprocess.run(ssh.script(h.target, _REAP, build.binary(h), job, agent),
                        capture_output=True, timeout=60)
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:

@@ -15,6 +15,8 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
         {"name": "conv1", "op": "Conv", "cpu_ms": {"1": 3.21, "2": 1.70}, "gpu_ms": null},
         ...
       ],
+      "corun": {"cores": 2, "slowdown": 1.12},  # see below; null when not measured
+      "runtime_bytes": 36700160,              # resident memory of a rank before its model
       "links": {                              # bytes/s and seconds per message
         "shm": {"bandwidth": 5.1e9, "latency": 2e-6},
         "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
@@ -24,7 +26,11 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
 ``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
 is the Vulkan latency or null where no GPU was measured. ``links`` always has ``shm`` (ranks on one
 host); other entries are host pairs (sorted names joined by ``-``), measured on a cluster or taken
-from the platform's ``bandwidth``/``latency`` fields.
+from the platform's ``bandwidth``/``latency`` fields. ``corun`` is how much longer the whole model
+takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
+and memory bandwidth): the cost model's contention between ranks on one board.
+``runtime_bytes`` is what every rank process holds before it loads its model (MPI, OpenMP, ncnn
+and the runtime: code, libraries, buffers), which the plan's memory table does not count.
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Corun:
+    cores: int  # cores that ran the model at once
+    slowdown: float  # 1-thread time of the whole model with all of them busy / alone
+
+
+@dataclass(frozen=True)
 class Profile:
     model: str
     model_sha256: str
@@ -61,6 +73,8 @@ class Profile:
     threads: tuple[int, ...]
     layers: tuple[LayerCost, ...]
     links: dict[str, Link] = field(default_factory=dict)
+    corun: Corun | None = None
+    runtime_bytes: int | None = None
 
     def layer(self, name: str) -> LayerCost:
         return {lc.name: lc for lc in self.layers}[name]
@@ -85,6 +99,9 @@ def profile_to_json(p: Profile) -> dict:
                     "gpu_ms": lc.gpu_ms} for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
+        "corun": None if p.corun is None else {"cores": p.corun.cores,
+                                               "slowdown": p.corun.slowdown},
+        "runtime_bytes": p.runtime_bytes,
     }
 
 
@@ -101,7 +118,10 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                    None if x.get("gpu_ms") is None else float(x["gpu_ms"]))
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
-                   for k, v in d.get("links", {}).items()})
+                   for k, v in d.get("links", {}).items()},
+            corun=None if d.get("corun") is None else Corun(int(d["corun"]["cores"]),
+                                                              float(d["corun"]["slowdown"])),
+            runtime_bytes=None if d.get("runtime_bytes") is None else int(d["runtime_bytes"]))
     except (KeyError, TypeError, ValueError) as e:
         raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
 

@@ -22,7 +22,7 @@ The sum of the per-layer medians is checked against the whole-model median measu
 process (``ProfileRun.whole_ms``). Links: ``shm`` is measured between two local MPI ranks by
 ``profile_layers --link`` (a ping-pong through ``autodice::Transfer``); host pairs come from the
 platform's ``bandwidth`` and ``latency`` fields (a message crosses both hosts' links: the slower
-rate, the latencies added).
+rate, the latencies added), or are measured on the cluster by ``autodice.links`` (``--inventory``).
 GPU latency is not measured (this profiler uses ncnn's CPU build): ``gpu_ms`` stays null.
 """
 
@@ -48,11 +48,11 @@ from .extract import submodel_proto
 from .model import Graph, load_model
 from .onnxio import write_model
 from .plan import Memory, Rank, TensorSpec
-from .profile import LayerCost, Link, Profile, profile_from_json, profile_to_json
+from .profile import Corun, LayerCost, Link, Profile, profile_from_json, profile_to_json
 from .spec import Platform, parse_platform
 from .split import layer_flops
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: adds the co-run slowdown and runtime_bytes
 SOURCES = ("profile_layers.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
 # Fingerprints of one tensor from ncnn and onnxruntime agree to ~1e-5 relative; different tensors
 # of one count differ by far more.
@@ -82,7 +82,8 @@ measure_profile = profile_model  # the name issue 5's plan uses
 
 def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...] | None = None,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
-                runs: int = 15, console=None, use_cache: bool = True) -> ProfileRun:
+                runs: int = 15, console=None, use_cache: bool = True,
+                links: dict[str, Link] | None = None) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -94,6 +95,9 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
         warmup, runs: untimed and timed runs per thread count; the profile holds medians.
         console: a ``rich.console.Console`` for progress (stderr by default).
         use_cache: reuse a measurement of the same model bytes, engine and thread counts.
+        links: host pair -> link measured on the cluster (``autodice.links.probe_links``); they
+            replace the platform's figures for those pairs. Not cached: they describe the
+            network, not the model.
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -123,7 +127,8 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
         measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
-                      links={**platform_links(spec), "shm": Link(**measured["shm"])})
+                      links={**platform_links(spec), **(links or {}),
+                             "shm": Link(**measured["shm"])})
     notes = []
     gpus = [f"{d.name} ({d.gpu})" for d in spec.devices.values() if d.gpu]
     if gpus:
@@ -270,7 +275,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
     with tempfile.TemporaryDirectory(prefix="autodice-profile-") as tmp, \
             Progress(*columns, console=console, transient=True) as progress:
         work = Path(tmp)
-        step = progress.add_task("converting the model with pnnx", total=5)
+        step = progress.add_task("converting the model with pnnx", total=6)
         param = convert_whole_model(graph, work)
         progress.update(step, advance=1, description="onnxruntime fingerprints")
         feeds = write_inputs(graph, work)
@@ -286,12 +291,16 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
                            str(graph.path))
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(tools / "profile_layers", work)
+        progress.update(step, advance=1, description="timing the model with every core busy")
+        corun, runtime_bytes = measure_corun(
+            tools / "profile_layers", param, feeds, warmup, runs, work,
+            lambda d, n: progress.update(timing, completed=d, total=n))
         progress.update(step, advance=1)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
     profile = Profile(
         model=graph.path.name, model_sha256=digest, engine=engine_info(),
-        machine=machine_info(), threads=threads,
+        machine=machine_info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
                                {t: _sig(cpu_ms[t][i]) for t in threads}, None)
                      for i in mappable))
@@ -426,6 +435,22 @@ def _env() -> dict:
     return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
+def _with_progress(cmd: list[str], on_progress) -> tuple[int, list[str]]:
+    """Run ``cmd``, passing its ``progress DONE TOTAL`` stderr lines to ``on_progress``;
+    returns the exit code and everything else it said (stdout and stderr)."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True,
+                            env=_env())
+    said = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "progress":
+            on_progress(int(parts[1]), int(parts[2]))
+        else:
+            said.append(line.rstrip())
+    return proc.wait(), said
+
+
 def run_profiler(binary: Path, param: Path, feeds: list[Path], threads: tuple[int, ...],
                  warmup: int, runs: int, out: Path, on_progress, model: str = "model") -> dict:
     """Run profile_layers; returns its JSON (fingerprints and raw times of every run)."""
@@ -434,23 +459,14 @@ def run_profiler(binary: Path, param: Path, feeds: list[Path], threads: tuple[in
            "--runs", str(runs)]
     for p in feeds:
         cmd += ["--input", str(p)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env=_env())
-    said = []
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "progress":
-            on_progress(int(parts[1]), int(parts[2]))
-        else:
-            said.append(line.rstrip())
-    if proc.wait() != 0 or not out.exists():
+    code, said = _with_progress(cmd, on_progress)
+    if code != 0 or not out.exists():
         missing = [ln.split("layer ", 1)[1].split()[0] for ln in said
                    if "not exists or registered" in ln]
         if missing:
             raise AutodiceError(f"{model}: ncnn cannot load the net pnnx made of it: it has no "
                                 f"{', '.join(missing)} layer (pnnx did not lower that ONNX op)")
-        raise AutodiceError(f"profile_layers failed (exit {proc.returncode}):", *said[-6:])
+        raise AutodiceError(f"profile_layers failed (exit {code}):", *said[-6:])
     return json.loads(out.read_text())
 
 
@@ -467,6 +483,32 @@ def measure_shm(binary: Path, work: Path) -> dict:
         raise AutodiceError(f"profile_layers --link failed (exit {proc.returncode}):", *tail)
     rows = json.loads(out.read_text())["rows"]
     return fit_link([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+
+
+def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, runs: int,
+                  work: Path, on_progress) -> tuple[Corun | None, int]:
+    """How much longer the whole model takes on one core while every core of this machine runs
+    it (None on a one-core machine), and a rank's resident bytes before it loads its model:
+    one rank per core, ``profile_layers --corun``.
+
+    Per-layer times are taken with the rest of the machine idle, but a pipelined stage runs while
+    its neighbours on the same board work too, and they share caches and memory bandwidth
+    (ResNet-50's halves ran ~15 % slower than alone on this project's 2-core VM). The cost model
+    stretches a rank's compute by this factor, scaled by how busy its board's other cores are.
+    """
+    cores = os.cpu_count() or 1
+    out = work / "corun.json"
+    cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", str(cores), "--bind-to", "core",
+           "--map-by", "core", str(binary), str(param), str(param.with_suffix(".bin")), str(out),
+           "--corun", "--warmup", str(warmup), "--runs", str(runs)]
+    for f in feeds:
+        cmd += ["--input", str(f)]
+    code, said = _with_progress(cmd, on_progress)
+    if code != 0 or not out.exists():
+        raise AutodiceError(f"profile_layers --corun failed (exit {code}):", *said[-6:])
+    raw = json.loads(out.read_text())
+    slowdown = np.median(raw["together_ms"]) / np.median(raw["alone_ms"])
+    return (Corun(cores, _sig(slowdown)) if cores > 1 else None), int(raw["base_rss"])
 
 
 def fit_link(nbytes: list[float], seconds: list[float]) -> dict:

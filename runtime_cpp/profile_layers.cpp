@@ -3,9 +3,10 @@
 //   profile_layers MODEL.param MODEL.bin OUT.json --threads 1,2 [--warmup 3] [--runs 11]
 //                  --input in0.npy [--input in1.npy ...]
 //
-// For every thread count the net is loaded again (ncnn picks kernels and tile sizes for
+// The net is loaded once per thread count (ncnn picks kernels and tile sizes for
 // opt.num_threads while it loads) with the generated program's options: fp32 end to end, light
-// mode, no Vulkan. Each run is timed twice, interleaved so drift hits both alike:
+// mode, no Vulkan. Each run times every thread count in turn, and each of them twice, so drift
+// hits all alike:
 //   whole  one Extractor extracts the net's outputs, as a rank that holds the whole model does;
 //   layers one Extractor extracts the first output blob of every layer in file order and times
 //          each extract. File order is topological and every earlier blob is still held, so
@@ -21,6 +22,10 @@
 // OUT.json holds the raw times of every run; autodice takes the medians. Progress goes to
 // stderr as "progress DONE TOTAL" lines.
 //
+//   mpirun -np CORES profile_layers MODEL.param MODEL.bin OUT.json --corun --input ...
+//
+// measures how much one core slows down while the others run the net too (see measure_corun).
+//
 //   mpirun -np 2 profile_layers --link OUT.json
 //
 // measures the link between two ranks instead: the median one-way time of a ping-pong through
@@ -32,6 +37,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +54,7 @@ struct Args {
   std::vector<int> threads = {1};
   int warmup = 3;
   int runs = 11;
+  bool corun = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -90,6 +97,8 @@ Args parse_args(int argc, char** argv) {
       a.runs = count(k, value(), 1);
     } else if (k == "--input") {
       a.inputs.push_back(value());
+    } else if (k == "--corun") {
+      a.corun = true;
     } else if (!k.empty() && k[0] == '-') {
       usage("unknown option " + k);
     } else {
@@ -253,6 +262,52 @@ int measure_link(const std::string& out) {
   return 0;
 }
 
+// Under mpirun, one rank per core: how much slower the whole net runs on one thread while every
+// other core runs it too (shared caches and memory bandwidth), which is what a pipelined stage
+// sees when its neighbours on the same board are busy. Each run, rank 0 runs the net once alone
+// (the others sleep in a barrier, leaving their cores idle), then all ranks run it at once;
+// alone and together alternate so drift hits both. Rank 0 writes
+// {"ranks": N, "base_rss": BYTES, "alone_ms": [...], "together_ms": [...]}.
+int measure_corun(const Args& args, const std::vector<ncnn::Mat>& inputs) {
+  MPI_Init(nullptr, nullptr);
+  autodice::init_runtime(MPI_COMM_WORLD);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // What a rank holds before it loads a model (MPI, the C++ runtime, ncnn's code): the part
+  // of its resident memory that the plan's memory table does not count.
+  const int64_t base_rss = autodice::peak_rss_bytes();
+  ncnn::Net net;
+  load(net, args, 1);
+  Pools pools;
+  const double patience_s = 600;
+  std::vector<double> alone, together;
+  for (int r = -args.warmup; r < args.runs; ++r) {
+    autodice::barrier(MPI_COMM_WORLD, patience_s, "corun: before running alone");
+    if (rank == 0) {
+      const double ms = run_whole(net, pools, inputs);
+      if (r >= 0) alone.push_back(ms);
+    }
+    autodice::barrier(MPI_COMM_WORLD, patience_s, "corun: before running together");
+    const double ms = run_whole(net, pools, inputs);
+    if (r >= 0) together.push_back(ms);
+    if (rank == 0)
+      std::fprintf(stderr, "progress %d %d\n", r + args.warmup + 1, args.warmup + args.runs);
+  }
+  if (rank == 0) {
+    FILE* f = std::fopen(args.out.c_str(), "w");
+    if (!f) autodice::abort_run("cannot write " + args.out, 6);
+    std::fprintf(f,
+                 "{\"ranks\": %d, \"base_rss\": %lld, \"alone_ms\": %s, "
+                 "\"together_ms\": %s}\n",
+                 size, static_cast<long long>(base_rss), json_list(alone).c_str(),
+                 json_list(together).c_str());
+    std::fclose(f);
+  }
+  MPI_Finalize();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,6 +322,7 @@ int main(int argc, char** argv) {
       autodice::abort_run(e.what(), 2);
     }
   }
+  if (args.corun) return measure_corun(args, inputs);
   const long total = static_cast<long>(args.threads.size()) * (args.warmup + args.runs) + 1;
   long done = 0;
   auto progress = [&]() { std::fprintf(stderr, "progress %ld %ld\n", ++done, total); };
@@ -299,25 +355,35 @@ int main(int argc, char** argv) {
   }
   json += "\n ],\n \"runs\": {";
 
-  for (size_t t = 0; t < args.threads.size(); ++t) {
-    ncnn::Net net;
-    load(net, args, args.threads[t]);
-    Pools pools;
-    std::vector<double> whole, ms;
-    std::vector<std::vector<double>> per_run;
-    for (int r = -args.warmup; r < args.runs; ++r) {
-      const double w = run_whole(net, pools, inputs);
-      run_layers(net, pools, inputs, timed, ms);
+  // One net per thread count, all loaded up front, and the counts interleaved within each run:
+  // a machine that slows down for a while (a busy neighbour on the host) then slows every count
+  // alike instead of skewing the one that happened to be measuring.
+  const size_t n_threads = args.threads.size();
+  std::vector<std::unique_ptr<ncnn::Net>> nets(n_threads);
+  std::vector<Pools> pools(n_threads);
+  for (size_t t = 0; t < n_threads; ++t) {
+    nets[t] = std::make_unique<ncnn::Net>();
+    load(*nets[t], args, args.threads[t]);
+  }
+  std::vector<std::vector<double>> whole(n_threads);
+  std::vector<std::vector<std::vector<double>>> per_run(n_threads);
+  std::vector<double> ms;
+  for (int r = -args.warmup; r < args.runs; ++r) {
+    for (size_t t = 0; t < n_threads; ++t) {
+      const double w = run_whole(*nets[t], pools[t], inputs);
+      run_layers(*nets[t], pools[t], inputs, timed, ms);
       if (r >= 0) {
-        whole.push_back(w);
-        per_run.push_back(ms);
+        whole[t].push_back(w);
+        per_run[t].push_back(ms);
       }
       progress();
     }
+  }
+  for (size_t t = 0; t < n_threads; ++t) {
     json += std::string(t ? ",\n" : "\n") + "  \"" + std::to_string(args.threads[t]) +
-            "\": {\"whole_ms\": " + json_list(whole) + ",\n   \"layer_ms\": [";
-    for (size_t r = 0; r < per_run.size(); ++r)
-      json += std::string(r ? ",\n    " : "\n    ") + json_list(per_run[r]);
+            "\": {\"whole_ms\": " + json_list(whole[t]) + ",\n   \"layer_ms\": [";
+    for (size_t r = 0; r < per_run[t].size(); ++r)
+      json += std::string(r ? ",\n    " : "\n    ") + json_list(per_run[t][r]);
     json += "]}";
   }
   json += "\n }\n}\n";

@@ -4,6 +4,7 @@ Profiles here are FIXTURES written by hand (or derived from FLOPs), not measurem
 down what the model computes from a profile, whatever the profiler later measures.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from autodice.errors import AutodiceError
 from autodice.model import load_model
 from autodice.partition import build_plan, find_edges
 from autodice.place import assign_ranks, check_resources
-from autodice.profile import LayerCost, Link, Profile, save_profile
+from autodice.profile import Corun, LayerCost, Link, Profile, save_profile
 from autodice.spec import mapping_json, parse_mapping_text, parse_platform_text
 from autodice.split import layer_table, split
 
@@ -34,7 +35,7 @@ def fixture_profile(graph, gflops: float = 10.0, gpu_speedup: float = 5.0) -> Pr
         layers.append(LayerCost(row["name"], row["op"], {1: t1, 2: 0.002 + (t1 - 0.002) * 0.55},
                                 t1 / gpu_speedup + 0.01))
     return Profile(str(graph.path), "fixture", {"fixture": True}, {}, (1, 2), tuple(layers),
-                   {"shm": Link(5e9, 2e-6)})
+                   {"shm": Link(5e9, 2e-6)}, Corun(2, 1.2), 30_000_000)
 
 
 def chain_model() -> onnx.ModelProto:
@@ -149,6 +150,45 @@ def test_same_host_ranks_use_shared_memory(chain):
     for c in (fast, slow):
         assert c.ranks[0].comm_s == pytest.approx(4000 / 1e9 + 1e-5)
         assert len(c.devices) == 1
+
+
+def test_busy_neighbours_stretch_a_rank_by_the_corun_slowdown(chain):
+    # The profile says one core runs 1.2x slower while both of a 2-core machine's cores work.
+    # d1 runs A (2 ms) on core 0 and B, C (11 ms) on core 1; a (4000 B) crosses shared memory
+    # in 14 us at both ends. Uncontended, the period is 11.014 ms: rank 1 keeps its core busy
+    # 11/11.014 of the time and rank 0 2/11.014, so each stretches by 0.2 x the other's share.
+    profile = replace(CHAIN_PROFILE, corun=Corun(2, 1.2))
+    platform = parse_platform_text(CHAIN_PLATFORM.format(extra=""))
+    graph = load_model(chain)
+    timing = Timing(platform, profile)
+    cm = CostModel(graph, timing)
+    mapping = {"d1_arm0": ["A"], "d1_arm1": ["B", "C"]}
+    period0 = 0.011 + 4000 / 1e9 + 1e-5
+    for c in (cm.cost(cm.slots_of(mapping)),
+              plan_cost(plan_of(graph, platform, mapping), timing, graph)):
+        r0, r1 = c.ranks
+        assert r0.compute_s == pytest.approx(0.002 * (1 + 0.2 * 0.011 / period0))
+        assert r1.compute_s == pytest.approx(0.011 * (1 + 0.2 * 0.002 / period0))
+        assert c.period_s == pytest.approx(r1.compute_s + r1.comm_s)
+    # One rank on both cores was profiled with both busy: nothing else stretches it.
+    whole = {"d1_arm01": ["A", "B", "C"]}
+    assert cm.cost(cm.slots_of(whole)).ranks[0].compute_s == pytest.approx(0.001 + 0.006 + 0.001)
+
+
+def test_every_rank_process_pays_the_runtime_bytes(chain):
+    profile = replace(CHAIN_PROFILE, runtime_bytes=30_000_000)
+    platform = parse_platform_text(CHAIN_PLATFORM.format(extra=""))
+    graph = load_model(chain)
+    timing = Timing(platform, profile)
+    cm = CostModel(graph, timing)
+    mapping = {"d2_arm0": ["A"], "d2_arm123": ["B", "C"]}
+    for c in (cm.cost(cm.slots_of(mapping)),
+              plan_cost(plan_of(graph, platform, mapping), timing, graph)):
+        r0, r1 = c.ranks
+        # as test_same_host_ranks_use_shared_memory's plan, plus 30 MB per process
+        assert (r0.memory, r1.memory) == (30_000_000 + 8000 + 4000, 30_000_000 + 1_000_000
+                                          + 5000 + 4000)
+        assert c.devices[0].memory == r0.memory + r1.memory
 
 
 def test_unmeasured_thread_count_is_extrapolated(chain):

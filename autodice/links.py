@@ -1,0 +1,231 @@
+"""Bandwidth and latency of the links between a cluster's hosts, measured on the cluster.
+
+``autodice profile --inventory`` replaces the platform's ``bandwidth``/``latency`` figures with
+what the network really does between every pair of hosts, the way a rank sees it: one rank on
+each host runs ``profile_layers --link`` (the ping-pong through ``autodice::Transfer`` that also
+measures ``shm``), and :func:`fit_host_link` turns its one-way times into a
+:class:`~autodice.profile.Link`.
+
+Getting there is ``autodice deploy``'s machinery, reused as it is: one ssh master connection per
+host, the same prerequisite check, rsync by content, one build per architecture and shared
+filesystem (ncnn built on a host that has none), and ``mpirun`` started on the pair's first host
+with Open MPI's ssh launcher and the inventory's subnet. The "tools package" (profile_layers.cpp,
+the runtime and the profiler's CMakeLists.txt) lives in ``<remote_dir>/tools``, apart from a
+deployed program, so neither rebuilds the other.
+
+Pairs are measured one after the other: two pairs that share a host would share its link and
+each see a fraction of it. Nothing is cached: the numbers describe the network today, not the
+model, so every ``--inventory`` measures again (a build is reused when nothing changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .deploy import (
+    Build,
+    _build_all,
+    _check_all,
+    _check_launchable,
+    _Host,
+    _must,
+    _parallel,
+    _Ssh,
+    _sync_all,
+    mpirun_head,
+    run_mpirun,
+    ssh_config,
+)
+from .errors import AutodiceError
+from .inventory import Inventory, load_inventory
+from .profile import Link
+from .profiler import _CMAKE, SOURCES
+from .spec import parse_platform
+
+TOOLS = Build(folder="tools", exe="profile_layers")
+TOOLS_FOLDERS = ("package", "build", "launch", "results")  # inside <remote_dir>/tools
+# The ranks' environment. A slow link may take seconds per 4 MiB message: the runtime's hang
+# detection (8 s by default) must not mistake that for a dead peer.
+RANK_ENV = {"OMP_WAIT_POLICY": "passive", "AUTODICE_TIMEOUT_S": "120"}
+
+
+def probe_links(inventory: str | Path | Inventory, console=None, lean: bool = False,
+                platform: str | Path | None = None, timeout_s: float = 600) -> dict[str, Link]:
+    """Measure the link between every pair of the inventory's hosts.
+
+    Args:
+        inventory: inventory.toml (see :mod:`autodice.inventory`), or one already loaded.
+        console: a ``rich.console.Console`` for progress (stderr by default).
+        lean: a host without ncnn builds the quick AVX2-only profile (tests) instead of the full.
+        platform: platform.txt; every inventory host must be one of its devices.
+        timeout_s: the longest one pair's measurement may run before it is stopped.
+    Returns:
+        ``"a-b"`` (sorted host names joined by ``-``, as profile.json keys them) -> Link.
+    Raises:
+        AutodiceError: a bad inventory, hosts the platform does not have or fewer than two
+            (before any network use); unreachable hosts or missing tools (all at once); a
+            failed remote build (its log tail); a failed measurement (the pair named).
+    """
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    check_hosts(inv, platform)
+    _check_launchable(inv)
+    names = sorted(inv.targets)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    console = console or Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
+               TextColumn("{task.description}"), TimeElapsedColumn())
+    with tempfile.TemporaryDirectory(prefix="autodice-links-") as tmp, \
+            Progress(*columns, console=console, transient=True) as bar:
+        work = Path(tmp)
+        tasks = {h: bar.add_task("waiting", host=h, total=None) for h in inv.targets}
+
+        def progress(host: str, step: str) -> None:
+            bar.update(tasks[host], description=step)
+
+        sources = write_tools(work / "tools")
+        hosts = {name: _Host(t) for name, t in inv.targets.items()}
+        every = list(hosts.values())
+        ssh = _Ssh(inv, work)
+        try:
+            _check_all(ssh, every, progress, TOOLS)  # + connect
+            _sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
+            _build_all(ssh, every, sources, work / "bin", lean, progress, TOOLS)
+            heads = [hosts[n] for n in dict.fromkeys(a for a, _ in pairs)]
+            _send_launch_files(ssh, inv, heads, pairs, work / "launch", progress)
+            links = {}
+            for k, (a, b) in enumerate(pairs, 1):
+                for h in (a, b):
+                    progress(h, f"measuring {a}-{b} ({k}/{len(pairs)})")
+                links[f"{a}-{b}"] = measure_pair(ssh, inv, hosts[a], hosts[b], work, timeout_s)
+                for h in (a, b):
+                    progress(h, "measured")
+        finally:
+            ssh.close(inv.targets.values())
+    return links
+
+
+def check_hosts(inv: Inventory, platform: str | Path | None) -> None:
+    """At least two hosts, and (given a platform) every one of them a device of it."""
+    problems = []
+    if platform is not None:
+        spec = parse_platform(platform)
+        known = list(spec.devices)
+        for name in inv.targets:
+            if name not in spec.devices:
+                problems.append(f"{inv.path}: host {name} is not in {platform} "
+                                f"(hosts: {', '.join(known)})")
+    if len(inv.targets) < 2:
+        problems.append(f"{inv.path}: {len(inv.targets)} host(s); measuring links needs at "
+                        "least two")
+    if problems:
+        raise AutodiceError(*problems)
+
+
+def write_tools(folder: Path) -> str:
+    """Write the tools package (the profiler's sources and CMakeLists.txt) into ``folder``;
+    returns what names it (a host whose last build had another name builds again)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    root = resources.files("autodice.runtime_cpp")
+    files = {name: root.joinpath(name).read_bytes() for name in SOURCES}
+    files["CMakeLists.txt"] = _CMAKE.encode()
+    digest = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        (folder / name).write_bytes(data)
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _send_launch_files(ssh: _Ssh, inv: Inventory, heads: list[_Host],
+                       pairs: list[tuple[str, str]], folder: Path, progress) -> None:
+    """The ssh config mpirun uses and one hostfile per pair, onto every host that heads one."""
+    folder.mkdir()
+    (folder / "ssh_config").write_text(ssh_config(inv.targets.values(), by="address"))
+    for a, b in pairs:
+        (folder / f"hostfile-{a}-{b}").write_text(
+            f"{inv.targets[a].address} slots=1\n{inv.targets[b].address} slots=1\n")
+
+    def send(h: _Host) -> None:
+        _must(["rsync", "-rpc", "--delete", "-e", ssh.rsh(), f"{folder}/",
+               f"{h.target.host}:{TOOLS.root(h)}/launch/"], "sending the launch files failed")
+
+    problems = _parallel(heads, "launch files", send, progress)
+    if problems:
+        raise AutodiceError(*problems)
+
+
+def pair_argv(inv: Inventory, a: _Host, b: _Host, out: str) -> list[str]:
+    """The mpirun command ``a`` runs: rank 0 there, rank 1 on ``b``, each its own binary."""
+    launch = f"{TOOLS.root(a)}/launch"
+    argv = mpirun_head(inv, a, RANK_ENV, f"{launch}/hostfile-{a.target.host}-{b.target.host}",
+                       TOOLS)
+    argv += ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"]
+    for rank, h in enumerate((a, b)):
+        argv += [":"] if rank else []
+        argv += ["-np", "1", "--wdir", TOOLS.root(h), "--host", h.target.address,
+                 TOOLS.binary(h), "--link", out]
+    return argv
+
+
+def measure_pair(ssh: _Ssh, inv: Inventory, a: _Host, b: _Host, work: Path,
+                 timeout_s: float) -> Link:
+    """One ping-pong between ``a`` and ``b``, launched from ``a``; its rows fitted to a Link."""
+    pair = f"{a.target.host}-{b.target.host}"
+    out = f"{TOOLS.root(a)}/results/link-{pair}.json"
+    _must(ssh.cmd(a.target, "rm", "-f", out), f"{a.target.where()}: cannot clear {out}")
+    log = work / f"link-{pair}.log"
+    code, timed_out, _ = run_mpirun(ssh, [a, b], pair_argv(inv, a, b, out), log, timeout_s,
+                                    TOOLS)
+    between = f"link {pair}: between {a.target.where()} and {b.target.where()}"
+    if timed_out:
+        raise AutodiceError(f"{between}: profile_layers --link ran past {timeout_s:.0f} s and "
+                            "was stopped")
+    if code != 0:
+        said = [ln for ln in log.read_text(errors="replace").splitlines()
+                if ln.strip() and "setpgid" not in ln]
+        raise AutodiceError(f"{between}: profile_layers --link failed (exit {code}):",
+                            *said[-8:])
+    proc = subprocess.run(ssh.cmd(a.target, "cat", out), capture_output=True, text=True,
+                          timeout=60, check=False)
+    try:
+        rows = json.loads(proc.stdout)["rows"]
+    except (ValueError, KeyError, TypeError):
+        raise AutodiceError(f"{between}: {a.target.host}:{out} is missing or not the "
+                            "profiler's JSON") from None
+    return fit_host_link([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+
+
+def fit_host_link(nbytes: list[float], seconds: list[float]) -> Link:
+    """``seconds = latency + bytes / bandwidth`` for a network link: the rate a stream sustains,
+    and what a message of (almost) no size costs.
+
+    :func:`autodice.profiler.fit_link` (shared memory) anchors its line at the smallest message,
+    but across a network that message may travel faster than the sustained rate: a token bucket
+    (tc tbf, a cloud's burst allowance) lets the first few hundred KB of every message through at
+    once, so on an emulated 200 Mbit/s link 4 KB arrive in 15 us and the anchored line's latency
+    comes out negative. So the rate is the least-squares slope over the largest messages (from
+    a quarter of the largest size up, at least the two largest), where a burst is a small part
+    of the time; the latency is what the smallest message's time leaves after its bytes at that
+    rate, or all of its time when it arrived faster than that rate allows.
+    """
+    x, y = np.asarray(nbytes, float), np.asarray(seconds, float)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    big = x >= x[-1] / 4
+    if big.sum() < 2:
+        big[-2:] = True
+    slope = float(np.polyfit(x[big], y[big], 1)[0]) if len(set(x[big])) > 1 else 0.0
+    if not (slope > 0 and y[0] > 0):
+        raise AutodiceError(f"link measurement makes no sense (times {y.tolist()} s for "
+                            f"{x.tolist()} bytes); measure again on a quieter network")
+    latency = float(y[0] - x[0] * slope)
+    return Link(1.0 / slope, latency if latency > 0 else float(y[0]))
