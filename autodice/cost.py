@@ -38,8 +38,8 @@ on frame i while rank k+1 works on frame i-1:
 * **throughput** = 1 / period, period = the largest stage, span or NIC time.
 * **memory** of rank r = parameters + peak live activations + receive and send buffers, exactly
   the plan's static memory table (``Rank.memory``), plus what the profile measured a rank
-  process to hold before it loads a model (``runtime_bytes``: MPI, ncnn, the runtime; tens of
-  MB, more than a small model's weights, and paid once per rank). A GPU rank holds its weights twice: ncnn
+  process to hold beyond that table (``runtime_bytes``: MPI, ncnn's code, repacked weights and
+  workspace, the runtime; tens of MB, more than a small model's weights, paid once per rank). A GPU rank holds its weights twice: ncnn
   loads them on the host and uploads a copy, so on a shared-memory board (no ``gpu_mem``; the
   paper measured this on Jetsons) both copies are RAM; with dedicated ``gpu_mem`` the GPU holds
   weights and activations and RAM the host copy and buffers. Device memory = the sum over its

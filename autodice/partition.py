@@ -118,7 +118,7 @@ def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_
             submodel_inputs=tuple(tensor_spec(graph, t) for t in sub_in),
             submodel_outputs=tuple(tensor_spec(graph, t) for t in sub_out),
             steps=steps,
-            memory=_memory(graph, nodes, sub_in, set(sub_out), recvs[r], sends[r]),
+            memory=static_memory(graph, nodes, sub_in, set(sub_out), recvs[r], sends[r]),
         ))
     try:
         model_ref = os.path.relpath(model_path.resolve(), out_dir.resolve())
@@ -155,7 +155,7 @@ def _steps(graph: Graph, nodes: list[int], received: tuple[str, ...], outputs: t
     return tuple(Step(tuple(sorted(w, key=order.__getitem__)), tuple(x)) for w, x in steps)
 
 
-def _memory(graph: Graph, nodes: list[int], sub_in: tuple[str, ...], kept: set[str],
+def static_memory(graph: Graph, nodes: list[int], sub_in: tuple[str, ...], kept: set[str],
             recvs: list[Edge], sends: list[Edge]) -> Memory:
     """Parameters, plus the peak of live activations walking the rank's layers in order.
 

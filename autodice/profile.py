@@ -16,7 +16,7 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
         ...
       ],
       "corun": {"cores": 2, "slowdown": 1.12},  # see below; null when not measured
-      "runtime_bytes": 36700160,              # resident memory of a rank before its model
+      "runtime_bytes": 36700160,              # a rank's resident bytes beyond the plan's
       "links": {                              # bytes/s and seconds per message
         "shm": {"bandwidth": 5.1e9, "latency": 2e-6},
         "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
@@ -29,8 +29,9 @@ host); other entries are host pairs (sorted names joined by ``-``), measured on 
 from the platform's ``bandwidth``/``latency`` fields. ``corun`` is how much longer the whole model
 takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
 and memory bandwidth): the cost model's contention between ranks on one board.
-``runtime_bytes`` is what every rank process holds before it loads its model (MPI, OpenMP, ncnn
-and the runtime: code, libraries, buffers), which the plan's memory table does not count.
+``runtime_bytes`` is what a rank process holds beyond the plan's memory table (MPI, ncnn's code,
+its repacked weights and workspace, the runtime): the peak resident memory of a one-thread rank
+that ran the whole model, minus the whole model's table.
 """
 
 from __future__ import annotations

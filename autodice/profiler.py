@@ -47,6 +47,7 @@ from .errors import AutodiceError, Problems
 from .extract import submodel_proto
 from .model import Graph, load_model
 from .onnxio import write_model
+from .partition import static_memory
 from .plan import Memory, Rank, TensorSpec
 from .profile import Corun, LayerCost, Link, Profile, profile_from_json, profile_to_json
 from .spec import Platform, parse_platform
@@ -292,10 +293,16 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(tools / "profile_layers", work)
         progress.update(step, advance=1, description="timing the model with every core busy")
-        corun, runtime_bytes = measure_corun(
+        corun, peak_rss = measure_corun(
             tools / "profile_layers", param, feeds, warmup, runs, work,
             lambda d, n: progress.update(timing, completed=d, total=n))
         progress.update(step, advance=1)
+    # What the rank held beyond the plan's memory table for the whole model: MPI, ncnn's code,
+    # its repacked weights and workspace, the runtime. Counted whole for every rank, it
+    # overstates a rank with part of the weights a little: the safe side of a capacity check.
+    table = static_memory(graph, list(range(len(graph.nodes))), tuple(graph.inputs),
+                          set(graph.outputs), [], [])
+    runtime_bytes = max(peak_rss - table.params - table.peak_activations, 0)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
     profile = Profile(
@@ -488,8 +495,8 @@ def measure_shm(binary: Path, work: Path) -> dict:
 def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, runs: int,
                   work: Path, on_progress) -> tuple[Corun | None, int]:
     """How much longer the whole model takes on one core while every core of this machine runs
-    it (None on a one-core machine), and a rank's resident bytes before it loads its model:
-    one rank per core, ``profile_layers --corun``.
+    it (None on a one-core machine), and the peak resident bytes of a rank that ran it: one
+    rank per core, ``profile_layers --corun``.
 
     Per-layer times are taken with the rest of the machine idle, but a pipelined stage runs while
     its neighbours on the same board work too, and they share caches and memory bandwidth
@@ -508,7 +515,7 @@ def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, run
         raise AutodiceError(f"profile_layers --corun failed (exit {code}):", *said[-6:])
     raw = json.loads(out.read_text())
     slowdown = np.median(raw["together_ms"]) / np.median(raw["alone_ms"])
-    return (Corun(cores, _sig(slowdown)) if cores > 1 else None), int(raw["base_rss"])
+    return (Corun(cores, _sig(slowdown)) if cores > 1 else None), int(raw["peak_rss"])
 
 
 def fit_link(nbytes: list[float], seconds: list[float]) -> dict:

@@ -267,15 +267,14 @@ int measure_link(const std::string& out) {
 // sees when its neighbours on the same board are busy. Each run, rank 0 runs the net once alone
 // (the others sleep in a barrier, leaving their cores idle), then all ranks run it at once;
 // alone and together alternate so drift hits both. Rank 0 writes
-// {"ranks": N, "base_rss": BYTES, "alone_ms": [...], "together_ms": [...]}.
+// {"ranks": N, "base_rss": B, "peak_rss": B, "alone_ms": [...], "together_ms": [...]}: its peak
+// resident memory before loading the net and after all runs.
 int measure_corun(const Args& args, const std::vector<ncnn::Mat>& inputs) {
   MPI_Init(nullptr, nullptr);
   autodice::init_runtime(MPI_COMM_WORLD);
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  // What a rank holds before it loads a model (MPI, the C++ runtime, ncnn's code): the part
-  // of its resident memory that the plan's memory table does not count.
   const int64_t base_rss = autodice::peak_rss_bytes();
   ncnn::Net net;
   load(net, args, 1);
@@ -298,9 +297,10 @@ int measure_corun(const Args& args, const std::vector<ncnn::Mat>& inputs) {
     FILE* f = std::fopen(args.out.c_str(), "w");
     if (!f) autodice::abort_run("cannot write " + args.out, 6);
     std::fprintf(f,
-                 "{\"ranks\": %d, \"base_rss\": %lld, \"alone_ms\": %s, "
+                 "{\"ranks\": %d, \"base_rss\": %lld, \"peak_rss\": %lld, \"alone_ms\": %s, "
                  "\"together_ms\": %s}\n",
-                 size, static_cast<long long>(base_rss), json_list(alone).c_str(),
+                 size, static_cast<long long>(base_rss),
+                 static_cast<long long>(autodice::peak_rss_bytes()), json_list(alone).c_str(),
                  json_list(together).c_str());
     std::fclose(f);
   }
