@@ -247,6 +247,29 @@ def test_zoo_model_on_four_hosts_then_only_changed_submodels_move(tmp_path, emu,
     assert report["hosts"]["edge01"]["bytes_sent"] == again.hosts["edge01"].bytes_sent
 
 
+def test_dse_measures_front_points_on_the_hosts(fig2, emu):
+    from test_cost import fixture_profile
+
+    from autodice.profile import save_profile
+
+    (fig2 / "two.txt").write_text("edge01, x86, slots=0, power_idle=5W, bandwidth=1gbit\n"
+                                  "edge02, x86, slots=0, power_idle=5W, bandwidth=1gbit\n")
+    save_profile(fixture_profile(load_model(fig2 / "model.onnx")), fig2 / "profile.json")
+    inventory = write_inventory(emu, fig2, ["edge01", "edge02"])
+    r = CliRunner().invoke(main, [str(a) for a in (
+        "dse", fig2 / "model.onnx", "-p", fig2 / "two.txt", "--profile", fig2 / "profile.json",
+        "-o", fig2 / "front", "--pop", 8, "--gens", 3, "--measure", 1, "--rounds", 2,
+        "--frames", 5, "-i", inventory, "--lean")])
+    assert r.exit_code == 0, r.output
+    assert "predicted vs measured on the hosts of" in r.output
+    (m,) = json.loads((fig2 / "front" / "measure.json").read_text())
+    assert m["where"] == str(inventory) and len(m["runs_fps"]) == 2 and m["frames"] == 5
+    assert all(f > 0 for f in m["runs_fps"]) and m["measured_peak_rss_bytes"] > 0
+    # It ran through deploy: the point's deploy report names the hosts it used.
+    report = json.loads((fig2 / "front" / "measure" / "p0" / "deploy" / "report.json").read_text())
+    assert set(report["hosts"]) <= {"edge01", "edge02"}
+
+
 def test_without_root_a_clear_message(tmp_path):
     """As an unprivileged user (for real, through setpriv), `cluster up` says it needs root."""
     if shutil.which("setpriv") is None:

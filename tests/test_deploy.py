@@ -82,9 +82,8 @@ def test_inventory_every_offender_at_once(fig2_plan):
         "share one build per arch)"),
         (f'{where}: host edge01: remote_dir "srv/x; rm -rf /" must be an absolute path of '
          'letters, digits and "._+@-" (no "..", spaces or quotes)'),
-        f"{where}: host edge04 of the plan has no [hosts.edge04] entry (address, remote_dir)",
-        (f'{where}: host edge09 is not in the plan (did you mean "edge04"?) (plan hosts: edge01, '
-         "edge04); remove its entry"),
+        (f"{where}: host edge04 of the plan has no [hosts.edge04] entry (address, remote_dir) "
+         '(did you mean "edge09"?)'),
     ]
 
 
@@ -177,4 +176,4 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     r = CliRunner().invoke(main, ["deploy", str(d / "out"), "-i", str(d / "inventory.toml")])
     assert r.exit_code == 2
     assert "error: " in r.output and "host edge04 of the plan has no [hosts.edge04]" in r.output
-    assert "host edge05 is not in the plan" in r.output
+    assert 'did you mean "edge05"?' in r.output
