@@ -39,10 +39,11 @@ on frame i while rank k+1 works on frame i-1:
 * **memory** of rank r = parameters + peak live activations + receive and send buffers, exactly
   the plan's static memory table (``Rank.memory``), plus what the profile measured a rank
   process to hold beyond that table (``runtime_bytes``: MPI, ncnn's code, repacked weights and
-  workspace, the runtime; tens of MB, more than a small model's weights, paid once per rank). A GPU rank holds its weights twice: ncnn
-  loads them on the host and uploads a copy, so on a shared-memory board (no ``gpu_mem``; the
-  paper measured this on Jetsons) both copies are RAM; with dedicated ``gpu_mem`` the GPU holds
-  weights and activations and RAM the host copy and buffers. Device memory = the sum over its
+  workspace, the runtime; tens of MB, more than a small model's weights, paid once per rank).
+  A GPU rank holds its weights twice: ncnn loads them on the host and uploads a copy, so on a
+  shared-memory board (no ``gpu_mem``; the paper measured this on Jetsons) both copies are RAM;
+  with dedicated ``gpu_mem`` the GPU holds weights and activations and RAM the host copy and
+  buffers. Device memory = the sum over its
   ranks; the constraint is RAM <= ``mem`` and GPU part <= ``gpu_mem``.
 * **energy** per frame of device d = ``power_idle * period`` (the board is on all the time) +
   ``power_cpu * threads * c_r`` per CPU rank + ``power_gpu * c_r`` per GPU rank +
@@ -184,8 +185,9 @@ class Timing:
                              f"{list(p.threads)}); profile with 1 thread too")
         problems.raise_if_any()
         self._fits = {id(p): fit_threads(p) for p in self.profiles.values()}
-        # (cores, slowdown) of each host's profile; (1, 1.0) where it was not measured.
-        self.corun = {h: (p.corun.cores, p.corun.slowdown) if p.corun else (1, 1.0)
+        # (cores, slowdown) of each host's profile; (1, 1.0) where it was not measured. A
+        # slowdown measured below 1 is noise: busy neighbours do not speed a core up.
+        self.corun = {h: (p.corun.cores, max(p.corun.slowdown, 1.0)) if p.corun else (1, 1.0)
                       for h, p in self.profiles.items()}
         self.runtime_bytes = {h: p.runtime_bytes or 0 for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}

@@ -23,6 +23,9 @@ process (``ProfileRun.whole_ms``). Links: ``shm`` is measured between two local 
 ``profile_layers --link`` (a ping-pong through ``autodice::Transfer``); host pairs come from the
 platform's ``bandwidth`` and ``latency`` fields (a message crosses both hosts' links: the slower
 rate, the latencies added), or are measured on the cluster by ``autodice.links`` (``--inventory``).
+Contention: ``profile_layers --corun`` (one rank per core) times the whole model on one thread
+alone and with every core running it (``Profile.corun``), and the peak resident memory of such a
+rank less the model's memory table gives ``Profile.runtime_bytes``.
 GPU latency is not measured (this profiler uses ncnn's CPU build): ``gpu_ms`` stays null.
 """
 
