@@ -19,11 +19,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from emulated import write_inventory
 
 from autodice import cluster
 from autodice.cli import main
 from autodice.deploy import deploy
-from autodice.engine import ensure_ncnn
 from autodice.errors import AutodiceError
 from autodice.gen import gen
 from autodice.model import load_model
@@ -47,12 +47,6 @@ def emu():
     c = cluster.up(HOSTS, bandwidth="1gbit")
     yield c
     cluster.down()
-
-
-def write_inventory(c, folder: Path, hosts: list[str]) -> Path:
-    path = folder / "inventory.toml"
-    path.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn(lean=True)))
-    return path
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from emulated import write_inventory
 
 from autodice import cluster
 from autodice.cli import main
-from autodice.engine import ensure_ncnn
 from autodice.errors import AutodiceError
 from autodice.links import TOOLS, fit_host_link, probe_links
 from autodice.profile import load_profile
@@ -50,12 +50,6 @@ def emu():
     c = cluster.up(HOSTS, bandwidth=RATE)
     yield c
     cluster.down()
-
-
-def write_inventory(c, folder: Path, hosts: list[str]) -> Path:
-    path = folder / "inventory.toml"
-    path.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn(lean=True)))
-    return path
 
 
 def _running(exe: str) -> list[int]:
