@@ -20,11 +20,9 @@ model, so every ``--inventory`` measures again (a build is reused when nothing c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +44,7 @@ from .deploy import (
 from .errors import AutodiceError
 from .inventory import Inventory, load_inventory
 from .profile import Link
-from .profiler import _CMAKE, SOURCES
+from .profiler import write_sources
 from .spec import parse_platform
 
 TOOLS = Build(folder="tools", exe="profile_layers")
@@ -92,7 +90,7 @@ def probe_links(inventory: str | Path | Inventory, console=None, lean: bool = Fa
         def progress(host: str, step: str) -> None:
             bar.update(tasks[host], description=step)
 
-        sources = write_tools(work / "tools")
+        sources = write_sources(work / "tools")
         hosts = {name: _Host(t) for name, t in inv.targets.items()}
         every = list(hosts.values())
         ssh = _Ssh(inv, work)
@@ -129,20 +127,6 @@ def check_hosts(inv: Inventory, platform: str | Path | None) -> None:
                         "least two")
     if problems:
         raise AutodiceError(*problems)
-
-
-def write_tools(folder: Path) -> str:
-    """Write the tools package (the profiler's sources and CMakeLists.txt) into ``folder``;
-    returns what names it (a host whose last build had another name builds again)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    root = resources.files("autodice.runtime_cpp")
-    files = {name: root.joinpath(name).read_bytes() for name in SOURCES}
-    files["CMakeLists.txt"] = _CMAKE.encode()
-    digest = hashlib.sha256()
-    for name, data in sorted(files.items()):
-        (folder / name).write_bytes(data)
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
 
 
 def _send_launch_files(ssh: _Ssh, inv: Inventory, heads: list[_Host],

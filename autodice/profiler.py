@@ -385,9 +385,22 @@ def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
             if np.asarray(v).dtype.kind == "f"}
 
 
+def write_sources(folder: Path) -> str:
+    """Write the profiler's sources and its CMakeLists.txt into ``folder`` (here, or as the tools
+    package the link probe builds on cluster hosts); returns a hash of what was written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    root = resources.files("autodice.runtime_cpp")
+    files = {name: root.joinpath(name).read_bytes() for name in SOURCES}
+    files["CMakeLists.txt"] = _CMAKE.encode()
+    digest = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        (folder / name).write_bytes(data)
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_tools(ncnn: Path, console) -> Path:
     """``profile_layers``, built once per source hash + ncnn + MPI (it links the runtime)."""
-    root = resources.files("autodice.runtime_cpp")
     key = hashlib.sha256(f"{source_digest()}\n{ncnn}\n{mpi_prefix()}".encode()).hexdigest()[:16]
     entry = cache_root() / "profiler" / key
     if (entry / "profile_layers").exists():
@@ -396,10 +409,7 @@ def build_tools(ncnn: Path, console) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=entry.parent))
     try:
         src = tmp / "src"
-        src.mkdir()
-        for name in SOURCES:
-            (src / Path(name).name).write_bytes(root.joinpath(name).read_bytes())
-        (src / "CMakeLists.txt").write_text(_CMAKE)
+        write_sources(src)
         log = tmp / "build.log"
         for what, cmd in (("configuring", ["cmake", "-S", str(src), "-B", str(tmp / "build"),
                                            "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)]),
