@@ -9,13 +9,13 @@ DEMO := build/demo
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[engine,dse,test]'
 	$(BIN)/pip install -q --no-deps 'pnnx==20261020'
 	touch $(STAMP)
 
 # The main job on the bundled default: SqueezeNet (full size, seeded weights) over 2 ranks.
-# The first run also builds ncnn once (~10 min on 2 cores; cached in ~/.cache/autodice).
+# The first run also builds ncnn once (~7 min on 2 cores; cached in ~/.cache/autodice); the
+# tests use the same build.
 demo: $(STAMP)
 	mkdir -p $(DEMO)
 	$(BIN)/autodice zoo squeezenet -o $(DEMO)/squeezenet.onnx

@@ -9,7 +9,6 @@ from pathlib import Path
 from .engine import cmake_args, ensure_ncnn
 from .errors import AutodiceError
 from .plan import load_plan
-from .spec import parse_platform
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:
@@ -22,7 +21,7 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         raise AutodiceError(f"{what} failed (log: {log}):\n{tail}")
 
 
-def build(out_dir: str | Path, vulkan: bool = False, lean: bool = False, console=None) -> Path:
+def build(out_dir: str | Path, console=None) -> Path:
     """Configure and build ``out_dir/packages``; each package's ``build/program`` links to it.
 
     Returns:
@@ -35,27 +34,20 @@ def build(out_dir: str | Path, vulkan: bool = False, lean: bool = False, console
     packages = out_dir / "packages"
     if not (packages / plan.ranks[0].host / "program.cpp").exists():
         raise AutodiceError(f"{packages}: no packages; run `autodice gen {out_dir}` first")
-    platform = parse_platform(out_dir / "platform.txt")
-    ncnn = ensure_ncnn(vulkan=vulkan, lean=lean, console=console)
-    by_arch: dict[str, list[str]] = {}
+    ncnn = ensure_ncnn(console=console)
+    # Built here, the program runs here, whatever the platform says the hosts are: one build
+    # serves every package (a board builds its own natively through `autodice deploy`).
+    bdir = out_dir / "build" / "local"
+    bdir.mkdir(parents=True, exist_ok=True)
+    log = bdir / "build.log"
+    log.write_text("")
+    _run(["cmake", "-S", str(packages / plan.hosts()[0]), "-B", str(bdir),
+          "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)], log, "configuring")
+    _run(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log, "compiling")
+    program = bdir / "program"
     for host in plan.hosts():
-        by_arch.setdefault(platform.devices[host].arch, []).append(host)
-    program = None
-    for arch, hosts in by_arch.items():
-        # Built here, the program runs here: one build serves every host of this architecture
-        # (a board builds its own package natively through `autodice deploy`).
-        bdir = out_dir / "build" / arch
-        bdir.mkdir(parents=True, exist_ok=True)
-        log = bdir / "build.log"
-        log.write_text("")
-        _run(["cmake", "-S", str(packages / hosts[0]), "-B", str(bdir),
-              "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)], log, f"configuring for {arch}")
-        _run(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log,
-             f"compiling for {arch}")
-        program = bdir / "program"
-        for host in hosts:
-            (packages / host / "build").mkdir(exist_ok=True)
-            link = packages / host / "build" / "program"
-            link.unlink(missing_ok=True)
-            link.symlink_to(os.path.relpath(program, link.parent))
+        (packages / host / "build").mkdir(exist_ok=True)
+        link = packages / host / "build" / "program"
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(program, link.parent))
     return program

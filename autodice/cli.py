@@ -169,14 +169,12 @@ def gen(output, fp16):
 
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--vulkan", is_flag=True, help="Use an ncnn built with Vulkan (GPU ranks).")
-@click.option("--lean", is_flag=True, help="Use the quick-to-build AVX2-only ncnn (tests).")
-def build(output, vulkan, lean):
+def build(output):
     """Build OUTPUT's program (once per architecture), building ncnn first if needed."""
     from .build import build as run_build
 
     with console.status("building (ncnn once, then the program)"):
-        program = run_build(output, vulkan=vulkan, lean=lean, console=console)
+        program = run_build(output, console=console)
     out.print(f"built {program}")
 
 
@@ -359,9 +357,8 @@ def _links_table(links, inventory) -> None:
                    "round counts.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
               help="--measure on these hosts (inventory.toml, as deploy takes) instead of here.")
-@click.option("--lean", is_flag=True, help="--measure with the quick-to-build AVX2-only ncnn.")
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
-        segments, measure_k, frames, rounds, inventory, lean):
+        segments, measure_k, frames, rounds, inventory):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
@@ -393,12 +390,12 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     if len(shown) < len(front.points):
         out.print(f"({len(front.points) - len(shown)} more points in {output}/pareto.csv)")
     for note in front.notes:
-        out.print(f"note: {note}")
+        out.print(f"note: {note}", soft_wrap=True)
     if measure_k:
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
-                              inventory, lean,
+                              inventory,
                               progress=lambda k, n, what: bar.update(task, completed=k, total=n,
                                                                       description=what))
         where = f"on the hosts of {inventory}" if inventory else "on this machine"
@@ -498,9 +495,8 @@ def _cluster_table(c) -> None:
 @click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
 @click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime (--run).")
 @click.option("--rtol", default=1e-4, show_default=True, help="Tolerance for --check.")
-@click.option("--lean", is_flag=True, help="A host without ncnn builds the quick AVX2-only one.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
-def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, lean, timeout):
+def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, timeout):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -516,7 +512,7 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
                   transient=True) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
         res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
-                         frames=frames, pipeline=not no_pipeline, lean=lean, timeout_s=timeout,
+                         frames=frames, pipeline=not no_pipeline, timeout_s=timeout,
                          progress=lambda h, step: bar.update(tasks[h], description=step))
     table = Table(title=f"deployed to {len(res.hosts)} hosts in "
                         f"{sum(res.seconds.values()):.1f} s "

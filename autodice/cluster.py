@@ -489,17 +489,14 @@ def _toml_str(value: str) -> str:
 
 
 def find_ncnn() -> Path | None:
-    """An ncnn install this machine already has (no build): the override, full, then lean."""
-    from .engine import CONFIG, PROFILES, cache_key, cache_root
+    """An ncnn install this machine already has (no build): the override, else the cached one."""
+    from .engine import CONFIG, cache_key, cache_root, ncnn_flags
 
     override = os.environ.get("AUTODICE_NCNN_DIR")
     if override:
         return Path(override)
-    for profile in ("cpu", "lean"):
-        prefix = cache_root() / "ncnn" / cache_key(PROFILES[profile]) / "install"
-        if (prefix / CONFIG).is_file():
-            return prefix
-    return None
+    prefix = cache_root() / "ncnn" / cache_key(ncnn_flags(vulkan=True)) / "install"
+    return prefix if (prefix / CONFIG).is_file() else None
 
 
 def inventory_toml(c: Cluster, hosts: list[str] | None = None,

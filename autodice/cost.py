@@ -79,6 +79,9 @@ from .profile import Profile, load_profile
 from .spec import Platform, parse_key, parse_platform
 
 KINDS = ("one", "all", "rest", "gpu")
+# A host pair the platform gives no figures for and no measurement covers: switched gigabit
+# Ethernet, as the paper's Jetson boards use (bytes/s, one-way seconds). Said in the front's notes.
+DEFAULT_LINK = (1e9 / 8, 1e-4)
 
 
 # ----------------------------------------------------------------------------- thread scaling
@@ -179,6 +182,10 @@ class Timing:
         if bare:
             problems.add(f"{platform.path}: no profile for {', '.join(bare)} (give --profile "
                          f"FILE, or --profile HOST=FILE per host)")
+        for dev in platform.devices.values():
+            if dev.slots is None:
+                problems.add(f'{platform.path}: device "{dev.name}" lists no cores; the search '
+                             f'needs them: "{dev.name}, cpu, slots=0-3" (say)')
         for p in {id(p): p for p in self.profiles.values()}.values():
             if 1 not in p.threads:
                 problems.add(f"profile of {p.model}: no 1-thread timings (threads "
@@ -191,9 +198,9 @@ class Timing:
                       for h, p in self.profiles.items()}
         self.runtime_bytes = {h: p.runtime_bytes or 0 for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}
+        self.notes: list[str] = []
         self.links = self._links(problems)
         problems.raise_if_any()
-        self.notes: list[str] = []
         self.power = {}
         for host, dev in platform.devices.items():
             if power and host in power:
@@ -215,6 +222,7 @@ class Timing:
                 merged.setdefault(k, v)
         hosts = list(self.platform.devices)
         links = {}
+        assumed: list[str] = []
         shm = merged.get("shm")
         if shm is None:
             problems.add("profile: no \"shm\" link (ranks on one host); profile again")
@@ -235,10 +243,16 @@ class Timing:
                 da, db = self.platform.devices[a], self.platform.devices[b]
                 bws = [d.bandwidth for d in (da, db) if d.bandwidth]
                 if not bws:
-                    problems.add(f"{self.platform.path}: no bandwidth between {a} and {b}: add "
-                                 f"bandwidth=... to their lines or measure the link")
+                    assumed.append(f"{a}-{b}")
+                    links[a, b] = DEFAULT_LINK
                     continue
                 links[a, b] = (min(bws), (da.latency or 0.0) + (db.latency or 0.0))
+        if assumed:
+            self.notes.append(
+                f"{self.platform.path}: no bandwidth for {', '.join(assumed)}: assumed "
+                f"{DEFAULT_LINK[0] * 8 / 1e9:g} Gbit/s Ethernet with {DEFAULT_LINK[1] * 1e3:g} ms "
+                "latency (the paper's boards); add bandwidth=/latency= to platform.txt or "
+                "measure the links with `autodice profile --inventory`")
         return links
 
     def has_gpu_timings(self, host: str, names) -> bool:

@@ -59,6 +59,7 @@ m=$1; n=$2; d=$3; b=$4; e=$5
 echo "arch=$(uname -m)"
 echo "cpus=$(nproc 2>/dev/null || echo 1)"
 echo "cpus_all=$(nproc --all 2>/dev/null || echo 1)"
+echo "cpu=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)"
 for t in c++ cmake make rsync tar; do
   command -v "$t" >/dev/null 2>&1 || echo "missing=$t"
 done
@@ -197,6 +198,7 @@ class _Host:
     cpus_all: int = 1
     sent: tuple[int, int, tuple[str, ...]] = (0, 0, ())
     builder: str = ""
+    features: frozenset[str] = frozenset()  # CPU flags: what a build for this host may use
     facts: dict = field(default_factory=dict)  # what the check script said
     program: str = ""  # checksum of the program this host has (builders: after the build)
     compiled: bool = False
@@ -338,14 +340,13 @@ def _rsync_stats(out: str) -> tuple[int, int, tuple[str, ...]]:
 
 def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
            inputs: dict[str, Path] | None = None, frames: int = 1, pipeline: bool = True,
-           lean: bool = False, timeout_s: float = 600, progress: Progress | None = None,
+           timeout_s: float = 600, progress: Progress | None = None,
            ) -> DeployResult:
     """Deploy ``out_dir``'s packages to the inventory's hosts; with ``run``, run the job there.
 
     Args:
         inventory: inventory.toml (see :mod:`autodice.inventory`).
         inputs: model input name -> .npy, needed with ``run``.
-        lean: a host without ncnn builds the quick AVX2-only profile (tests) instead of the full.
         timeout_s: the longest the job may run before it is stopped.
         progress: called with (host, step) as each host moves on.
     Returns:
@@ -387,8 +388,9 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         _timed(seconds, "sync", lambda: _sync_all(ssh, hosts, lambda h: out_dir / "packages" / h,
                                                   progress))
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
-        _timed(seconds, "build", lambda: _build_all(ssh, hosts, sources, work / "bin", lean,
-                                                    progress))
+        gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
+        _timed(seconds, "build", lambda: _build_all(ssh, hosts, sources, work / "bin", progress,
+                                                    gpu_hosts=gpu_hosts))
         _write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: _run_job(
@@ -455,6 +457,7 @@ def _check_all(ssh: _Ssh, hosts: list[_Host], progress: Progress, build: Build =
         h.arch = h.facts.get("arch", "?")
         h.cpus = int(h.facts.get("cpus") or 1)
         h.cpus_all = int(h.facts.get("cpus_all") or 1)
+        h.features = frozenset(h.facts.get("cpu", "").split())
         h.program = h.facts.get("program", "")
         if missing:
             raise AutodiceError("check: missing " + ", ".join(missing))
@@ -508,23 +511,27 @@ def build_groups(hosts: list[_Host]) -> dict[str, list[_Host]]:
     return {g[0].target.host: g for g in groups.values()}
 
 
-def _build_all(ssh: _Ssh, hosts: list[_Host], sources: str, bin_dir: Path, lean: bool,
-               progress: Progress, build: Build = PROGRAM) -> None:
+def _build_all(ssh: _Ssh, hosts: list[_Host], sources: str, bin_dir: Path,
+               progress: Progress, build: Build = PROGRAM,
+               gpu_hosts: frozenset[str] = frozenset()) -> None:
     """Build once per group where sources or flags changed; copy the binary where it differs.
 
     ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
-    that travel between hosts pass through ``bin_dir/BUILDER/``.
+    that travel between hosts pass through ``bin_dir/BUILDER/``. A group with a host in
+    ``gpu_hosts`` (it runs GPU ranks) gets an ncnn with Vulkan.
     """
     groups = build_groups(hosts)
     builders = [g[0] for g in groups.values()]
     for b in builders:
         for h in groups[b.target.host]:
             h.builder = b.target.host
+    ncnn = {b.target.host: group_ncnn_flags(groups[b.target.host], gpu_hosts)
+            for b in builders}
     problems = _parallel([b for b in builders if not b.target.ncnn_dir], "build ncnn",
-                         lambda b: _build_ncnn(ssh, b, lean), progress)
+                         lambda b: _build_ncnn(ssh, b, ncnn[b.target.host]), progress)
     if problems:
         raise AutodiceError(*problems)
-    plans = {b.target.host: build_flags(b, lean) for b in builders}
+    plans = {b.target.host: build_flags(b, ncnn[b.target.host]) for b in builders}
     stamps = {k: f"{sources}-{hashlib.sha256(' '.join(f).encode()).hexdigest()[:12]}"
               for k, f in plans.items()}
     stale = [b for b in builders
@@ -568,21 +575,31 @@ def source_digest(package: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def build_flags(b: _Host, lean: bool) -> list[str]:
+def group_ncnn_flags(group: list[_Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
+    """ncnn's switches for a build group: the instruction sets *every* host of it has, since
+    one binary runs on all of them; Vulkan if one of them runs GPU ranks."""
+    from .engine import ncnn_flags
+
+    features = frozenset.intersection(*(h.features for h in group))
+    vulkan = any(h.target.host in gpu_hosts for h in group)
+    return ncnn_flags(vulkan, machine=group[0].arch, features=features)
+
+
+def build_flags(b: _Host, ncnn: dict[str, str]) -> list[str]:
     """cmake flags for a builder: its MPI, and its ncnn (given, or the one deploy builds)."""
     t = b.target
     flags = ["-DCMAKE_BUILD_TYPE=Release"]
     if t.mpi_prefix:
         flags += [f"-DMPI_HOME={t.mpi_prefix}",
                   f"-DMPIEXEC_EXECUTABLE={t.mpi_prefix}/bin/mpiexec"]
-    return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, lean)}/lib/cmake/ncnn"]
+    return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, ncnn)}/lib/cmake/ncnn"]
 
 
-def remote_ncnn(h: _Host, lean: bool) -> str:
+def remote_ncnn(h: _Host, ncnn: dict[str, str]) -> str:
     """Where deploy builds ncnn on a host that has none (keyed like the local cache)."""
-    from .engine import PROFILES, cache_key, profile_name
+    from .engine import cache_key
 
-    return f"{h.dir}/ncnn/{cache_key(PROFILES[profile_name(lean=lean)])}/install"
+    return f"{h.dir}/ncnn/{cache_key(ncnn)}/install"
 
 
 def _build(ssh: _Ssh, h: _Host, flags: list[str], stamp: str, build: Build = PROGRAM) -> None:
@@ -601,22 +618,21 @@ def _build(ssh: _Ssh, h: _Host, flags: list[str], stamp: str, build: Build = PRO
     h.compiled = True
 
 
-def _build_ncnn(ssh: _Ssh, h: _Host, lean: bool) -> None:
+def _build_ncnn(ssh: _Ssh, h: _Host, flags: dict[str, str]) -> None:
     """No ncnn on the host: send the pinned source package and build it there once."""
     from rich.console import Console
 
-    from .engine import PROFILES, _download, cache_key, cache_root, profile_name
+    from .engine import cache_key, sdist
 
     t = h.target
-    flags = PROFILES[profile_name(lean=lean)]
     key = cache_key(flags)
     if key in h.facts.get("ncnn_built", "").split():
         return
-    sdist = _download(cache_root() / "ncnn" / "downloads", Console(stderr=True, quiet=True))
+    source = sdist(Console(stderr=True, quiet=True))
     _must(ssh.cmd(t, "mkdir", "-p", f"{h.dir}/ncnn"), "cannot create the remote directory")
-    _must(["rsync", "-pc", "-e", ssh.rsh(), str(sdist), f"{t.host}:{h.dir}/ncnn/{sdist.name}"],
+    _must(["rsync", "-pc", "-e", ssh.rsh(), str(source), f"{t.host}:{h.dir}/ncnn/{source.name}"],
           "sending the ncnn source failed")
-    proc = subprocess.run(ssh.script(t, _BUILD_NCNN, h.dir, sdist.name, key, str(h.cpus),
+    proc = subprocess.run(ssh.script(t, _BUILD_NCNN, h.dir, source.name, key, str(h.cpus),
                                      *(f"-D{k}={v}" for k, v in sorted(flags.items()))),
                           capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:

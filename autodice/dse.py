@@ -657,7 +657,7 @@ def pick_points(n: int, k: int) -> list[int]:
 
 def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k: int,
             frames: int = 100, rounds: int = 5, inventory: str | Path | None = None,
-            lean: bool = False, progress=None, power=None) -> list[Measurement]:
+            progress=None, power=None) -> list[Measurement]:
     """Re-run ``k`` front points of ``out`` for real: split -> gen -> build -> run, ``rounds``
     times each.
 
@@ -696,7 +696,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         plan = split(model, out / "mappings" / f"{name}.json", platform, work)
         gen(work)
         if inventory is None:
-            build(work, lean=lean)
+            build(work)
         points.append((name, work, plan, _measure_inputs(plan, work)))
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
     elsewhere: dict[str, float] = {name: 0.0 for name in names}
@@ -704,7 +704,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         for j, (name, work, plan, inputs) in enumerate(points):
             say(len(names) * (rnd + 1) + j, steps, f"{name}: round {rnd + 1} of {rounds}")
             before = _cpu_clock()
-            stats = _run_point(work, inputs, frames, inventory, lean)
+            stats = _run_point(work, inputs, frames, inventory)
             if inventory is None:  # remote ranks are not our children: no gauge
                 elsewhere[name] = max(elsewhere[name], _busy_elsewhere(before, _cpu_clock()))
             by_host: dict[str, int] = {}
@@ -740,7 +740,7 @@ def _measure_inputs(plan, work: Path) -> dict[str, Path]:
     return inputs
 
 
-def _run_point(work: Path, inputs: dict[str, Path], frames: int, inventory, lean: bool) -> dict:
+def _run_point(work: Path, inputs: dict[str, Path], frames: int, inventory) -> dict:
     """One run of a built point: here, or deployed (a no-op sync after the first) and run."""
     if inventory is None:
         from .run import run
@@ -748,7 +748,7 @@ def _run_point(work: Path, inputs: dict[str, Path], frames: int, inventory, lean
         return run(work, inputs, frames=frames).stats
     from .deploy import deploy
 
-    res = deploy(work, inventory, run=True, inputs=inputs, frames=frames, lean=lean)
+    res = deploy(work, inventory, run=True, inputs=inputs, frames=frames)
     assert res.run is not None
     return res.run.stats
 

@@ -1,9 +1,14 @@
 """Getting the C++ toolchain the generated program builds against: ncnn and Open MPI.
 
 No registry ships ncnn's headers and library, so we build it once from the pinned PyPI source
-package and cache the install per set of build flags. Build profiles are data (one flag dict per
-profile); everything else here is the same for every profile. A cache entry appears only by an
-atomic rename under a lock, so a concurrent or interrupted build never leaves half an entry.
+package (fetched by :mod:`autodice.sdist`) and cache the install per set of build flags. The flags
+are data: a base, the instruction sets of the CPU that runs the build (:func:`isa_flags`), and
+Vulkan. This machine builds one ncnn, with Vulkan, for everything it does (the demo, CPU and GPU
+ranks, the profiler, the tests): a Vulkan build runs CPU ranks exactly as a CPU-only one does, and
+one build is minutes less than two. Boards that ``deploy`` builds on get Vulkan only when they run
+GPU ranks (glslang takes long on a Raspberry Pi). A cache entry appears only by an atomic rename
+under a lock, so a concurrent or interrupted (Ctrl-C) build never leaves half an entry that a
+later run trusts.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import platform
 import subprocess
 import sys
 import tarfile
@@ -22,14 +28,15 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
+
+from .sdist import fetch, use_local
 
 NCNN_PIN = "1.0.20261020"
 NCNN_SDIST_SHA256 = "ad8cdd63e9755cfa8e23b9b6d9ce46156077d80298a89e7c3ba325ffccfca200"
 CONFIG = Path("lib/cmake/ncnn/ncnnConfig.cmake")
 
-# XOP and FMA4 stay OFF in every profile: ncnn's runtime CPU dispatch otherwise compiles kernels
-# that die with "Illegal instruction" on the AMD EPYC machines this project runs on.
+# Every build: OpenMP, the library alone, fp32/fp16 only (pnnx writes no int8 or bf16 layers).
 _BASE = {
     "CMAKE_BUILD_TYPE": "Release",
     "NCNN_VERSION": "20261020",  # the sdist has no git history to derive it from
@@ -40,45 +47,85 @@ _BASE = {
     "NCNN_BUILD_BENCHMARK": "OFF",
     "NCNN_BUILD_TESTS": "OFF",
     "NCNN_PYTHON": "OFF",
-    "NCNN_XOP": "OFF",
-    "NCNN_FMA4": "OFF",
-}
-# Lean: one AVX2 code path and no int8/bf16 kernels, ~3x faster to build; for tests.
-_LEAN = {
-    "NCNN_RUNTIME_CPU": "OFF",
-    "NCNN_AVX2": "ON",
-    "NCNN_AVX512": "OFF",
-    "NCNN_AVXVNNI": "OFF",
-    "NCNN_AVX512VNNI": "OFF",
     "NCNN_INT8": "OFF",
     "NCNN_BF16": "OFF",
 }
-# Vulkan against Debian's glslang (libvulkan-dev glslang-dev glslang-tools); the bundled glslang/
-# is left out of the unpacked source, else one of its headers shadows Debian's.
-_VULKAN = {"NCNN_VULKAN": "ON", "NCNN_SYSTEM_GLSLANG": "ON", "NCNN_SIMPLEVK": "OFF"}
+# ncnn's own Vulkan defaults: its bundled vulkan headers (simplevk) and glslang, so the GPU build
+# needs no distribution package and no Vulkan loader at build time; the driver is found at run
+# time through the loader or the ICD files.
+_VULKAN = {"NCNN_VULKAN": "ON"}
+_AVX512 = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
+_X86 = ("x86_64", "amd64", "i386", "i686")
 
-PROFILES: dict[str, dict[str, str]] = {
-    "cpu": _BASE,
-    "lean": {**_BASE, **_LEAN},
-    "vulkan": {**_BASE, **_VULKAN},
-    "vulkan-lean": {**_BASE, **_VULKAN, **_LEAN},
-}
-HINTS = {
-    "vulkan": "the Vulkan build needs: apt-get install libvulkan-dev glslang-dev glslang-tools",
-}
-HINTS["vulkan-lean"] = HINTS["vulkan"]
+
+def isa_flags(machine: str, features: Iterable[str]) -> dict[str, str]:
+    """The instruction-set switches for the CPU that will run the build.
+
+    On x86, one code path for exactly the CPU's level (SSE2, AVX, AVX2+FMA+F16C or AVX-512)
+    instead of ncnn's runtime dispatch over every level: a third of the build time, the same
+    speed on this CPU, and no kernels the CPU cannot run (ncnn's XOP and FMA4 paths die with
+    "Illegal instruction" on the AMD EPYC machines this project ran on). Elsewhere (ARM, RISC-V)
+    ncnn's own runtime dispatch, which detects the CPU when the program starts.
+
+    Args:
+        machine: ``uname -m`` of the CPU.
+        features: its ``/proc/cpuinfo`` flags (x86) or Features (ARM).
+    """
+    if machine.lower() not in _X86:
+        return {}
+    f = set(features)
+    avx = "avx" in f
+    avx2 = avx and {"avx2", "fma", "f16c"} <= f
+    on = {True: "ON", False: "OFF"}
+    return {
+        "NCNN_RUNTIME_CPU": "OFF",
+        "NCNN_AVX": on[avx], "NCNN_FMA": on[avx and "fma" in f],
+        "NCNN_F16C": on[avx and "f16c" in f], "NCNN_AVX2": on[avx2],
+        "NCNN_AVX512": on[avx2 and set(_AVX512) <= f],
+        **{k: "OFF" for k in ("NCNN_XOP", "NCNN_FMA4", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8",
+                              "NCNN_AVXVNNIINT16", "NCNN_AVXNECONVERT", "NCNN_AVX512VNNI",
+                              "NCNN_AVX512BF16", "NCNN_AVX512FP16")},
+    }
+
+
+def host_cpu() -> tuple[str, frozenset[str]]:
+    """This machine's ``uname -m`` and CPU feature flags (empty if /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    return platform.machine(), cpu_features(text)
+
+
+def cpu_features(cpuinfo: str) -> frozenset[str]:
+    """The first ``flags`` (x86) or ``Features`` (ARM) line of a /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def ncnn_flags(vulkan: bool = False, machine: str | None = None,
+               features: Iterable[str] | None = None) -> dict[str, str]:
+    """The cmake switches of the one ncnn build a machine needs (per CPU, with or without GPU).
+
+    Args:
+        vulkan: add ncnn's Vulkan (GPU) path; that build runs CPU ranks as well.
+        machine, features: the CPU to build for; this machine's by default.
+    """
+    if machine is None:
+        machine, features = host_cpu()
+    return {**_BASE, **isa_flags(machine, features or ()), **(_VULKAN if vulkan else {})}
+
+
+def profile_name(flags: dict[str, str]) -> str:
+    """``vulkan`` or ``cpu``: how messages name a build."""
+    return "vulkan" if flags.get("NCNN_VULKAN") == "ON" else "cpu"
+
 
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")  # make: "[ 42%] Building CXX object ..."
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")  # ninja: "[12/345] Building CXX object ..."
-
-
-_PROFILE_OF = {(False, False): "cpu", (False, True): "lean",
-               (True, False): "vulkan", (True, True): "vulkan-lean"}
-
-
-def profile_name(vulkan: bool = False, lean: bool = False) -> str:
-    """The key in :data:`PROFILES` for a pair of switches."""
-    return _PROFILE_OF[bool(vulkan), bool(lean)]
 
 
 def cache_root() -> Path:
@@ -93,23 +140,23 @@ def cache_key(flags: dict[str, str]) -> str:
     return f"{NCNN_PIN}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
-def ensure_ncnn(vulkan: bool = False, lean: bool = False, console=None) -> Path:
+def ensure_ncnn(console=None) -> Path:
     """Return an ncnn install prefix (holding ``lib/cmake/ncnn/ncnnConfig.cmake``), building once.
 
-    Order: ``$AUTODICE_NCNN_DIR`` if set; else the cache entry for this profile's flags; else
-    download the pinned source package, verify its sha256, build and install into the cache.
+    Order: ``$AUTODICE_NCNN_DIR`` if set; else the cache entry for this machine's flags
+    (:func:`ncnn_flags`, with Vulkan); else fetch the pinned source package (:func:`sdist`),
+    build and install it into the cache. The demo, the tests, ``profile`` and the benchmarks all
+    ask for the same entry, so a machine builds ncnn once.
 
     Args:
-        vulkan: build with ncnn's Vulkan (GPU) path.
-        lean: the quick AVX2-only build used by tests.
         console: a ``rich.console.Console`` for progress; a stderr console by default.
 
     Returns:
         The install prefix; pass it to :func:`cmake_args`.
 
     Raises:
-        AutodiceError: ``$AUTODICE_NCNN_DIR`` is not an install, the download fails or does not
-            match the pinned hash, or the build fails (with the tail of its log).
+        AutodiceError: ``$AUTODICE_NCNN_DIR`` is not an install, the source cannot be fetched or
+            does not match the pinned hash, or the build fails (with the tail of its log).
     """
     from .errors import AutodiceError
 
@@ -121,8 +168,8 @@ def ensure_ncnn(vulkan: bool = False, lean: bool = False, console=None) -> Path:
                                 "(point it at an ncnn install prefix, or unset it to build one)")
         return prefix
 
-    name = profile_name(vulkan, lean)
-    flags = PROFILES[name]
+    flags = ncnn_flags(vulkan=True)
+    name = profile_name(flags)
     root = cache_root() / "ncnn"
     entry = root / cache_key(flags)
     if (entry / "install" / CONFIG).is_file():
@@ -140,11 +187,32 @@ def ensure_ncnn(vulkan: bool = False, lean: bool = False, console=None) -> Path:
             return entry / "install"
         _remove_stale(root, entry.name)
         start = time.monotonic()
-        sdist = _download(root / "downloads", console)
-        _build(sdist, flags, name, entry, console)
+        source = sdist(console)
+        _build(source, flags, name, entry, console)
         console.print(f"ncnn ({name}) built in {time.monotonic() - start:.0f} s: {entry}/install",
                       soft_wrap=True)
     return entry / "install"
+
+
+SDIST_NAME = f"ncnn-{NCNN_PIN}.tar.gz"
+OFFLINE_HINT = (f"Without the package index: download {SDIST_NAME} elsewhere and set "
+                "AUTODICE_NCNN_SDIST=/path/to/it (hash-checked), or set AUTODICE_NCNN_DIR to an "
+                "installed ncnn prefix")
+
+
+def sdist(console=None) -> Path:
+    """The verified ncnn source package in the cache, from ``$AUTODICE_NCNN_SDIST`` or the index.
+
+    Raises:
+        AutodiceError: the file given is missing or has another hash, or no index location has
+            it (the message names every location tried and the two offline ways out).
+    """
+    folder = cache_root() / "ncnn" / "downloads"
+    given = os.environ.get("AUTODICE_NCNN_SDIST")
+    if given:
+        return use_local(given, SDIST_NAME, NCNN_SDIST_SHA256, folder, "AUTODICE_NCNN_SDIST")
+    return fetch("ncnn", SDIST_NAME, NCNN_SDIST_SHA256, folder, console,
+                 offline_hint=OFFLINE_HINT)
 
 
 def mpi_prefix() -> Path:
@@ -200,52 +268,15 @@ def _remove_stale(root: Path, key: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _download(folder: Path, console) -> Path:
-    """The verified source package, fetched with pip into ``folder`` once."""
-    from .errors import AutodiceError
-
-    target = folder / f"ncnn-{NCNN_PIN}.tar.gz"
-    if target.is_file() and _sha256(target) == NCNN_SDIST_SHA256:
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp, \
-            console.status(f"downloading ncnn=={NCNN_PIN} source package"):
-        # The legacy resolver: the sdist's setup.py stamps today's date as its version, which
-        # the new resolver rejects as inconsistent with the pin.
-        cmd = [sys.executable, "-m", "pip", "download", "--use-deprecated=legacy-resolver",
-               "--no-binary", ":all:", "--no-deps", f"ncnn=={NCNN_PIN}", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = sorted(Path(tmp).glob("ncnn-*.tar.gz"))
-        if proc.returncode != 0 or not got:
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-            raise AutodiceError(f"downloading ncnn=={NCNN_PIN} failed ({' '.join(cmd)}):\n{tail}")
-        digest = _sha256(got[0])
-        if digest != NCNN_SDIST_SHA256:
-            raise AutodiceError(f"{got[0].name}: sha256 {digest} does not match the pinned "
-                                f"{NCNN_SDIST_SHA256}; refusing to build it")
-        os.replace(got[0], target)
-    return target
-
-
-def _unpack(sdist: Path, dest: Path, skip_glslang: bool) -> Path:
+def _unpack(source: Path, dest: Path) -> Path:
     """Extract the sdist; return the folder holding ncnn's top-level CMakeLists.txt."""
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if not (skip_glslang and "glslang" in Path(m.name).parts[1:2])]
-        tar.extractall(dest, members=members, filter="data")
+    with tarfile.open(source) as tar:
+        tar.extractall(dest, filter="data")
     (top,) = [p for p in dest.iterdir() if (p / "CMakeLists.txt").is_file()]
     return top
 
 
-def _build(sdist: Path, flags: dict[str, str], name: str, entry: Path, console) -> None:
+def _build(source: Path, flags: dict[str, str], name: str, entry: Path, console) -> None:
     """Configure, build and install into a temp dir next to ``entry``, then rename it in."""
     from .errors import AutodiceError
 
@@ -254,7 +285,7 @@ def _build(sdist: Path, flags: dict[str, str], name: str, entry: Path, console) 
     try:
         with console.status(f"ncnn ({name}): unpacking") as status, \
                 open(log_path, "w", buffering=1) as log:
-            src = _unpack(sdist, tmp / "src", flags.get("NCNN_SYSTEM_GLSLANG") == "ON")
+            src = _unpack(source, tmp / "src")
             jobs = str(os.cpu_count() or 1)
             steps = [
                 ("configuring", ["cmake", "-S", str(src), "-B", str(tmp / "build"),
@@ -267,11 +298,9 @@ def _build(sdist: Path, flags: dict[str, str], name: str, entry: Path, console) 
                 status.update(f"ncnn ({name}): {step}")
                 if not _run_logged(cmd, log, lambda pct, s=step: status.update(
                         f"ncnn ({name}): {s} [{pct:3d}%]")):
-                    hint = HINTS.get(name, "")
                     raise AutodiceError(
                         f"building ncnn ({name}) failed while {step}; full log: "
-                        f"{_keep_log(log_path, entry)}" + (f"\n{hint}" if hint else "")
-                        + "\n" + _tail(log_path))
+                        f"{_keep_log(log_path, entry)}\n{_tail(log_path)}")
         shutil.rmtree(tmp / "build")
         shutil.rmtree(tmp / "src")
         os.rename(tmp, entry)  # atomic: the entry is complete or absent

@@ -3,8 +3,8 @@
 ``autodice profile --inventory`` replaces the platform's ``bandwidth``/``latency`` figures with
 what the network really does between every pair of hosts, the way a rank sees it: one rank on
 each host runs ``profile_layers --link`` (the ping-pong through ``autodice::Transfer`` that also
-measures ``shm``), and :func:`fit_host_link` turns its one-way times into a
-:class:`~autodice.profile.Link`.
+measures ``shm``), and :func:`~autodice.profile.fit_link` turns its one-way times into a
+:class:`~autodice.profile.Link` (a poor fit is a warning, never a failure).
 
 Getting there is ``autodice deploy``'s machinery, reused as it is: one ssh master connection per
 host, the same prerequisite check, rsync by content, one build per architecture and shared
@@ -25,8 +25,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from .deploy import (
     Build,
     _build_all,
@@ -43,7 +41,7 @@ from .deploy import (
 )
 from .errors import AutodiceError
 from .inventory import Inventory, load_inventory
-from .profile import Link
+from .profile import Link, link_from_rows
 from .profiler import write_sources
 from .spec import parse_platform
 
@@ -54,14 +52,13 @@ TOOLS_FOLDERS = ("package", "build", "launch", "results")  # inside <remote_dir>
 RANK_ENV = {"OMP_WAIT_POLICY": "passive", "AUTODICE_TIMEOUT_S": "120"}
 
 
-def probe_links(inventory: str | Path | Inventory, console=None, lean: bool = False,
+def probe_links(inventory: str | Path | Inventory, console=None,
                 platform: str | Path | None = None, timeout_s: float = 600) -> dict[str, Link]:
     """Measure the link between every pair of the inventory's hosts.
 
     Args:
         inventory: inventory.toml (see :mod:`autodice.inventory`), or one already loaded.
         console: a ``rich.console.Console`` for progress (stderr by default).
-        lean: a host without ncnn builds the quick AVX2-only profile (tests) instead of the full.
         platform: platform.txt; every inventory host must be one of its devices.
         timeout_s: the longest one pair's measurement may run before it is stopped.
     Returns:
@@ -97,14 +94,15 @@ def probe_links(inventory: str | Path | Inventory, console=None, lean: bool = Fa
         try:
             _check_all(ssh, every, progress, TOOLS)  # + connect
             _sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
-            _build_all(ssh, every, sources, work / "bin", lean, progress, TOOLS)
+            _build_all(ssh, every, sources, work / "bin", progress, TOOLS)
             heads = [hosts[n] for n in dict.fromkeys(a for a, _ in pairs)]
             _send_launch_files(ssh, inv, heads, pairs, work / "launch", progress)
             links = {}
             for k, (a, b) in enumerate(pairs, 1):
                 for h in (a, b):
                     progress(h, f"measuring {a}-{b} ({k}/{len(pairs)})")
-                links[f"{a}-{b}"] = measure_pair(ssh, inv, hosts[a], hosts[b], work, timeout_s)
+                links[f"{a}-{b}"] = measure_pair(ssh, inv, hosts[a], hosts[b], work, timeout_s,
+                                                  lambda m: console.print(f"warning: {m}"))
                 for h in (a, b):
                     progress(h, "measured")
         finally:
@@ -161,8 +159,9 @@ def pair_argv(inv: Inventory, a: _Host, b: _Host, out: str) -> list[str]:
 
 
 def measure_pair(ssh: _Ssh, inv: Inventory, a: _Host, b: _Host, work: Path,
-                 timeout_s: float) -> Link:
-    """One ping-pong between ``a`` and ``b``, launched from ``a``; its rows fitted to a Link."""
+                 timeout_s: float, warn) -> Link:
+    """One ping-pong between ``a`` and ``b``, launched from ``a``; its rows fitted to a Link
+    (``warn`` gets the fit's warning, if any)."""
     pair = f"{a.target.host}-{b.target.host}"
     out = f"{TOOLS.root(a)}/results/link-{pair}.json"
     _must(ssh.cmd(a.target, "rm", "-f", out), f"{a.target.where()}: cannot clear {out}")
@@ -185,31 +184,9 @@ def measure_pair(ssh: _Ssh, inv: Inventory, a: _Host, b: _Host, work: Path,
     except (ValueError, KeyError, TypeError):
         raise AutodiceError(f"{between}: {a.target.host}:{out} is missing or not the "
                             "profiler's JSON") from None
-    return fit_host_link([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+    link, warning = link_from_rows(rows)
+    if warning:
+        warn(f"link {pair}: {warning}")
+    return link
 
 
-def fit_host_link(nbytes: list[float], seconds: list[float]) -> Link:
-    """``seconds = latency + bytes / bandwidth`` for a network link: the rate a stream sustains,
-    and what a message of (almost) no size costs.
-
-    :func:`autodice.profiler.fit_link` (shared memory) anchors its line at the smallest message,
-    but across a network that message may travel faster than the sustained rate: a token bucket
-    (tc tbf, a cloud's burst allowance) lets the first few hundred KB of every message through at
-    once, so on an emulated 200 Mbit/s link 4 KB arrive in 15 us and the anchored line's latency
-    comes out negative. So the rate is the least-squares slope over the largest messages (from
-    a quarter of the largest size up, at least the two largest), where a burst is a small part
-    of the time; the latency is what the smallest message's time leaves after its bytes at that
-    rate, or all of its time when it arrived faster than that rate allows.
-    """
-    x, y = np.asarray(nbytes, float), np.asarray(seconds, float)
-    order = np.argsort(x)
-    x, y = x[order], y[order]
-    big = x >= x[-1] / 4
-    if big.sum() < 2:
-        big[-2:] = True
-    slope = float(np.polyfit(x[big], y[big], 1)[0]) if len(set(x[big])) > 1 else 0.0
-    if not (slope > 0 and y[0] > 0):
-        raise AutodiceError(f"link measurement makes no sense (times {y.tolist()} s for "
-                            f"{x.tolist()} bytes); measure again on a quieter network")
-    latency = float(y[0] - x[0] * slope)
-    return Link(1.0 / slope, latency if latency > 0 else float(y[0]))

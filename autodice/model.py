@@ -9,7 +9,7 @@ wherever their consumers go so a mapping never has to mention them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +78,7 @@ class Graph:
     consumers: dict[str, list[int]]  # tensor -> node positions, in order
     types: dict[str, TensorType]
     followers: frozenset[int]  # node positions that follow their consumers
+    _aliases: dict[str, tuple[int, ...]] | None = field(default=None, repr=False)
 
     @property
     def tensors(self) -> dict[str, TensorRef]:
@@ -85,6 +86,22 @@ class Graph:
 
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.lazy.tensors
+
+    def resolve(self, layer: str) -> tuple[int, ...]:
+        """The node(s) a mapping's layer name may mean: its layer name (what ``autodice layers``
+        prints) first; else a node's first output, or that output as the original AutoDiCE tool
+        spells it (``/`` -> ``_``). One node: found; none: unknown; several: ambiguous."""
+        if layer in self.index:
+            return (self.index[layer],)
+        if self._aliases is None:
+            aliases: dict[str, set[int]] = {}
+            for i, node in enumerate(self.nodes):
+                if node.output and node.output[0]:
+                    first = node.output[0]
+                    for alias in (first, first.replace("/", "_")):
+                        aliases.setdefault(alias, set()).add(i)
+            self._aliases = {a: tuple(sorted(s)) for a, s in aliases.items()}
+        return self._aliases.get(layer, ())
 
 
 def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

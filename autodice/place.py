@@ -12,6 +12,9 @@ from .model import UNSUPPORTED_OPS, Graph
 from .spec import Mapping, Platform, Resource, parse_key
 
 
+SHOWN = 20  # offenders listed one by one before a count
+
+
 @dataclass(frozen=True)
 class Placement:
     """Ranks in mapping order, the cores each is bound to, and the ranks each node runs on.
@@ -61,10 +64,10 @@ def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...
                              f'already used by key "{gpus[(res.host, res.gpu_index)]}"')
             gpus[(res.host, res.gpu_index)] = key
         else:
-            if res.family != "cpu" and res.family != dev.arch:
+            if res.family != "cpu" and dev.arch != "cpu" and res.family != dev.arch:
                 problems.add(f'{where}: key "{key}": "{res.family}" cores on host "{res.host}", '
                              f"which is {dev.arch} in {platform.path}")
-            outside = [c for c in res.cores if c not in dev.slots]
+            outside = [c for c in res.cores if dev.slots is not None and c not in dev.slots]
             if outside:
                 problems.add(f'{where}: key "{key}": core{"s" if len(outside) > 1 else ""} '
                              f'{",".join(map(str, outside))} not in the slots of "{res.host}" '
@@ -100,9 +103,11 @@ def bind_slots(resources: tuple[Resource, ...], platform: Platform) -> tuple[tup
         if r.kind == "cpu":
             slots.append(r.cores)
             continue
-        dev = platform.devices[r.host]
-        free = [c for c in sorted(dev.slots) if (r.host, c) not in claimed]
-        slots.append((free[0] if free else min(dev.slots),))
+        cores = platform.devices[r.host].slots
+        if cores is None:  # a bare host line: any core the keys leave free
+            cores = tuple(range(1 + max((c for h, c in claimed if h == r.host), default=-1)))
+        free = [c for c in sorted(cores) if (r.host, c) not in claimed]
+        slots.append((free[0] if free else min(cores),))
     return tuple(slots)
 
 
@@ -118,18 +123,24 @@ def assign_ranks(graph: Graph, mapping: Mapping, resources: tuple[Resource, ...]
     where = mapping.path
     explicit: dict[int, int] = {}
     first_key: dict[int, str] = {}
+    unknown: list[tuple[str, str]] = []
     for rank, (key, layers) in enumerate(mapping.entries):
-        seen_here = set()
+        seen_here: set[int] = set()
         for layer in layers:
-            i = graph.index.get(layer)
-            if i is None:
-                problems.add(f'{where}: key "{key}": layer "{layer}" is not in {graph.path}'
-                             f"{did_you_mean(layer, graph.names)} (`autodice layers` lists them)")
+            found = graph.resolve(layer)
+            if len(found) > 1:
+                listing = ", ".join(f'"{graph.names[i]}"' for i in found)
+                problems.add(f'{where}: key "{key}": layer "{layer}" is ambiguous: it names the '
+                             f"first output of {listing}; use one of those names")
                 continue
-            if layer in seen_here:
+            if not found:
+                unknown.append((key, layer))
+                continue
+            (i,) = found
+            if i in seen_here:
                 problems.add(f'{where}: key "{key}": layer "{layer}" is listed twice')
                 continue
-            seen_here.add(layer)
+            seen_here.add(i)
             if i in explicit:
                 problems.add(f'{where}: layer "{layer}" is mapped to both "{first_key[i]}" and '
                              f'"{key}"; splitting one layer across ranks (horizontal '
@@ -141,11 +152,22 @@ def assign_ranks(graph: Graph, mapping: Mapping, resources: tuple[Resource, ...]
             if op in UNSUPPORTED_OPS:
                 problems.add(f'{where}: key "{key}" (rank {rank}): layer "{layer}" is a {op}, '
                              f"which ncnn/pnnx cannot convert")
+    # Did-you-mean costs a string comparison with every layer: the first few offenders get it,
+    # the rest a count (a mapping for another model can name hundreds).
+    spellings = [*graph.names, *(n.output[0] for n in graph.nodes if n.output)]
+    for key, layer in unknown[:SHOWN]:
+        problems.add(f'{where}: key "{key}": layer "{layer}" is not in {graph.path}'
+                     f"{did_you_mean(layer, spellings)} (`autodice layers` lists them)")
+    if len(unknown) > SHOWN:
+        problems.add(f"{where}: and {len(unknown) - SHOWN} more layers not in {graph.path} "
+                     f"({len(unknown)} in all)")
+    if unknown:  # every layer would be reported missing too: say it once, above
+        problems.raise_if_any()
     missing = [graph.names[i] for i in range(len(graph.nodes))
                if i not in explicit and i not in graph.followers]
     if missing:
-        shown = ", ".join(f'"{m}"' for m in missing[:20])
-        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        shown = ", ".join(f'"{m}"' for m in missing[:SHOWN])
+        more = f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
         problems.add(f"{where}: {len(missing)} layer{'s are' if len(missing) > 1 else ' is'} "
                      f"not mapped to any key: {shown}{more}")
     problems.raise_if_any()

@@ -52,11 +52,19 @@ from .model import Graph, load_model
 from .onnxio import write_model
 from .partition import static_memory
 from .plan import Memory, Rank, TensorSpec
-from .profile import Corun, LayerCost, Link, Profile, profile_from_json, profile_to_json
+from .profile import (
+    Corun,
+    LayerCost,
+    Link,
+    Profile,
+    link_from_rows,
+    profile_from_json,
+    profile_to_json,
+)
 from .spec import Platform, parse_platform
 from .split import layer_flops
 
-CACHE_VERSION = 2  # 2: adds the co-run slowdown and runtime_bytes
+CACHE_VERSION = 3  # 2: adds the co-run slowdown and runtime_bytes; 3: robust link fit
 SOURCES = ("profile_layers.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
 # Fingerprints of one tensor from ncnn and onnxruntime agree to ~1e-5 relative; different tensors
 # of one count differ by far more.
@@ -132,8 +140,9 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
                       links={**platform_links(spec), **(links or {}),
-                             "shm": Link(**measured["shm"])})
-    notes = []
+                             "shm": Link(measured["shm"]["bandwidth"],
+                                         measured["shm"]["latency"])})
+    notes = [f"shm: {measured['shm']['warning']}"] if measured["shm"].get("warning") else []
     gpus = [f"{d.name} ({d.gpu})" for d in spec.devices.values() if d.gpu]
     if gpus:
         notes.append(f"gpu_ms is null: the platform lists GPUs ({', '.join(gpus)}) but this "
@@ -181,7 +190,8 @@ def choose_threads(spec: Platform, threads: tuple[int, ...] | None) -> tuple[int
                                 f"{', '.join(map(str, bad))} not between 1 and this machine's "
                                 f"{cores} cores")
         return tuple(sorted(set(threads)))
-    return tuple(sorted({1} | {min(len(d.slots), cores) for d in spec.devices.values()}))
+    return tuple(sorted({1} | {min(len(d.slots), cores) for d in spec.devices.values()
+                               if d.slots is not None}))
 
 
 def check_inputs(graph: Graph) -> None:
@@ -491,8 +501,9 @@ def run_profiler(binary: Path, param: Path, feeds: list[Path], threads: tuple[in
 
 
 def measure_shm(binary: Path, work: Path) -> dict:
-    """Bandwidth and latency between two ranks on this host, fitted to median one-way times
-    of ``profile_layers --link`` (autodice::Transfer, the generated program's path)."""
+    """Bandwidth and latency between two ranks on this host (and the fit's warning, if any),
+    fitted to the fastest one-way times of ``profile_layers --link`` (autodice::Transfer, the
+    generated program's path)."""
     out = work / "link.json"
     cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", "2", "--oversubscribe", "--bind-to",
            "none", str(binary), "--link", str(out)]
@@ -501,8 +512,8 @@ def measure_shm(binary: Path, work: Path) -> dict:
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stderr + proc.stdout).strip().splitlines()[-6:]
         raise AutodiceError(f"profile_layers --link failed (exit {proc.returncode}):", *tail)
-    rows = json.loads(out.read_text())["rows"]
-    return fit_link([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+    link, warning = link_from_rows(json.loads(out.read_text())["rows"])
+    return {"bandwidth": link.bandwidth, "latency": link.latency, "warning": warning}
 
 
 def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, runs: int,
@@ -529,26 +540,6 @@ def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, run
     raw = json.loads(out.read_text())
     slowdown = np.median(raw["together_ms"]) / np.median(raw["alone_ms"])
     return (Corun(cores, _sig(slowdown)) if cores > 1 else None), int(raw["peak_rss"])
-
-
-def fit_link(nbytes: list[float], seconds: list[float]) -> dict:
-    """``seconds = latency + bytes / bandwidth`` through the smallest message's point (a free
-    intercept lands far from it, since the rate is not linear across cache sizes), the rate
-    fitted by least squares in relative error, so every size counts alike. When the smallest
-    message went faster than that rate allows (it stays in cache; CI once saw 4 KB in 1.2 us
-    against 2.5 GB/s), its whole time is the latency, as :func:`autodice.links.fit_host_link`
-    does for a link's burst."""
-    x, y = np.asarray(nbytes, float), np.asarray(seconds, float)
-    k = int(np.argmin(x))
-    a, b = (x - x[k]) / y, (y - y[k]) / y  # minimise sum((y_k + (x - x_k)*s - y) / y)^2
-    slope = float(np.dot(a, b) / np.dot(a, a))
-    latency = float(y[k] - x[k] * slope)
-    if latency <= 0:
-        latency = float(y[k])
-    if not (slope > 0 and latency > 0):
-        raise AutodiceError(f"link measurement makes no sense (times {list(y)} s for "
-                            f"{list(x)} bytes); run the profile again on a quieter machine")
-    return {"bandwidth": 1.0 / slope, "latency": latency}
 
 
 # --- from ncnn layers to ONNX layers --------------------------------------------------------

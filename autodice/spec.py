@@ -5,6 +5,10 @@ platform.txt, one device per line (``#`` starts a comment)::
     edge01, arm, slots=0-5, gpu=NVIDIAVolta (CUDA), mem=8GB
     edge04, x86, slots=0-11, gpu=AMDRX6800 (VULKAN), bandwidth=1gbit
 
+The original AutoDiCE tool's files work as they are: arch ``cpu`` (whatever the host is, found
+when building there), ``gpu=none (none)`` (no GPU), and a line holding only a host name (its
+cores are the ones the mapping's keys name).
+
 mapping.json: ``{"edge01_arm123": ["conv1", ...], "edge01_gpu": [...]}``; key order is rank order.
 A key is ``<host>_<resource>`` split at the *last* underscore (host names may contain ``_``).
 The resource is ``cpu|arm|x86`` plus cores — one digit per core as in the AutoDiCE paper
@@ -20,7 +24,9 @@ from pathlib import Path
 
 from .errors import AutodiceError, Problems, did_you_mean
 
-ARCHS = ("arm", "x86")
+ARCHS = ("arm", "x86", "cpu")  # cpu: the host's own, resolved where it is built
+_ARCH_SPELLINGS = {"aarch64": "arm", "arm64": "arm", "armv7l": "arm", "x86_64": "x86",
+                   "amd64": "x86"}  # what uname -m says
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -62,7 +68,7 @@ class Device:
 
     name: str
     arch: str
-    slots: tuple[int, ...]
+    slots: tuple[int, ...] | None  # None: a bare host-name line; the keys name the cores
     gpu: str | None = None  # model, e.g. "NVIDIAVolta"
     gpu_api: str | None = None  # "CUDA", "VULKAN", ...
     mem: float | None = None  # bytes of RAM
@@ -117,10 +123,17 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             continue
         where = f"{path}:{lineno}"
         parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 1 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", line):
+            if line in devices:  # AutoDiCE's own platform.txt: one host name per line
+                problems.add(f'{where}: device "{line}" is defined twice')
+            else:
+                devices[line] = Device(line, "cpu", None)
+            continue
         if len(parts) < 3:
             problems.add(f'{where}: expected "name, arch, slots=..." but got "{line}"')
             continue
         name, arch, fields = parts[0], parts[1].lower(), parts[2:]
+        arch = _ARCH_SPELLINGS.get(arch, arch)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
             problems.add(f'{where}: device name "{name}" must be letters, digits, "_", "." or "-"')
             continue
@@ -129,7 +142,7 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             continue
         if arch not in ARCHS:
             problems.add(f'{where}: device "{name}": arch "{parts[1]}" is not one of '
-                         f'{", ".join(ARCHS)}')
+                         f'{", ".join(ARCHS)}{did_you_mean(arch, ARCHS)}')
         values: dict = {}
         for field in fields:
             key, eq, value = field.partition("=")
@@ -151,6 +164,8 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
         if gpu:
             m = re.fullmatch(r"(.*?)\s*\(\s*([^)]*)\s*\)", gpu)
             gpu, gpu_api = (m.group(1), m.group(2).upper()) if m else (gpu, None)
+            if gpu.lower() == "none":  # AutoDiCE writes gpu=none (none) for "no GPU"
+                gpu, gpu_api = None, None
         if "slots" in values:
             devices[name] = Device(name, arch, gpu=gpu, gpu_api=gpu_api, **values)
     if not devices and not problems:

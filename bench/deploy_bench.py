@@ -60,7 +60,7 @@ def prepare(model: Path, hosts: list[str], work: Path, c: cluster.Cluster) -> tu
     mapping = balanced_mapping(load_model(model), keys)
     split_gen(model, mapping, work)
     inventory = work / "inventory.toml"
-    inventory.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn(lean=True)))
+    inventory.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn()))
     return mapping, inventory
 
 
@@ -135,7 +135,7 @@ def bench_deploy_time(model: Path, work: Path, c: cluster.Cluster, repeat: int) 
 def bench_link(work: Path, c: cluster.Cluster) -> list[dict]:
     """bench_transfer between edge01 and edge02: one-way tensor throughput over the links."""
     build = ROOT / "build" / "bench" / "transfer-build"
-    ncnn = ensure_ncnn(lean=True)
+    ncnn = ensure_ncnn()
     subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DAUTODICE_BUILD_TESTS=OFF", *cmake_args(ncnn)], check=True,
                    capture_output=True)
@@ -188,7 +188,7 @@ def bench_e2e(model: Path, work: Path, c: cluster.Cluster, frames: int) -> list[
         name = load_plan(sub / "out").model_inputs[0].name
         res = deploy(sub / "out", inventory, run=True, inputs={name: work / "x.npy"},
                      frames=frames)
-        build(sub / "out", lean=True)
+        build(sub / "out")
         local = run(sub / "out", {name: work / "x.npy"}, frames=frames, results=sub / "local")
         rows.append({"hosts": n, "frames": frames, "deployed_fps": res.run.stats["fps"],
                      "local_fps": local.stats["fps"],

@@ -10,5 +10,5 @@ def write_inventory(c, folder: Path, hosts: list[str]) -> Path:
     """``folder/inventory.toml`` for ``hosts`` of cluster ``c``, on the lean ncnn built here (the
     hosts share this machine's filesystem, so none of them builds ncnn)."""
     path = folder / "inventory.toml"
-    path.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn(lean=True)))
+    path.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn()))
     return path

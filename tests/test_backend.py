@@ -30,7 +30,7 @@ pytestmark = pytest.mark.cpp
 def fig2_built(fig2):
     split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
     gen(fig2 / "out")
-    build(fig2 / "out", lean=True)
+    build(fig2 / "out")
     x = np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32)
     np.save(fig2 / "x.npy", x)
     return fig2
@@ -76,7 +76,7 @@ def test_zoo_model_interleaved_three_ranks(tmp_path, zoo_model):
         interleaved(load_model(path), ["edge01_x860", "edge01_x861", "edge02_arm0"], 7)))
     split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
     gen(tmp_path / "out")
-    build(tmp_path / "out", lean=True)
+    build(tmp_path / "out")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     res = run(tmp_path / "out", {"data_0": tmp_path / "x.npy"}, frames=3)
@@ -116,7 +116,7 @@ def test_editing_an_output_model_leaves_the_cache_intact(fig2_built):
     (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").write_bytes(b"\0" * 10)
     gen(fig2_built / "out")
     assert (fig2_built / "out" / "ncnn" / "edge04_gpu.ncnn.bin").stat().st_size > 10
-    build(fig2_built / "out", lean=True)
+    build(fig2_built / "out")
     res = run(fig2_built / "out", {"input": fig2_built / "x.npy"})
     assert res.outputs["output"].shape == (1, 4, 4, 4)
 
@@ -180,7 +180,7 @@ def test_ranks_threads_run_on_their_own_cores(fig2, mapping):
     (fig2 / "mapping.json").write_text(json.dumps(mapping))
     split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
     gen(fig2 / "out")
-    build(fig2 / "out", lean=True)
+    build(fig2 / "out")
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype(np.float32)
     np.save(fig2 / "x.npy", x)
     res = run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2)
@@ -213,7 +213,7 @@ def test_zoo_models_run_distributed_like_onnxruntime(tmp_path, zoo_model, name, 
     (tmp_path / "mapping.json").write_text(json.dumps(make(load_model(path))))
     plan = split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
     gen(tmp_path / "out")
-    build(tmp_path / "out", lean=True)
+    build(tmp_path / "out")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     feed = plan.model_inputs[0].name

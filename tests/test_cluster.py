@@ -253,7 +253,7 @@ def test_dse_measures_front_points_on_the_hosts(fig2, emu):
     r = CliRunner().invoke(main, [str(a) for a in (
         "dse", fig2 / "model.onnx", "-p", fig2 / "two.txt", "--profile", fig2 / "profile.json",
         "-o", fig2 / "front", "--pop", 8, "--gens", 3, "--measure", 1, "--rounds", 2,
-        "--frames", 5, "-i", inventory, "--lean")])
+        "--frames", 5, "-i", inventory)])
     assert r.exit_code == 0, r.output
     assert "predicted vs measured on the hosts of" in r.output
     (m,) = json.loads((fig2 / "front" / "measure.json").read_text())

@@ -101,7 +101,7 @@ CASES = [
      "runs backwards"),
     ("platform-bad-mem", {"platform.txt": PLATFORM + "edge06, arm, slots=0, mem=lots\n"}, [],
      "mem=lots"),
-    ("platform-short-line", {"platform.txt": PLATFORM + "edge06\n"}, [], 'expected "name, arch'),
+    ("platform-short-line", {"platform.txt": PLATFORM + "edge06, arm\n"}, [], 'expected "name, arch'),
     ("model-missing", {"model.onnx": None}, [], "model.onnx: no such file"),
     ("model-garbage", {"model.onnx": b"\xff\xfe not a model"}, [], "not an ONNX model"),
     ("model-dangling-input", {"model.onnx": dangling_model(), "mapping.json":

@@ -18,13 +18,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autodice import profiler
 from autodice.cli import main
-from autodice.errors import AutodiceError
 from autodice.model import load_model
-from autodice.profile import Link, load_profile, save_profile
+from autodice.profile import Link, fit_link, load_profile, save_profile
 from autodice.profiler import (
     attribute_times,
     fingerprint_onnx,
-    fit_link,
     match_layers,
     platform_links,
     profile_model,
@@ -60,7 +58,7 @@ def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_pat
     assert p.threads == (1, 2) and not run.cached and run.unmatched == ()
     assert all(lc.cpu_ms[t] > 0 for lc in p.layers for t in (1, 2))
     assert all(lc.gpu_ms is None for lc in p.layers)
-    assert run.notes and "gpu_ms is null" in run.notes[0]  # edge02 has a GPU we cannot time
+    assert any("gpu_ms is null" in n for n in run.notes)  # edge02 has a GPU we cannot time
     # pnnx fused each Conv with its ReLU, so there are fewer ncnn layers than ONNX layers...
     assert run.ncnn_layers < len(p.layers)
     # ...and the fused ReLU gets a FLOPs-sized sliver of the Convolution's time.
@@ -158,21 +156,28 @@ def test_symbolic_input_needs_a_shape(fig2):
 
 def test_fit_link_recovers_latency_and_rate():
     sizes = [4e3, 6.5e4, 4e5, 1e6, 4e6]
-    link = fit_link(sizes, [2e-6 + b / 5e9 for b in sizes])
-    assert link["bandwidth"] == pytest.approx(5e9, rel=1e-3)
-    assert link["latency"] == pytest.approx(2e-6)
+    link, warning = fit_link(sizes, [2e-6 + b / 5e9 for b in sizes])
+    assert link.bandwidth == pytest.approx(5e9, rel=1e-3)
+    assert link.latency == pytest.approx(2e-6)
+    assert warning is None
 
 
 def test_fit_link_takes_a_cached_small_message_whole_as_latency():
     # CI's shm rows: 4 KB arrived faster than the larger messages' rate allows.
     sizes = [4000, 65536, 401408, 1048576, 4194304]
-    link = fit_link(sizes, [1.221e-6, 1.9539e-5, 1.09699e-4, 6.32046e-4, 1.646226e-3])
-    assert link["latency"] == 1.221e-6 and 1e9 < link["bandwidth"] < 5e9
+    link, warning = fit_link(sizes, [1.221e-6, 1.9539e-5, 1.09699e-4, 6.32046e-4, 1.646226e-3])
+    assert link.latency == 1.221e-6 and 1e9 < link.bandwidth < 5e9
+    assert warning is None
 
 
-def test_fit_link_refuses_nonsense():
-    with pytest.raises(AutodiceError, match="link measurement makes no sense"):
-        fit_link([4e3, 1e6], [1e-3, 1e-6])
+def test_fit_link_on_a_busy_machine_warns_and_still_gives_a_link():
+    # The rows that failed a fresh clone's suite: 4 KB took longer than 64 KB.
+    sizes = [4000, 65536, 401408, 1048576, 4194304]
+    link, warning = fit_link(sizes, [7.1e-05, 9.4e-06, 4.5e-05, 1.3e-04, 4.8e-04])
+    assert 5e9 < link.bandwidth < 2e10 and 0 < link.latency <= 9.4e-6
+    assert warning and "measure again on a quieter one" in warning
+    link, warning = fit_link([4e3, 1e6], [1e-3, 1e-6])  # flat after the cap: the big one's rate
+    assert link.bandwidth == pytest.approx(1e12) and link.latency > 0 and warning
 
 
 def test_host_links_take_the_slower_rate_and_both_latencies():
