@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .errors import AutodiceError
-from .plan import human_bytes as _human
+from .core.errors import AutodiceError
+from .core.plan import human_bytes as _human
 
 console = Console(stderr=True)
 # Tables stay readable when piped (rich would squeeze them to 80 columns).
@@ -54,8 +54,8 @@ input_shape_option = click.option(
 @click.option("--samples", default=1, show_default=True, help="Random inputs for --check.")
 def split(model, mapping, platform, output, input_shapes, check, samples):
     """Split MODEL into one sub-model per mapping key, with rankfile, tables and plan."""
-    from .model import parse_input_shapes
-    from .split import split as run_split
+    from .core.model import parse_input_shapes
+    from .frontend.split import split as run_split
 
     with console.status("splitting"):
         plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
@@ -74,7 +74,7 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
 
 
 def _check(output, samples, rtol, model) -> None:
-    from .check import check as run_check
+    from .frontend.check import check as run_check
 
     with console.status(f"running sub-models and whole model in onnxruntime ({samples} inputs)"):
         diffs = run_check(output, samples=samples, model=model)
@@ -111,10 +111,10 @@ def check(output, samples, rtol, model):
               help="Print a mapping that cuts the layers into these keys with balanced FLOPs.")
 def layers(model, input_shapes, as_json, balance):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
-    from .model import load_model, parse_input_shapes
-    from .spec import mapping_json
-    from .split import layer_table
-    from .suggest import balanced_mapping
+    from .core.model import load_model, parse_input_shapes
+    from .core.spec import mapping_json
+    from .frontend.layers import layer_table
+    from .frontend.suggest import balanced_mapping
 
     graph = load_model(model, parse_input_shapes(input_shapes))
     if balance:
@@ -142,7 +142,7 @@ def layers(model, input_shapes, as_json, balance):
               help="The whole model, if it moved since the split.")
 def view(output, image, model):
     """Draw OUTPUT's partition: layers coloured by rank, cut tensors with their bytes."""
-    from .view import render
+    from .frontend.view import render
 
     with console.status("drawing"):
         render(output, image, model)
@@ -157,8 +157,8 @@ def gen(output, fp16):
     """Convert OUTPUT's sub-models to ncnn and write the SPMD program and a package per host."""
     from rich.progress import Progress
 
-    from .gen import gen as run_gen
-    from .plan import load_plan
+    from .backend.gen import gen as run_gen
+    from .core.plan import load_plan
 
     n = len(load_plan(output).ranks)
     with Progress(console=console, transient=True) as bar:
@@ -171,7 +171,7 @@ def gen(output, fp16):
 @click.argument("output", type=click.Path(file_okay=False))
 def build(output):
     """Build OUTPUT's program (once per architecture), building ncnn first if needed."""
-    from .build import build as run_build
+    from .backend.build import build as run_build
 
     with console.status("building (ncnn once, then the program)"):
         program = run_build(output, console=console)
@@ -207,9 +207,9 @@ def run(output, inputs, frames, results, no_pipeline, check, rtol):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     import numpy as np
 
-    from .check import compare_with_model
-    from .plan import load_plan
-    from .run import run as run_job
+    from .backend.run import run as run_job
+    from .core.plan import load_plan
+    from .frontend.check import compare_with_model
 
     plan = load_plan(output)
     given = _inputs(plan, inputs)
@@ -241,7 +241,7 @@ def run(output, inputs, frames, results, no_pipeline, check, rtol):
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
 def zoo(name, output, seed):
     """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel)."""
-    from . import zoo as zoo_models
+    from .frontend import zoo as zoo_models
 
     with console.status(f"materializing {name}"):
         zoo_models.save(zoo_models.materialize(name, seed), Path(output))
@@ -276,13 +276,13 @@ def _thread_list(ctx, param, value):
                    "(instead of the platform's bandwidth/latency fields).")
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
-    from .model import parse_input_shapes
-    from .profile import save_profile
-    from .profiler import op_summary, run_profile
+    from .core.model import parse_input_shapes
+    from .dse.profile import save_profile
+    from .dse.profiler import op_summary, run_profile
 
     links = None
     if inventory:
-        from .links import probe_links
+        from .dse.links import probe_links
 
         links = probe_links(inventory, console=console, platform=platform)
         _links_table(links, inventory)
@@ -362,8 +362,8 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
-    from .dse import Settings, measure, profile_arg, table_rows
-    from .dse import dse as run_dse
+    from .dse.dse import Settings, measure, profile_arg, table_rows
+    from .dse.dse import dse as run_dse
 
     settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments)
     settings.check()
@@ -433,7 +433,7 @@ def cluster():
               type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
 def cluster_up(hosts, bandwidth, cores, subnet, ncnn_dir, output):
     """Create (or repair) the emulated cluster and write its inventory."""
-    from . import cluster as emu
+    from .deploy import cluster as emu
 
     pins = {}
     for spec in cores:
@@ -451,7 +451,7 @@ def cluster_up(hosts, bandwidth, cores, subnet, ncnn_dir, output):
 @cluster.command("down")
 def cluster_down():
     """Remove every namespace, link, sshd and file of the emulated cluster."""
-    from . import cluster as emu
+    from .deploy import cluster as emu
 
     removed = emu.down()
     out.print(f"removed {len(removed)} things" + (": " + ", ".join(removed) if removed else ""))
@@ -460,7 +460,7 @@ def cluster_down():
 @cluster.command("status")
 def cluster_status():
     """Show the emulated cluster's hosts, addresses and whether their sshd is alive."""
-    from . import cluster as emu
+    from .deploy import cluster as emu
 
     c, _ = emu.status()
     if c is None:
@@ -470,7 +470,7 @@ def cluster_status():
 
 
 def _cluster_table(c) -> None:
-    from . import cluster as emu
+    from .deploy import cluster as emu
 
     _, rows = emu.status()
     rate = f"{int(c.bandwidth[:-3]) / 1e6:g} Mbit/s" if c.bandwidth else "unshaped"
@@ -501,9 +501,9 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
     import numpy as np
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .check import compare_with_model
-    from .deploy import deploy as run_deploy
-    from .plan import load_plan
+    from .core.plan import load_plan
+    from .deploy.deploy import deploy as run_deploy
+    from .frontend.check import compare_with_model
 
     plan = load_plan(output)
     given = _inputs(plan, inputs)

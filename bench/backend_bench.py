@@ -22,16 +22,17 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from autodice import zoo
-from autodice.build import build
-from autodice.check import compare
-from autodice.engine import cmake_args, ensure_ncnn, mpi_prefix
-from autodice.gen import gen
-from autodice.model import load_model
-from autodice.run import run
-from autodice.spec import mapping_json
-from autodice.split import layer_table, split
-from autodice.suggest import balanced_mapping
+from autodice.backend.build import build
+from autodice.backend.engine import cmake_args, ensure_ncnn, mpi_prefix
+from autodice.backend.gen import gen
+from autodice.backend.run import run
+from autodice.core.model import load_model
+from autodice.core.spec import mapping_json
+from autodice.frontend import zoo
+from autodice.frontend.check import compare
+from autodice.frontend.layers import layer_table
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "edge01, x86, slots=0-1\n"

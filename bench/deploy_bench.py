@@ -30,18 +30,19 @@ from pathlib import Path
 
 import numpy as np
 
-from autodice import cluster, zoo
-from autodice.build import build
-from autodice.deploy import deploy, ssh_config
-from autodice.engine import cmake_args, ensure_ncnn, mpi_prefix
-from autodice.gen import gen
-from autodice.inventory import load_inventory
-from autodice.model import load_model
-from autodice.plan import load_plan
-from autodice.run import run
-from autodice.spec import mapping_json
-from autodice.split import split
-from autodice.suggest import balanced_mapping
+from autodice.backend.build import build
+from autodice.backend.engine import cmake_args, ensure_ncnn, mpi_prefix
+from autodice.backend.gen import gen
+from autodice.backend.run import run
+from autodice.core.model import load_model
+from autodice.core.plan import load_plan
+from autodice.core.spec import mapping_json
+from autodice.deploy import cluster
+from autodice.deploy.deploy import deploy, ssh_config
+from autodice.deploy.inventory import load_inventory
+from autodice.frontend import zoo
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = [f"edge{i:02d}" for i in range(1, 9)]

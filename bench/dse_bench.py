@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from autodice import zoo
-from autodice.cost import CostModel, Timing
-from autodice.dse import Genes, Settings, explore, objectives, verify_point
-from autodice.model import load_model
-from autodice.profile import LayerCost, Link, Profile, load_profile
-from autodice.spec import parse_platform
-from autodice.split import layer_table
+from autodice.core.model import load_model
+from autodice.core.spec import parse_platform
+from autodice.dse.cost import CostModel, Timing
+from autodice.dse.dse import Genes, Settings, explore, objectives, verify_point
+from autodice.dse.profile import LayerCost, Link, Profile, load_profile
+from autodice.frontend import zoo
+from autodice.frontend.layers import layer_table
 
 GOAL_S = 60.0
 BOARD = ("arm, slots=0-5, gpu=NVIDIAVolta (CUDA), mem=8GB, power_idle=4.5W, power_cpu=1W, "

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import onnx
 
-from autodice import zoo
-from autodice.model import load_model, name_layers
-from autodice.plan import load_plan
-from autodice.split import split
-from autodice.suggest import balanced_mapping
+from autodice.core.model import load_model, name_layers
+from autodice.core.plan import load_plan
+from autodice.frontend import zoo
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 MODELS = ("vgg19", "densenet121", "resnet50")
 TARGETS = {"vgg19": 2.0, "densenet121": 0.3}  # seconds, from issue 2 (paper: 21.5 s and 1.93 s)

@@ -7,9 +7,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from autodice import zoo  # noqa: E402
-
 from graphs import figure2  # noqa: E402
+
+from autodice.frontend import zoo  # noqa: E402
 
 SPECS = Path(__file__).parent.parent / "specs"
 

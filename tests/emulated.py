@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from autodice import cluster
-from autodice.engine import ensure_ncnn
+from autodice.backend.engine import ensure_ncnn
+from autodice.deploy import cluster
 
 
 def write_inventory(c, folder: Path, hosts: list[str]) -> Path:

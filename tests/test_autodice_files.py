@@ -13,15 +13,14 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
+from test_cost import fixture_profile
 
 from autodice.cli import main
-from autodice.errors import AutodiceError
-from autodice.model import load_model
-from autodice.place import assign_ranks, check_resources
-from autodice.profile import save_profile
-from autodice.spec import parse_mapping_text, parse_platform_text
-
-from test_cost import fixture_profile
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.core.spec import parse_mapping_text, parse_platform_text
+from autodice.dse.profile import save_profile
+from autodice.frontend.place import assign_ranks, check_resources
 
 PLATFORM = "edge01, cpu, slots=0-1, gpu=none (none)\nedge02, cpu, slots=0-1, gpu=none (none)\n"
 

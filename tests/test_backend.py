@@ -11,16 +11,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-
-from autodice.build import build
-from autodice.cli import main
-from autodice.errors import AutodiceError
-from autodice.gen import gen, render_program
-from autodice.model import load_model
-from autodice.run import run
-from autodice.split import split
-
 from test_zoo import interleaved, scattered
+
+from autodice.backend.build import build
+from autodice.backend.gen import gen, render_program
+from autodice.backend.run import run
+from autodice.cli import main
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.frontend.split import split
 
 GOLDEN = Path(__file__).parent / "golden" / "figure2"
 pytestmark = pytest.mark.cpp

@@ -21,15 +21,15 @@ import pytest
 from click.testing import CliRunner
 from emulated import write_inventory
 
-from autodice import cluster
+from autodice.backend.gen import gen
 from autodice.cli import main
-from autodice.deploy import deploy
-from autodice.errors import AutodiceError
-from autodice.gen import gen
-from autodice.model import load_model
-from autodice.spec import mapping_json
-from autodice.split import split
-from autodice.suggest import balanced_mapping
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.core.spec import mapping_json
+from autodice.deploy import cluster
+from autodice.deploy.deploy import deploy
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 pytestmark = [
     pytest.mark.cpp,
@@ -244,7 +244,7 @@ def test_zoo_model_on_four_hosts_then_only_changed_submodels_move(tmp_path, emu,
 def test_dse_measures_front_points_on_the_hosts(fig2, emu):
     from test_cost import fixture_profile
 
-    from autodice.profile import save_profile
+    from autodice.dse.profile import save_profile
 
     (fig2 / "two.txt").write_text("edge01, x86, slots=0, power_idle=5W, bandwidth=1gbit\n"
                                   "edge02, x86, slots=0, power_idle=5W, bandwidth=1gbit\n")

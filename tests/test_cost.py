@@ -14,14 +14,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autodice.cost import AmdahlFit, CostModel, DevicePower, Timing, fit_amdahl, plan_cost, predict
-from autodice.errors import AutodiceError
-from autodice.model import load_model
-from autodice.partition import build_plan, find_edges
-from autodice.place import assign_ranks, check_resources
-from autodice.profile import Corun, LayerCost, Link, Profile, save_profile
-from autodice.spec import mapping_json, parse_mapping_text, parse_platform_text
-from autodice.split import layer_table, split
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.core.spec import mapping_json, parse_mapping_text, parse_platform_text
+from autodice.dse.cost import (
+    AmdahlFit,
+    CostModel,
+    DevicePower,
+    Timing,
+    fit_amdahl,
+    plan_cost,
+    predict,
+)
+from autodice.dse.profile import Corun, LayerCost, Link, Profile, save_profile
+from autodice.frontend.layers import layer_table
+from autodice.frontend.partition import build_plan, find_edges
+from autodice.frontend.place import assign_ranks, check_resources
+from autodice.frontend.split import split
 
 
 def fixture_profile(graph, gflops: float = 10.0, gpu_speedup: float = 5.0) -> Profile:

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from autodice.cli import main
-from autodice.deploy import (
+from autodice.core.errors import AutodiceError
+from autodice.deploy.deploy import (
     _Host,
     build_groups,
     honours_cores,
@@ -17,9 +18,8 @@ from autodice.deploy import (
     run_failure,
     ssh_config,
 )
-from autodice.errors import AutodiceError
-from autodice.inventory import load_inventory
-from autodice.split import split
+from autodice.deploy.inventory import load_inventory
+from autodice.frontend.split import split
 
 INVENTORY = """
 network = "10.77.0.0/24"

@@ -12,15 +12,15 @@ from click.testing import CliRunner
 from graphs import figure2
 from test_cost import fixture_profile
 
-from autodice.check import check
 from autodice.cli import main
-from autodice.cost import CostModel, Timing
-from autodice.dse import Genes, Settings, explore, objectives
-from autodice.model import load_model
-from autodice.profile import save_profile
-from autodice.spec import parse_platform_text
-from autodice.split import split
-from autodice.validate import check_plan
+from autodice.core.model import load_model
+from autodice.core.spec import parse_platform_text
+from autodice.dse.cost import CostModel, Timing
+from autodice.dse.dse import Genes, Settings, explore, objectives
+from autodice.dse.profile import save_profile
+from autodice.frontend.check import check
+from autodice.frontend.split import split
+from autodice.frontend.validate import check_plan
 
 PLATFORM = """\
 edge01, arm, slots=0-3, mem=4GB, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit, latency=0.2ms

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autodice import engine, sdist
-from autodice.errors import AutodiceError
+from autodice.backend import engine, sdist
+from autodice.core.errors import AutodiceError
 
 QUIET = Console(file=io.StringIO())
 NAME = "demo-1.0.tar.gz"
@@ -392,7 +392,7 @@ def test_a_build_interrupted_half_way_is_not_trusted_and_the_next_run_builds(tmp
     good = _fake_sdist(tmp_path / "good", FAKE_OK)
     env = {**os.environ, "AUTODICE_CACHE": str(tmp_path / "cache")}
     env.pop("AUTODICE_NCNN_DIR", None)
-    script = ("import sys; from pathlib import Path; from autodice import engine; "
+    script = ("import sys; from pathlib import Path; from autodice.backend import engine; "
               "engine.sdist = lambda console: Path(sys.argv[1]); print(engine.ensure_ncnn())")
     proc = subprocess.Popen([sys.executable, "-c", script, str(slow)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

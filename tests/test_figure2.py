@@ -9,8 +9,8 @@ from pathlib import Path
 
 import onnx
 
-from autodice.check import check
-from autodice.split import split
+from autodice.frontend.check import check
+from autodice.frontend.split import split
 
 GOLDEN = Path(__file__).parent / "golden" / "figure2"
 FILES = ("rankfile", "hostfile", "sender.json", "receiver.json", "plan.json")

@@ -17,11 +17,10 @@ import pytest
 from click.testing import CliRunner
 from emulated import write_inventory
 
-from autodice import cluster
 from autodice.cli import main
-from autodice.links import TOOLS, probe_links
-from autodice.profile import fit_link
-from autodice.profile import load_profile
+from autodice.deploy import cluster
+from autodice.dse.links import TOOLS, probe_links
+from autodice.dse.profile import fit_link, load_profile
 
 HOSTS = ["edge01", "edge02", "edge03"]
 RATE = "200mbit"

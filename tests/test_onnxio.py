@@ -7,11 +7,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autodice import onnxio
-from autodice.check import check
-from autodice.model import load_model, name_layers, parse_input_shapes
-from autodice.split import split
-from autodice.suggest import balanced_mapping
+from autodice.core import onnxio
+from autodice.core.model import load_model, name_layers, parse_input_shapes
+from autodice.frontend.check import check
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 
 def write_mapping(path, model, keys):

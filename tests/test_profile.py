@@ -16,11 +16,12 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from autodice import profiler
 from autodice.cli import main
-from autodice.model import load_model
-from autodice.profile import Link, fit_link, load_profile, save_profile
-from autodice.profiler import (
+from autodice.core.model import load_model
+from autodice.core.spec import parse_platform_text
+from autodice.dse import profiler
+from autodice.dse.profile import Link, fit_link, load_profile, save_profile
+from autodice.dse.profiler import (
     attribute_times,
     fingerprint_onnx,
     match_layers,
@@ -29,8 +30,7 @@ from autodice.profiler import (
     run_profile,
     write_inputs,
 )
-from autodice.spec import parse_platform_text
-from autodice.split import layer_table
+from autodice.frontend.layers import layer_table
 
 SPECS = Path(__file__).parent.parent / "specs"
 

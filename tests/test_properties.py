@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from autodice.check import check
-from autodice.model import load_model
-from autodice.split import split
+from autodice.core.model import load_model
+from autodice.frontend.check import check
+from autodice.frontend.split import split
 
 SHAPE = [1, 4, 5, 5]
 OPS = ("Relu", "Sigmoid", "Add", "Mul", "Conv", "MaxPool", "ConcatConv", "AddConst", "Reshape")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autodice import engine
+from autodice.backend import engine
 
 ROOT = Path(__file__).resolve().parent.parent
 

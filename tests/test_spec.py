@@ -1,7 +1,7 @@
 import pytest
 
-from autodice.errors import AutodiceError
-from autodice.spec import parse_cores, parse_key, parse_mapping_text, parse_platform_text
+from autodice.core.errors import AutodiceError
+from autodice.core.spec import parse_cores, parse_key, parse_mapping_text, parse_platform_text
 
 
 @pytest.mark.parametrize("key, host, kind, cores, gpu", [

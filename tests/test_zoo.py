@@ -6,10 +6,10 @@ import random
 import onnx
 import pytest
 
-from autodice.check import check
-from autodice.model import load_model
-from autodice.split import split
-from autodice.suggest import balanced_mapping
+from autodice.core.model import load_model
+from autodice.frontend.check import check
+from autodice.frontend.split import split
+from autodice.frontend.suggest import balanced_mapping
 
 PLATFORM = """\
 edge01, arm, slots=0-5, gpu=NVIDIAVolta (CUDA)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AutodiceError
+from ..core.errors import AutodiceError
 
 PROFILE_VERSION = 1
 

@@ -43,11 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AutodiceError
-from .gen import file_name
+from ..backend.run import RunResult, stage_inputs
+from ..core.errors import AutodiceError
+from ..core.outdir import file_name
+from ..core.plan import Plan, load_plan
 from .inventory import Inventory, Target, load_inventory
-from .plan import Plan, load_plan
-from .run import RunResult, stage_inputs
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 REMOTE_FOLDERS = ("package", "build", "inputs", "results", "launch")  # all inside remote_dir
@@ -578,7 +578,7 @@ def source_digest(package: Path) -> str:
 def group_ncnn_flags(group: list[_Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
     """ncnn's switches for a build group: the instruction sets *every* host of it has, since
     one binary runs on all of them; Vulkan if one of them runs GPU ranks."""
-    from .engine import ncnn_flags
+    from ..backend.engine import ncnn_flags
 
     features = frozenset.intersection(*(h.features for h in group))
     vulkan = any(h.target.host in gpu_hosts for h in group)
@@ -597,7 +597,7 @@ def build_flags(b: _Host, ncnn: dict[str, str]) -> list[str]:
 
 def remote_ncnn(h: _Host, ncnn: dict[str, str]) -> str:
     """Where deploy builds ncnn on a host that has none (keyed like the local cache)."""
-    from .engine import cache_key
+    from ..backend.engine import cache_key
 
     return f"{h.dir}/ncnn/{cache_key(ncnn)}/install"
 
@@ -622,7 +622,7 @@ def _build_ncnn(ssh: _Ssh, h: _Host, flags: dict[str, str]) -> None:
     """No ncnn on the host: send the pinned source package and build it there once."""
     from rich.console import Console
 
-    from .engine import cache_key, sdist
+    from ..backend.engine import cache_key, sdist
 
     t = h.target
     key = cache_key(flags)

@@ -6,8 +6,8 @@ before writing anything, and the tests run it on every plan they make.
 
 from __future__ import annotations
 
-from .errors import AutodiceError
-from .plan import Plan
+from ..core.errors import AutodiceError
+from ..core.plan import Plan
 
 
 def check_plan(plan: Plan) -> None:

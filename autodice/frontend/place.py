@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Problems, did_you_mean
-from .model import UNSUPPORTED_OPS, Graph
-from .spec import Mapping, Platform, Resource, parse_key
-
+from ..core.errors import Problems, did_you_mean
+from ..core.model import UNSUPPORTED_OPS, Graph
+from ..core.spec import Mapping, Platform, Resource, parse_key
 
 SHOWN = 20  # offenders listed one by one before a count
 

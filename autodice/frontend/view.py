@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import AutodiceError
-from .model import load_model
-from .plan import human_bytes as _human, load_plan
+from ..core.errors import AutodiceError
+from ..core.model import load_model
+from ..core.plan import human_bytes as _human
+from ..core.plan import load_plan
 
 
 def render(out_dir: str | Path, image: str | Path, model: str | Path | None = None) -> None:

@@ -17,17 +17,12 @@ from pathlib import Path
 
 import jinja2
 
+from ..core.outdir import file_name, staged
+from ..core.plan import Plan, Rank, load_plan
+from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
-from .plan import Plan, Rank, load_plan
-from .split import staged
-from .tables import hostfile, rankfile
 
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
-
-
-def file_name(tensor: str) -> str:
-    """A tensor name as a file name: ``gpu_0/softmax_1`` -> ``gpu_0_softmax_1.npy``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", tensor) + ".npy"
 
 
 def _var(tensor: str, taken: dict[str, str]) -> str:

@@ -17,9 +17,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..core.errors import AutodiceError
+from ..core.plan import Plan, Rank
 from .engine import cache_root
-from .errors import AutodiceError
-from .plan import Plan, Rank
 
 PNNX_VERSION = "20261020"
 

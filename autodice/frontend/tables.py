@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plan import Plan, dumps, plan_to_json
+from ..core.plan import Plan, dumps, plan_to_json
 
 
 def rankfile(plan: Plan) -> str:

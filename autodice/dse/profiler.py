@@ -44,14 +44,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .convert import PNNX_VERSION, convert
-from .engine import NCNN_PIN, cache_root, cmake_args, ensure_ncnn, mpi_prefix
-from .errors import AutodiceError, Problems
-from .extract import submodel_proto
-from .model import Graph, load_model
-from .onnxio import write_model
-from .partition import static_memory
-from .plan import Memory, Rank, TensorSpec
+from ..backend.convert import PNNX_VERSION, convert
+from ..backend.engine import NCNN_PIN, cache_root, cmake_args, ensure_ncnn, mpi_prefix
+from ..core.errors import AutodiceError, Problems
+from ..core.model import Graph, load_model
+from ..core.onnxio import write_model
+from ..core.plan import Memory, Rank, TensorSpec
+from ..core.spec import Platform, parse_platform
+from ..frontend.extract import submodel_proto
+from ..frontend.layers import layer_flops
+from ..frontend.partition import static_memory
 from .profile import (
     Corun,
     LayerCost,
@@ -61,8 +63,6 @@ from .profile import (
     profile_from_json,
     profile_to_json,
 )
-from .spec import Platform, parse_platform
-from .split import layer_flops
 
 CACHE_VERSION = 3  # 2: adds the co-run slowdown and runtime_bytes; 3: robust link fit
 SOURCES = ("profile_layers.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
@@ -89,9 +89,6 @@ def profile_model(model: str | Path, platform: str | Path, threads=None, **kwarg
     return run_profile(model, platform, threads, **kwargs).profile
 
 
-measure_profile = profile_model  # the name issue 5's plan uses
-
-
 def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...] | None = None,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
@@ -107,7 +104,7 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
         warmup, runs: untimed and timed runs per thread count; the profile holds medians.
         console: a ``rich.console.Console`` for progress (stderr by default).
         use_cache: reuse a measurement of the same model bytes, engine and thread counts.
-        links: host pair -> link measured on the cluster (``autodice.links.probe_links``); they
+        links: host pair -> link measured on the cluster (``autodice.dse.links.probe_links``); they
             replace the platform's figures for those pairs. Not cached: they describe the
             network, not the model.
 

@@ -58,7 +58,7 @@ arrays (layer x resource latencies, tensor sizes and uses, weight owners); a who
 candidates is then scored with a handful of ``bincount``/``maximum.at`` calls and one cumulative
 sum for the activation peaks; only candidates whose rank graph has a cycle pay for the longest
 paths (one vectorized pass over the layers). :func:`plan_cost` computes the same numbers from a
-:class:`~autodice.plan.Plan` (the slow, obvious way), and the tests hold the two equal.
+:class:`~autodice.core.plan.Plan` (the slow, obvious way), and the tests hold the two equal.
 
 Not modelled: contention between ranks that share a core (a GPU rank's driver thread), host-GPU
 copies, a per-frame runtime overhead, other processes on the boards.
@@ -72,11 +72,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AutodiceError, Problems
-from .model import Graph, load_model
-from .plan import Plan, load_plan
+from ..core.errors import AutodiceError, Problems
+from ..core.model import Graph, load_model
+from ..core.plan import Plan, load_plan
+from ..core.spec import Platform, parse_key, parse_platform
 from .profile import Profile, load_profile
-from .spec import Platform, parse_key, parse_platform
 
 KINDS = ("one", "all", "rest", "gpu")
 # A host pair the platform gives no figures for and no measurement covers: switched gigabit

@@ -5,8 +5,8 @@ Users need a valid mapping before they can profile or search; tests and benchmar
 
 from __future__ import annotations
 
-from .model import Graph
-from .split import layer_flops
+from ..core.model import Graph
+from .layers import layer_flops
 
 
 def balanced_mapping(graph: Graph, keys: list[str]) -> dict[str, list[str]]:

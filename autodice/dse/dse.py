@@ -33,14 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import AutodiceError
+from ..core.model import Graph, load_model
+from ..core.outdir import staged
+from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platform
+from ..frontend.partition import build_plan, find_edges
+from ..frontend.place import assign_ranks, check_resources
+from ..frontend.validate import check_plan
 from .cost import Cost, CostModel, Timing, make_timing, plan_cost
-from .errors import AutodiceError
-from .model import Graph, load_model
-from .partition import build_plan, find_edges
-from .place import assign_ranks, check_resources
-from .spec import Platform, mapping_json, parse_mapping_text, parse_platform
-from .split import staged
-from .validate import check_plan
 
 ENCODINGS = ("layer", "segment")
 
@@ -78,7 +78,7 @@ class Settings:
 
 
 class Genes:
-    """Genes <-> slot arrays (:class:`~autodice.cost.CostModel` columns), both encodings."""
+    """Genes <-> slot arrays (:class:`~autodice.dse.cost.CostModel` columns), both encodings."""
 
     def __init__(self, cm: CostModel, encoding: str = "layer", segments: int | None = None):
         self.cm, self.encoding = cm, encoding
@@ -558,7 +558,7 @@ def table_rows(front: Front, limit: int = 12) -> list[Point]:
 
 
 def profile_arg(specs, model, platform):
-    """``--profile`` values -> what :func:`autodice.cost.make_timing` takes.
+    """``--profile`` values -> what :func:`autodice.dse.cost.make_timing` takes.
 
     ``FILE`` is the profile of every host, ``HOST=FILE`` of one host (a path that exists is
     taken as a file even if it holds ``=``). With none, the model is profiled now when this
@@ -584,23 +584,11 @@ def profile_arg(specs, model, platform):
 
 
 def measure_profile(model, platform):
-    """Profile ``model`` on this machine for ``platform`` with the profiler, if there is one.
+    """Profile ``model`` on this machine for ``platform`` (what ``dse`` does when given no
+    profile)."""
+    from .profiler import profile_model
 
-    Raises:
-        AutodiceError: no profiler in this autodice.
-    """
-    import importlib
-
-    for name in ("autodice.profiler", "autodice.profile"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        fn = getattr(mod, "profile_model", None) or getattr(mod, "measure", None)
-        if callable(fn):
-            return fn(model, platform)
-    raise AutodiceError(f"no --profile given: profile {model} first (`autodice profile {model} "
-                        f"--platform {platform} -o profile.json`) and pass --profile profile.json")
+    return profile_model(model, platform)
 
 
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
@@ -672,9 +660,9 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     Raises:
         AutodiceError: no front in ``out``, or a step failed (its message).
     """
-    from .build import build
-    from .gen import gen
-    from .split import split
+    from ..backend.build import build
+    from ..backend.gen import gen
+    from ..frontend.split import split
 
     if rounds < 1 or frames < 1:
         raise AutodiceError(f"--rounds {rounds} --frames {frames}: need at least 1 of each")
@@ -743,10 +731,10 @@ def _measure_inputs(plan, work: Path) -> dict[str, Path]:
 def _run_point(work: Path, inputs: dict[str, Path], frames: int, inventory) -> dict:
     """One run of a built point: here, or deployed (a no-op sync after the first) and run."""
     if inventory is None:
-        from .run import run
+        from ..backend.run import run
 
         return run(work, inputs, frames=frames).stats
-    from .deploy import deploy
+    from ..deploy.deploy import deploy
 
     res = deploy(work, inventory, run=True, inputs=inputs, frames=frames)
     assert res.run is not None

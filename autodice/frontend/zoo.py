@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import AutodiceError
+from ..core.errors import AutodiceError
 
 # Bumped whenever materialize() makes different weights, so caches of zoo models are refreshed.
 WEIGHTS_VERSION = 2

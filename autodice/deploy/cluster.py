@@ -30,8 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import AutodiceError, Problems
-from .spec import _RATE_UNITS, _number, parse_cores
+from ..core.errors import AutodiceError, Problems
+from ..core.spec import _RATE_UNITS, _number, parse_cores
 
 NETNS_PREFIX = "adc-"
 BRIDGE = "adcbr0"
@@ -490,7 +490,7 @@ def _toml_str(value: str) -> str:
 
 def find_ncnn() -> Path | None:
     """An ncnn install this machine already has (no build): the override, else the cached one."""
-    from .engine import CONFIG, cache_key, cache_root, ncnn_flags
+    from ..backend.engine import CONFIG, cache_key, cache_root, ncnn_flags
 
     override = os.environ.get("AUTODICE_NCNN_DIR")
     if override:
@@ -502,7 +502,7 @@ def find_ncnn() -> Path | None:
 def inventory_toml(c: Cluster, hosts: list[str] | None = None,
                    ncnn_dir: str | Path | None = None) -> str:
     """The inventory for ``autodice deploy`` to reach ``hosts`` (default: all) of ``c``."""
-    from .engine import mpi_prefix
+    from ..backend.engine import mpi_prefix
 
     ncnn = Path(ncnn_dir) if ncnn_dir else find_ncnn()
     lines = [

@@ -6,9 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..core.errors import AutodiceError
+from ..core.plan import load_plan
 from .engine import cmake_args, ensure_ncnn
-from .errors import AutodiceError
-from .plan import load_plan
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:

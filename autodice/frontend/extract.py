@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .model import SHAPE_OPS, Graph, shape_constant
-from .onnxio import write_model
+from ..core.model import SHAPE_OPS, Graph, shape_constant
+from ..core.onnxio import write_model
+from ..core.plan import Plan, Rank, TensorSpec
 from .place import Placement
-from .plan import Plan, Rank, TensorSpec
 
 
 def _value_info(graph: Graph, spec: TensorSpec) -> onnx.ValueInfoProto:

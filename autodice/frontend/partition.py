@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import Problems
-from .model import Graph
+from ..core.errors import Problems
+from ..core.model import Graph
+from ..core.plan import Edge, Memory, Plan, Rank, Step, TensorSpec
 from .place import Placement
-from .plan import Edge, Memory, Plan, Rank, Step, TensorSpec
 
 
 def tensor_spec(graph: Graph, name: str) -> TensorSpec:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .errors import AutodiceError
+from ..core.errors import AutodiceError
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 SYSTEM_CONF = Path("/etc/pip.conf")
@@ -343,8 +343,7 @@ def fetch(project: str, filename: str, sha256: str, folder: Path, console=None,
 
 
 def _download(client: _Client, url: str, sha256: str, target: Path, console) -> Path:
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     if console is None:
         from rich.console import Console

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import AutodiceError
+from ..core.outdir import file_name
+from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
-from .errors import AutodiceError
-from .gen import file_name
-from .plan import Plan, load_plan
 
 
 @dataclass(frozen=True)

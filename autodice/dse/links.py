@@ -3,8 +3,8 @@
 ``autodice profile --inventory`` replaces the platform's ``bandwidth``/``latency`` figures with
 what the network really does between every pair of hosts, the way a rank sees it: one rank on
 each host runs ``profile_layers --link`` (the ping-pong through ``autodice::Transfer`` that also
-measures ``shm``), and :func:`~autodice.profile.fit_link` turns its one-way times into a
-:class:`~autodice.profile.Link` (a poor fit is a warning, never a failure).
+measures ``shm``), and :func:`~autodice.dse.profile.fit_link` turns its one-way times into a
+:class:`~autodice.dse.profile.Link` (a poor fit is a warning, never a failure).
 
 Getting there is ``autodice deploy``'s machinery, reused as it is: one ssh master connection per
 host, the same prerequisite check, rsync by content, one build per architecture and shared
@@ -25,7 +25,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .deploy import (
+from ..core.errors import AutodiceError
+from ..core.spec import parse_platform
+from ..deploy.deploy import (
     Build,
     _build_all,
     _check_all,
@@ -39,11 +41,9 @@ from .deploy import (
     run_mpirun,
     ssh_config,
 )
-from .errors import AutodiceError
-from .inventory import Inventory, load_inventory
+from ..deploy.inventory import Inventory, load_inventory
 from .profile import Link, link_from_rows
 from .profiler import write_sources
-from .spec import parse_platform
 
 TOOLS = Build(folder="tools", exe="profile_layers")
 TOOLS_FOLDERS = ("package", "build", "launch", "results")  # inside <remote_dir>/tools

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AutodiceError, Problems, did_you_mean
+from ..core.errors import AutodiceError, Problems, did_you_mean
 
 try:
     import tomllib
