@@ -1,4 +1,4 @@
-"""gen -> build -> mpirun for real (ncnn lean build, Open MPI wheel), checked against onnxruntime."""
+"""gen -> build -> mpirun for real (ncnn, Open MPI wheel), checked against onnxruntime."""
 
 import json
 import os
@@ -41,7 +41,7 @@ def test_figure2_program_golden(fig2):
     if os.environ.get("AUTODICE_RECORD"):
         (GOLDEN / "program.cpp").write_text(program)
     assert program == (GOLDEN / "program.cpp").read_text(), "program changed; review, re-record"
-    assert [f"if (rank == {k}) run_rank_{k}(args, st);" in program for k in range(3)] == [True] * 3
+    assert "{kRank0, kRank1, kRank2}" in program and "run_program(argc, argv, plan)" in program
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
@@ -139,12 +139,22 @@ def _rank_pid(program: Path, rank: int, timeout_s: float = 30) -> int:
 
 
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
-def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2_built, signal_name):
-    """Rank 1 dies (SIGKILL) or hangs (SIGSTOP) mid-run: mpirun must not wait forever."""
-    program = fig2_built / "out" / "packages" / "edge01" / "build" / "program"
+def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_name):
+    """Rank 1 dies (SIGKILL) or hangs (SIGSTOP) mid-run: mpirun must not wait forever.
+
+    CPU ranks only: a GPU rank on lavapipe may still be compiling shaders 2 s in, and a rank
+    that hangs while loading is given a minute (the start barrier's time-out), not 10 s.
+    """
+    (fig2 / "mapping.json").write_text(json.dumps({
+        "edge01_arm123": ["MaxPool1", "Add1"], "edge01_arm4": ["FC1"],
+        "edge04_x860": ["Conv1", "Relu1"]}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    build(fig2 / "out")
+    np.save(fig2 / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
+    program = fig2 / "out" / "packages" / "edge01" / "build" / "program"
     with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(run, fig2_built / "out", {"input": fig2_built / "x.npy"},
-                          frames=10**8)
+        job = pool.submit(run, fig2 / "out", {"input": fig2 / "x.npy"}, frames=10**8)
         pid = _rank_pid(program, 1)
         time.sleep(2.0)  # well into the stream of frames
         assert not job.done()
@@ -156,9 +166,9 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2_built, sign
     assert ended < 10, f"the job took {ended:.1f} s to end"
     first = failure.value.problems[1]
     if signal_name == "SIGKILL":
-        assert first == "rank 1 (edge01_gpu on edge01) died: killed by signal 9 (Killed)"
+        assert first == "rank 1 (edge01_arm4 on edge01) died: killed by signal 9 (Killed)"
     else:
-        assert first.startswith("rank 1 (edge01_gpu on edge01) stopped responding (rank 0 for")
+        assert first.startswith("rank 1 (edge01_arm4 on edge01) stopped responding (rank 0 for")
 
 
 def _two_cores_or_skip():

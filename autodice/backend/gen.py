@@ -1,8 +1,10 @@
 """``autodice gen``: the plan -> one SPMD C++ program and a package per host.
 
-The program comes from one Jinja template (``templates/program.cpp.j2``); this module only turns
-the plan into the names and numbers the template prints, so the C++ stays readable in one place.
-Output is byte-stable: no timestamps, fixed order; ``tests/golden/`` holds Figure 2's program.
+The program is the plan as data: one table per rank (``templates/program.cpp.j2``), run by the
+engine every program shares (``runtime_cpp/autodice_program.cpp``, compiled and tested once).
+This module only turns the plan into the numbers and escaped names the template prints; a name
+from the model reaches the C++ only through :mod:`autodice.core.names`. Output is byte-stable:
+no timestamps, fixed order; ``tests/golden/`` holds Figure 2's program.
 
 ``OUT/packages/<host>/`` holds everything a board needs: the program, its CMakeLists.txt, the
 runtime library's sources, the rankfile and hostfile, that host's ncnn models and ``run.sh``.
@@ -10,14 +12,15 @@ runtime library's sources, the rankfile and hostfile, that host's ncnn models an
 
 from __future__ import annotations
 
-import re
+import operator
 import shutil
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 
-from ..core.outdir import file_name, staged
+from ..core.names import Escaped, cpp_comment, cpp_string, finalize
+from ..core.outdir import staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
@@ -25,70 +28,83 @@ from .convert import convert_all
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
 
 
-def _var(tensor: str, taken: dict[str, str]) -> str:
-    base = "t_" + re.sub(r"\W", "_", tensor)
-    name, k = base, 1
-    while name in taken.values() and taken.get(tensor) != name:
-        k += 1
-        name = f"{base}_{k}"
-    taken[tensor] = name
-    return name
-
-
 def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def rank_context(plan: Plan, r: Rank) -> dict:
-    """What the template needs for one rank, every index resolved."""
-    names: dict[str, str] = {}
+def _ints(values) -> Escaped:
+    """Comma-joined integers (a C++ brace list's inside); anything else is a bug."""
+    return Escaped(", ".join(str(operator.index(v)) for v in values))
+
+
+def rank_context(plan: Plan, r: Rank, files: dict[str, str]) -> dict:
+    """One rank's table for the template: every index resolved, every name escaped.
+
+    Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
+    position (pnnx names a sub-model's inputs in0.. and outputs out0..). A tensor sent to several
+    ranks is one send per destination; a destination list of several ranks would mean stage
+    replicas taking turns.
+    """
     in_pos = {t.name: k for k, t in enumerate(r.submodel_inputs)}
     out_pos = {t.name: k for k, t in enumerate(r.submodel_outputs)}
     specs = {t.name: t for t in (*r.submodel_inputs, *r.submodel_outputs)}
-    tensors = [{"name": t.name, "var": _var(t.name, names), "shape": list(t.shape),
-                "dtype_enum": DTYPE_ENUM.get(t.dtype, "Float32")} for t in specs.values()]
-    recv = [{"tensor": e.tensor, "var": names[e.tensor], "src": e.src, "tag": e.tag,
-             "shape_str": _shape(e.shape), "dtype": e.dtype, "nbytes": e.nbytes,
-             "position": in_pos[e.tensor]} for e in r.recv]
+    index = {name: k for k, name in enumerate(specs)}
     recv_index = {e.tensor: k for k, e in enumerate(r.recv)}
-    sends_of: dict[str, list[dict]] = {}
-    for e in r.send:
-        sends_of.setdefault(e.tensor, []).extend({"peer": d, "tag": e.tag} for d in e.dst)
-    steps = []
-    for s in r.steps:
-        steps.append({
-            "wait_names": list(s.wait),
-            "wait": [{"index": recv_index[t], "position": in_pos[t]} for t in s.wait],
-            "extract": [{"name": t, "var": names[t], "position": out_pos[t], "index": out_pos[t],
-                         "sends": sends_of.get(t, [])} for t in s.extract],
-        })
     layers = list(r.layers)
     summary = ", ".join(layers) if len(layers) <= 4 else f"{layers[0]} ... {layers[-1]}"
+    device = (f"cpu, {r.threads} thread{'s' if r.threads > 1 else ''}" if r.device == "cpu"
+              else f"gpu {r.gpu_index}")
     return {
-        "rank": r.rank, "key": r.key, "host": r.host, "device": r.device, "threads": r.threads,
-        "slots": list(r.slots), "layers": layers, "layer_summary": summary, "tensors": tensors,
-        "recv": recv, "send": [{"tensor": e.tensor, "dst": list(e.dst), "nbytes": e.nbytes,
-                                "shape_str": _shape(e.shape), "dtype": e.dtype} for e in r.send],
-        "inputs": [{"var": names[t], "position": in_pos[t], "file": file_name(t),
-                    "forward": sends_of.get(t, [])} for t in r.inputs],
-        "outputs_all": list(r.submodel_outputs), "steps": steps,
-        "model_outputs": [{"var": names[t], "index": out_pos[t], "file": file_name(t)}
-                          for t in r.outputs],
+        "rank": r.rank, "key": cpp_string(r.key), "host": cpp_string(r.host),
+        "key_note": cpp_comment(r.key), "host_note": cpp_comment(r.host),
+        "device_note": Escaped(device), "slots": _ints(r.slots),
+        "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
+        "gpu_index": r.gpu_index, "threads": r.threads, "fp16": Escaped("false"),
+        "replica": 0, "replicas": 1, "n_layers": len(layers),
+        "layers_note": cpp_comment(summary),
+        "recv_notes": [{"tensor": cpp_comment(e.tensor), "shape": Escaped(_shape(e.shape)),
+                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes, "srcs": _ints([e.src]),
+                        "position": in_pos[e.tensor]} for e in r.recv],
+        "send_notes": [{"tensor": cpp_comment(e.tensor), "shape": Escaped(_shape(e.shape)),
+                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes, "dsts": _ints(e.dst),
+                        "many": len(e.dst) > 1} for e in r.send],
+        "tensors": [{"name": cpp_string(t.name), "shape": _ints(t.shape),
+                     "dtype_enum": Escaped(DTYPE_ENUM.get(t.dtype, "Float32"))}
+                    for t in specs.values()],
+        "inputs": [{"tensor": index[t], "blob": in_pos[t], "file": cpp_string(files[t])}
+                   for t in r.inputs],
+        "receives": [{"tensor": index[e.tensor], "blob": in_pos[e.tensor], "srcs": _ints([e.src]),
+                      "edge": e.tag} for e in r.recv],
+        "produces": [{"tensor": index[t.name], "blob": k}
+                     for k, t in enumerate(r.submodel_outputs)],
+        "steps": [{"wait": _ints(recv_index[t] for t in s.wait),
+                   "extract": _ints(out_pos[t] for t in s.extract),
+                   "note": cpp_comment(", ".join(s.wait)) if s.wait else None} for s in r.steps],
+        "sends": [{"tensor": index[e.tensor], "dsts": _ints([d]), "edge": e.tag}
+                  for e in r.send for d in e.dst],
+        "outputs": [{"produce": out_pos[t], "file": cpp_string(files[t])} for t in r.outputs],
         "bytes_sent": r.memory.send_bytes, "bytes_received": r.memory.recv_bytes,
     }
 
 
 def _env() -> jinja2.Environment:
+    """Templates print only numbers and :class:`~autodice.core.names.Escaped` text: a raw name
+    is an error at ``gen`` time, never text in the program (names.finalize)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resources.files("autodice.templates"))),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=False,
-        lstrip_blocks=False)
+        lstrip_blocks=False, finalize=finalize, autoescape=False)
 
 
 def render_program(plan: Plan, fp16: bool = False) -> str:
-    """The generated C++ source for ``plan``."""
-    ctx = {"model": Path(plan.model).name, "ranks": [rank_context(plan, r) for r in plan.ranks],
-           "edges": plan.edges, "fp16": fp16}
+    """The generated C++ source for ``plan``: the plan as one table per rank."""
+    files = tensor_files(plan)
+    ranks = [rank_context(plan, r, files) for r in plan.ranks]
+    if fp16:
+        for rc in ranks:
+            rc["fp16"] = Escaped("true")
+    ctx = {"model": cpp_string(Path(plan.model).name), "model_note": cpp_comment(
+        Path(plan.model).name), "ranks": ranks, "edges": len(plan.edges)}
     return _env().get_template("program.cpp.j2").render(ctx)
 
 
@@ -98,6 +114,10 @@ def render_cmake() -> str:
 
 def render_run_script(plan: Plan) -> str:
     return _env().get_template("run.sh.j2").render({"ranks": len(plan.ranks)})
+
+
+RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_program.h",
+                   "autodice_program.cpp")
 
 
 def gen(out_dir: str | Path, fp16: bool = False, progress=None) -> Plan:
@@ -123,7 +143,7 @@ def gen(out_dir: str | Path, fp16: bool = False, progress=None) -> Plan:
             run = pkg / "run.sh"
             run.write_text(render_run_script(plan))
             run.chmod(0o755)
-            for name in ("autodice_runtime.h", "autodice_runtime.cpp"):
+            for name in RUNTIME_SOURCES:
                 (pkg / "runtime" / name).write_text(runtime.joinpath(name).read_text())
             (pkg / "models").mkdir()
             for r in plan.ranks:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
-from ..core.outdir import file_name
+from ..core.outdir import tensor_files
 from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
 
@@ -115,6 +115,7 @@ def stage_inputs(plan: Plan, inputs: dict[str, Path], dest: Path) -> None:
         AutodiceError: a missing input, or an array of the wrong shape or dtype.
     """
     dest.mkdir(parents=True, exist_ok=True)
+    files = tensor_files(plan)
     for t in plan.model_inputs:
         path = inputs.get(t.name)
         if path is None:
@@ -128,7 +129,7 @@ def stage_inputs(plan: Plan, inputs: dict[str, Path], dest: Path) -> None:
             raise AutodiceError(f'{path}: model input "{t.name}" must be '
                                 f"{'x'.join(map(str, t.shape))} {t.dtype}, got "
                                 f"{'x'.join(map(str, array.shape))} {array.dtype}")
-        np.save(dest / file_name(t.name), np.ascontiguousarray(array))
+        np.save(dest / files[t.name], np.ascontiguousarray(array))
 
 
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
@@ -170,5 +171,6 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
         raise AutodiceError(f"the job failed (exit {proc.returncode}):",
                             *explain_failure(plan, proc.stderr + proc.stdout))
     stats = json.loads((results / "stats.json").read_text())
-    outputs = {t.name: np.load(results / file_name(t.name)) for t in plan.model_outputs}
+    files = tensor_files(plan)
+    outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
     return RunResult(results, stats, outputs, tuple(binding_problems(plan, stats)))

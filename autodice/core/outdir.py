@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import AutodiceError
+from .names import unique_slugs
+from .plan import Plan
 
 
 @contextlib.contextmanager
@@ -50,6 +51,9 @@ def staged(out: Path, owned: bool = False) -> Iterator[Path]:
         raise
 
 
-def file_name(tensor: str) -> str:
-    """A tensor name as a file name: ``gpu_0/softmax_1`` -> ``gpu_0_softmax_1.npy``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", tensor) + ".npy"
+def tensor_files(plan: Plan) -> dict[str, str]:
+    """Model input and output name -> the .npy file that carries it (``run``'s inputs and
+    results): ``gpu_0/softmax_1`` -> ``gpu_0_softmax_1.npy``. Names that would share a file
+    (``a/b`` and ``a_b``) get ``-2``, ``-3``... in plan order, so every name has its own."""
+    names = [t.name for t in (*plan.model_inputs, *plan.model_outputs)]
+    return unique_slugs(list(dict.fromkeys(names)), ".npy")

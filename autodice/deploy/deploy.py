@@ -45,7 +45,7 @@ import numpy as np
 
 from ..backend.run import RunResult, stage_inputs
 from ..core.errors import AutodiceError
-from ..core.outdir import file_name
+from ..core.outdir import tensor_files
 from ..core.plan import Plan, load_plan
 from .inventory import Inventory, Target, load_inventory
 
@@ -904,7 +904,8 @@ def _collect(ssh: _Ssh, plan: Plan, hosts: list[_Host], out_dir: Path,
              progress: Progress) -> RunResult:
     results = out_dir / "results"
     results.mkdir(exist_ok=True)
-    wanted = {"stats.json", *(file_name(t.name) for t in plan.model_outputs)}
+    files = tensor_files(plan)
+    wanted = {"stats.json", *(files[t.name] for t in plan.model_outputs)}
     for name in wanted:
         (results / name).unlink(missing_ok=True)
     makers = {plan.ranks[0].host} | {r.host for r in plan.ranks if r.outputs}
@@ -923,5 +924,5 @@ def _collect(ssh: _Ssh, plan: Plan, hosts: list[_Host], out_dir: Path,
         raise AutodiceError(f"collect: the job ended but {', '.join(absent)} did not "
                             f"come back into {results}")
     stats = json.loads((results / "stats.json").read_text())
-    outputs = {t.name: np.load(results / file_name(t.name)) for t in plan.model_outputs}
+    outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
     return RunResult(results, stats, outputs)

@@ -1,0 +1,365 @@
+// autodice program engine; see autodice_program.h.
+#include "autodice_program.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "net.h"
+#if NCNN_VULKAN
+#include "gpu.h"
+#endif
+
+namespace autodice {
+namespace {
+
+struct Args {
+  std::string inputs = ".";
+  std::string results = "results";
+  std::string models = ".";
+  int frames = 1;
+  bool pipeline = true;
+  bool gpu_fallback_cpu = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) abort_run(k + " needs a value", 2);
+      return argv[++i];
+    };
+    if (k == "--inputs") {
+      a.inputs = value();
+    } else if (k == "--results") {
+      a.results = value();
+    } else if (k == "--models") {
+      a.models = value();
+    } else if (k == "--frames") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000000000)
+        abort_run("--frames " + v + ": need a whole number of frames, at least 1", 2);
+      a.frames = static_cast<int>(n);
+    } else if (k == "--no-pipeline") {
+      a.pipeline = false;
+    } else if (k == "--gpu-fallback") {
+      const std::string v = value();
+      if (v != "cpu" && v != "none") abort_run("--gpu-fallback " + v + ": cpu or none", 2);
+      a.gpu_fallback_cpu = v == "cpu";
+    } else {
+      abort_run("unknown argument " + k, 2);
+    }
+  }
+  return a;
+}
+
+// Per-rank figures gathered to rank 0 for stats.json; all doubles so one MPI_Gather moves them.
+// Core sets travel as bit masks (exact in a double up to 53 cores).
+struct Stats {
+  double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
+         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0;
+  double start = 0;  // not gathered: when this rank's clock started
+};
+constexpr int kStatFields = 10;
+constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
+
+double mask(const std::vector<int>& cpus) {
+  double m = 0;
+  for (int c : cpus)
+    if (c < 53) m += static_cast<double>(int64_t{1} << c);
+  return m;
+}
+
+void print_mask(FILE* f, double m) {
+  const auto bits = static_cast<int64_t>(m);
+  const char* sep = "";
+  for (int c = 0; c < 53; ++c)
+    if (bits >> c & 1) {
+      std::fprintf(f, "%s%d", sep, c);
+      sep = ", ";
+    }
+}
+
+// A JSON string literal of `s` (names may hold quotes, backslashes, control characters).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// Called by every rank once its model and inputs are loaded: the clock starts together, so
+// frames/s counts frames, not loading. Also records where the rank's threads may and do run.
+void start_clock(Stats& st, const Timer& loading, int threads) {
+  st.load_s = loading.elapsed_ms() / 1e3;
+  st.cpus = mask(allowed_cpus());
+  st.omp_cpus = mask(omp_thread_cpus(threads));
+  // Loading a large sub-model on a small board takes a while: wait longer than for a tensor.
+  barrier(MPI_COMM_WORLD, std::max(60.0, wait_timeout()), "the start");
+  st.start = MPI_Wtime();
+}
+
+void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
+  net.opt.num_threads = r.threads;
+  net.opt.lightmode = r.steps.size() <= 1;  // a rank with several steps revisits earlier blobs
+  if (!r.fp16) {  // fp32 end to end, so outputs match onnxruntime
+    net.opt.use_fp16_packed = false;
+    net.opt.use_fp16_storage = false;
+    net.opt.use_fp16_arithmetic = false;
+    net.opt.use_bf16_storage = false;
+  }
+#if NCNN_VULKAN
+  if (gpu) {
+    net.opt.use_vulkan_compute = true;
+    net.set_vulkan_device(r.gpu_index);
+  }
+#else
+  (void)gpu;
+#endif
+  const std::string base = args.models + "/" + r.key + ".ncnn";
+  if (net.load_param((base + ".param").c_str()) != 0)
+    abort_run("cannot load " + base + ".param (missing or corrupt)", 4);
+  if (net.load_model((base + ".bin").c_str()) != 0)
+    abort_run("cannot load " + base + ".bin (missing or corrupt)", 4);
+}
+
+TensorInfo info_of(const TensorSpec& t) { return TensorInfo{t.name, t.shape, t.dtype}; }
+
+ncnn::Mat read_input(const Args& args, const TensorSpec& t, const std::string& file) {
+  try {
+    NpyArray a = npy_load(args.inputs + "/" + file, t.dtype, t.shape);
+    return mat_from_dense(a.f32(), t.shape);
+  } catch (const std::exception& e) {
+    abort_run(e.what(), 2);
+  }
+}
+
+void write_output(const Args& args, const TensorSpec& t, const std::string& file,
+                  const ncnn::Mat& m) {
+  if (element_count(mat_shape(m)) != element_count(t.shape))
+    abort_run("output \"" + t.name + "\" has shape " + shape_str(mat_shape(m)) +
+                  ", the plan says " + info_of(t).describe(), 5);
+  std::vector<float> dense(static_cast<size_t>(element_count(t.shape)));
+  dense_from_mat(m, dense.data());
+  try {
+    npy_save(args.results + "/" + file, DType::Float32, t.shape, dense.data());
+  } catch (const std::exception& e) {
+    abort_run(e.what(), 6);
+  }
+}
+
+void timed_wait(Transfer& t, double& seconds) {
+  Timer timer;
+  t.wait();
+  seconds += timer.elapsed_ms() / 1e3;
+}
+
+void timed_wait_all(std::vector<Transfer>& ts, double& seconds) {
+  Timer timer;
+  wait_all(ts);
+  ts.clear();
+  seconds += timer.elapsed_ms() / 1e3;
+}
+
+int peer_of(const std::vector<int>& peers, int frame) {
+  return peers[static_cast<size_t>(frame) % peers.size()];
+}
+
+// The rank's part of the job. Frames this rank takes are numbered locally (0, 1, 2...) for its
+// double buffers; MPI tags carry the global frame's parity.
+void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool gpu, Stats& st) {
+  const Timer loading;
+  ncnn::Net net;
+  load_net(net, args, r, gpu);
+  const auto tag = [&](int edge, int frame) { return edge + plan.edges * (frame % 2); };
+  std::vector<TensorInfo> infos;
+  for (const TensorSpec& t : r.tensors) infos.push_back(info_of(t));
+  std::vector<ncnn::Mat> input_mats;
+  for (const ModelInput& in : r.inputs)
+    input_mats.push_back(read_input(args, r.tensors[in.tensor], in.file));
+  // Which sends leave with the inputs, and which after each step.
+  std::vector<int> produced_by(r.tensors.size(), -1), input_of(r.tensors.size(), -1);
+  for (size_t k = 0; k < r.produces.size(); ++k) produced_by[r.produces[k].tensor] = int(k);
+  for (size_t k = 0; k < r.inputs.size(); ++k) input_of[r.inputs[k].tensor] = int(k);
+  std::vector<std::vector<int>> after_step(r.steps.size());
+  std::vector<int> with_inputs;
+  for (size_t k = 0; k < r.sends.size(); ++k) {
+    const int t = r.sends[k].tensor;
+    if (input_of[t] >= 0) {
+      with_inputs.push_back(int(k));
+      continue;
+    }
+    for (size_t s = 0; s < r.steps.size(); ++s)
+      for (int p : r.steps[s].extract)
+        if (r.produces[p].tensor == t) after_step[s].push_back(int(k));
+  }
+
+  std::vector<ncnn::Mat> received[2], produced[2];
+  for (int s = 0; s < 2; ++s) {
+    received[s].resize(r.receives.size());
+    produced[s].resize(r.produces.size());
+  }
+  std::vector<Transfer> recvs[2], sends[2];
+  start_clock(st, loading, gpu ? 1 : r.threads);
+  const auto mine = [&](int frame) { return frame % r.replicas == r.replica; };
+  const auto post_receives = [&](int frame, int local) {
+    const int s = local % 2;
+    for (size_t k = 0; k < r.receives.size(); ++k) {
+      const Receive& e = r.receives[k];
+      recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, infos[e.tensor], received[s][k],
+                                        peer_of(e.srcs, frame), tag(e.edge, frame)));
+    }
+  };
+  const auto post_send = [&](const Send& e, const ncnn::Mat& m, int frame, int s) {
+    sends[s].push_back(Transfer::send(MPI_COMM_WORLD, infos[e.tensor], m,
+                                      peer_of(e.dsts, frame), tag(e.edge, frame)));
+  };
+  int first = 0;
+  while (first < args.frames && !mine(first)) ++first;
+  if (first < args.frames) post_receives(first, 0);
+  int local = 0, last_local = -1;
+  for (int f = 0; f < args.frames; ++f) {
+    if (!mine(f)) {  // another replica's frame; in lockstep mode still meet at its end
+      if (!args.pipeline) barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
+      continue;
+    }
+    const int s = local % 2;
+    timed_wait_all(sends[s], st.send_wait_s);  // this rank's frame before last is sent
+    int next = f + 1;
+    while (next < args.frames && !mine(next)) ++next;
+    if (args.pipeline && next < args.frames) post_receives(next, local + 1);
+    ncnn::Extractor ex = net.create_extractor();
+    for (size_t k = 0; k < r.inputs.size(); ++k)
+      ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), input_mats[k]);
+    for (int k : with_inputs) post_send(r.sends[k], input_mats[input_of[r.sends[k].tensor]], f, s);
+    for (size_t step = 0; step < r.steps.size(); ++step) {
+      for (int w : r.steps[step].wait) {
+        timed_wait(recvs[s][w], st.recv_wait_s);
+        ex.input(("in" + std::to_string(r.receives[w].blob)).c_str(), received[s][w]);
+      }
+      Timer compute;
+      for (int p : r.steps[step].extract)
+        if (ex.extract(("out" + std::to_string(r.produces[p].blob)).c_str(), produced[s][p]) != 0)
+          abort_run("extracting \"" + r.tensors[r.produces[p].tensor].name + "\" failed", 5);
+      st.compute_s += compute.elapsed_ms() / 1e3;
+      for (int k : after_step[step])
+        post_send(r.sends[k], produced[s][produced_by[r.sends[k].tensor]], f, s);
+    }
+    timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
+    if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
+      timed_wait_all(sends[s], st.send_wait_s);
+      barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
+      if (next < args.frames) post_receives(next, local + 1);
+    }
+    last_local = local++;
+  }
+  timed_wait_all(sends[0], st.send_wait_s);
+  timed_wait_all(sends[1], st.send_wait_s);
+  if (last_local >= 0)
+    for (const ModelOutput& o : r.outputs)
+      write_output(args, r.tensors[r.produces[o.produce].tensor], o.file,
+                   produced[last_local % 2][o.produce]);
+  st.frames = local;
+  st.bytes_sent = static_cast<double>(r.bytes_sent) * local;
+  st.bytes_received = static_cast<double>(r.bytes_received) * local;
+}
+
+void write_stats(const Args& args, const ProgramPlan& plan, double seconds,
+                 const std::vector<double>& all, const std::vector<char>& devices) {
+  const std::string path = args.results + "/stats.json";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) abort_run("cannot write " + path, 6);
+  std::fprintf(f, "{\n  \"frames\": %d,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n"
+                  "  \"pipeline\": %s,\n  \"ranks\": [\n",
+               args.frames, seconds, args.frames / seconds, args.pipeline ? "true" : "false");
+  const int n = static_cast<int>(plan.ranks.size());
+  for (int k = 0; k < n; ++k) {
+    const double* v = &all[static_cast<size_t>(k) * kStatFields];
+    const std::string device(&devices[static_cast<size_t>(k) * kDeviceChars]);
+    std::fprintf(f, "    {\"rank\": %d, \"key\": %s, \"device\": %s, \"frames\": %.0f, "
+                    "\"compute_s\": %.6f, \"recv_wait_s\": %.6f, \"send_wait_s\": %.6f, "
+                    "\"bytes_sent\": %.0f, \"bytes_received\": %.0f, \"peak_rss\": %.0f, "
+                    "\"load_s\": %.6f, \"cpus\": [",
+                 k, json_string(plan.ranks[k].key).c_str(), json_string(device).c_str(), v[9],
+                 v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+    print_mask(f, v[7]);
+    std::fprintf(f, "], \"omp_cpus\": [");
+    print_mask(f, v[8]);
+    std::fprintf(f, "]}%s\n", k + 1 < n ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+std::string choose_device(const RankPlan& r, bool fallback_cpu) {
+  if (r.device == Device::Cpu) return "cpu";
+  const std::string who = "rank " + std::to_string(r.rank) + " (" + r.key + " on " + r.host + ")";
+#if NCNN_VULKAN
+  const int count = ncnn::get_gpu_count();
+  if (r.gpu_index < count) {
+    const ncnn::GpuInfo& info = ncnn::get_gpu_info(r.gpu_index);
+    return std::string("vulkan:") + info.device_name();
+  }
+  const std::string why = "no Vulkan device " + std::to_string(r.gpu_index) + " (ncnn found " +
+                          std::to_string(count) + "; `vulkaninfo --summary` on the host lists "
+                          "what the Vulkan loader sees: install the GPU's Vulkan driver)";
+#else
+  const std::string why = "this program's ncnn was built without Vulkan";
+#endif
+  if (fallback_cpu) return "cpu (no Vulkan device)";
+  abort_run(who + " is a GPU rank, but there is " + why +
+                "; run with --gpu-fallback cpu to compute it on the CPU instead", 7);
+}
+
+int run_program(int argc, char** argv, const ProgramPlan& plan) {
+  MPI_Init(&argc, &argv);
+  init_runtime();
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int n = static_cast<int>(plan.ranks.size());
+  if (size != n)
+    abort_run("started with " + std::to_string(size) + " processes; the plan has " +
+                  std::to_string(n) + " ranks", 2);
+  const Args args = parse_args(argc, argv);
+  const RankPlan& r = plan.ranks[rank];
+  const std::string device = choose_device(r, args.gpu_fallback_cpu);
+  Stats st;
+  run_rank(plan, r, args, device.rfind("vulkan:", 0) == 0, st);
+  barrier(MPI_COMM_WORLD, wait_timeout(), "the end of the run");
+  const double seconds = MPI_Wtime() - st.start;
+  st.peak_rss = static_cast<double>(peak_rss_bytes());
+  const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
+                                    st.bytes_sent, st.bytes_received, st.peak_rss,
+                                    st.load_s,     st.cpus,           st.omp_cpus,
+                                    st.frames};
+  std::vector<double> all(rank == 0 ? kStatFields * static_cast<size_t>(n) : 0);
+  MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, 0,
+             MPI_COMM_WORLD);
+  char mine_device[kDeviceChars] = {};
+  std::strncpy(mine_device, device.c_str(), kDeviceChars - 1);
+  std::vector<char> devices(rank == 0 ? kDeviceChars * static_cast<size_t>(n) : 0);
+  MPI_Gather(mine_device, kDeviceChars, MPI_CHAR, devices.data(), kDeviceChars, MPI_CHAR, 0,
+             MPI_COMM_WORLD);
+  if (rank == 0) write_stats(args, plan, seconds, all, devices);
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace autodice
