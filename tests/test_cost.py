@@ -17,16 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json, parse_mapping_text, parse_platform_text
-from autodice.dse.cost import (
-    AmdahlFit,
-    CostModel,
-    DevicePower,
-    Timing,
-    fit_amdahl,
-    plan_cost,
-    predict,
-)
+from autodice.dse.cost import plan_cost, predict
+from autodice.dse.cost_model import CostModel
 from autodice.dse.profile import Corun, LayerCost, Link, Profile, save_profile
+from autodice.dse.timing import AmdahlFit, DevicePower, Timing, fit_amdahl
 from autodice.frontend.layers import layer_table
 from autodice.frontend.partition import build_plan, find_edges
 from autodice.frontend.place import assign_ranks, check_resources
@@ -64,15 +58,16 @@ def chain_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-CHAIN_PLATFORM = """\
-d1, arm, slots=0-1, power_idle=2W, power_cpu=1W, bandwidth=1MB/s, latency=0.5ms
-d2, arm, slots=0-3, gpu=Volta (CUDA), power_idle=3W, power_cpu=0.5W, power_gpu=4W, bandwidth=2MB/s, latency=1.5ms{extra}
-"""
+CHAIN_PLATFORM = (
+    "d1, arm, slots=0-1, power_idle=2W, power_cpu=1W, bandwidth=1MB/s, latency=0.5ms\n"
+    "d2, arm, slots=0-3, gpu=Volta (CUDA), power_idle=3W, power_cpu=0.5W, power_gpu=4W, "
+    "bandwidth=2MB/s, latency=1.5ms{extra}\n")
 
 # Milliseconds, by hand. Relu: A halves on 2 threads, C does not speed up; MatMul 10 -> 6 ms.
 CHAIN_PROFILE = Profile(
     "chain.onnx", "fixture", {}, {}, (1, 2),
-    (LayerCost("A", "Relu", {1: 2.0, 2: 1.0}, 0.5), LayerCost("B", "MatMul", {1: 10.0, 2: 6.0}, 1.0),
+    (LayerCost("A", "Relu", {1: 2.0, 2: 1.0}, 0.5),
+     LayerCost("B", "MatMul", {1: 10.0, 2: 6.0}, 1.0),
      LayerCost("C", "Relu", {1: 1.0, 2: 1.0}, 0.5)),
     {"shm": Link(1e9, 1e-5)})
 

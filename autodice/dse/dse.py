@@ -40,7 +40,9 @@ from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platfo
 from ..frontend.partition import build_plan, find_edges
 from ..frontend.place import assign_ranks, check_resources
 from ..frontend.validate import check_plan
-from .cost import Cost, CostModel, Timing, make_timing, plan_cost
+from .cost import Cost, plan_cost
+from .cost_model import CostModel
+from .timing import Timing, make_timing
 
 ENCODINGS = ("layer", "segment")
 
