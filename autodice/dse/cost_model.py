@@ -1,73 +1,35 @@
-"""The fast path of the cost model: a whole population of mappings scored at once.
+"""The fast path of the cost model: the arrays that make scoring a population cheap.
 
 The model itself (what a stage, a round trip, a rank's memory and a board's energy are) is
-specified in :mod:`autodice.dse.cost`; this module computes the same numbers as
-:func:`~autodice.dse.cost.plan_cost`, vectorised over candidates, from arrays precomputed once per
-(model, platform, profile). A candidate is one resource (:class:`Slot`) per mapped layer.
+specified in :mod:`autodice.dse.cost`; :class:`CostModel` computes the same numbers as
+:func:`~autodice.dse.cost.plan_cost`, vectorised over candidates. Everything that depends only
+on (model, platform, profile) -- layer x slot latencies, slot x slot links, tensor sizes and
+uses, weight owners -- is precomputed here once; :mod:`autodice.dse.scoring` holds the steps that
+score a population from them. A candidate is one resource (:class:`~autodice.dse.slots.Slot`)
+per mapped layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.errors import Problems
 from ..core.model import Graph
-from ..core.spec import parse_key
 from .cost import Cost, RankColumns, Scores, combine, report
-from .spans import frame_spans, has_round_trip, layer_edges
+from .scoring import (
+    compute_and_params,
+    holders,
+    last_uses,
+    live_peaks,
+    population,
+    round_trip_spans,
+    transfers,
+)
+from .slots import candidate_slots
+from .spans import layer_edges
 from .timing import Timing
-
-KINDS = ("one", "all", "rest", "gpu")
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A resource a layer can be given: one of a device's cores, all of them, all but the first
-    (when another rank has the first), or its GPU."""
-
-    key: str
-    host: str
-    dev: int
-    kind: str  # one of KINDS
-    cores: tuple[int, ...]
-    threads: int  # CPU threads (1 for the GPU)
-    gpu: bool
-
-
-def cpu_key(host: str, family: str, cores: tuple[int, ...]) -> str:
-    """A mapping key for ``cores``: the paper's one digit per core when possible, else ranges."""
-    if all(c < 10 for c in cores):
-        key = f"{host}_{family}{''.join(map(str, cores))}"
-    else:
-        parts, start = [], None
-        for k, c in enumerate(cores):
-            start = c if start is None else start
-            if k + 1 == len(cores) or cores[k + 1] != c + 1:
-                parts.append(f"{start}-{c}")
-                start = None
-        key = f"{host}_{family}{','.join(parts)}"
-    assert parse_key(key).cores == tuple(cores), key
-    return key
-
-
-def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:
-    """Every resource of every device (``rest`` only where a device has 2+ cores, ``gpu`` only
-    where the platform has one and the profile timed it)."""
-    slots = []
-    for d, (host, dev) in enumerate(timing.platform.devices.items()):
-        cores = dev.slots
-        slots.append(Slot(cpu_key(host, dev.arch, cores[:1]), host, d, "one", cores[:1], 1, False))
-        if len(cores) > 1:
-            slots.append(Slot(cpu_key(host, dev.arch, cores), host, d, "all", cores, len(cores),
-                              False))
-            slots.append(Slot(cpu_key(host, dev.arch, cores[1:]), host, d, "rest", cores[1:],
-                              len(cores) - 1, False))
-        if dev.gpu is not None and timing.has_gpu_timings(host, names):
-            slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True))
-    return tuple(slots)
 
 
 class CostModel:
@@ -82,10 +44,24 @@ class CostModel:
 
     def __init__(self, graph: Graph, timing: Timing):
         self.graph, self.timing = graph, timing
-        followers = graph.followers
-        layer_nodes = [i for i in range(len(graph.nodes)) if i not in followers]
+        layer_nodes = [i for i in range(len(graph.nodes)) if i not in graph.followers]
         self.names = tuple(graph.names[i] for i in layer_nodes)
-        N = self.n_layers = len(layer_nodes)
+        self.n_layers = len(layer_nodes)
+        self._check_profiles()
+        self.position = np.full(len(graph.nodes), -1)  # node -> layer position, -1: follower
+        self.position[layer_nodes] = np.arange(self.n_layers)
+        self._slots_and_links()
+        reach = self._follower_ranks()
+        self._tensors_and_uses(layer_nodes, reach)
+        self._weights(reach)
+        self.edge_src, self.edge_dst, self.edge_bytes = layer_edges(graph)
+
+    # -- what depends only on (model, platform, profile), once
+
+    def _check_profiles(self) -> None:
+        """Every profile times every mapped layer (said once per profile, naming its hosts), so
+        scoring never stops at a layer no profile knows."""
+        timing, N = self.timing, self.n_layers
         problems = Problems()
         hosts_of: dict[int, list[str]] = {}
         for host, p in timing.profiles.items():
@@ -94,12 +70,16 @@ class CostModel:
             missing = timing.missing_layers(hosts[0], self.names)
             if missing:
                 problems.add(f"profile of {timing.profiles[hosts[0]].model} (hosts "
-                             f"{', '.join(hosts)}): {len(missing)} of {N} layers of {graph.path} "
-                             f'are not in it, e.g. "{missing[0]}"; profile this model')
+                             f"{', '.join(hosts)}): {len(missing)} of {N} layers of "
+                             f'{self.graph.path} are not in it, e.g. "{missing[0]}"; profile '
+                             f"this model")
         problems.raise_if_any()
-        pos = np.full(len(graph.nodes), -1)
-        pos[layer_nodes] = np.arange(N)
-        self.pos = pos
+
+    def _slots_and_links(self) -> None:
+        """The candidate slots and what scoring looks up per slot: each layer's latency there
+        (``time``, N x S) and, per slot pair, the link (seconds per byte, latency, whether it
+        crosses hosts), so a transfer's time is two gathers."""
+        timing = self.timing
         self.slots = candidate_slots(timing, self.names)
         with_gpu = {s.host for s in self.slots if s.gpu}
         untimed = [h for h, d in timing.platform.devices.items() if d.gpu and h not in with_gpu]
@@ -108,22 +88,26 @@ class CostModel:
             if untimed else ())
         S = self.n_slots = len(self.slots)
         self.cols = RankColumns(np.array([s.dev for s in self.slots]),
-                           np.array([s.threads for s in self.slots]),
-                           np.array([s.gpu for s in self.slots]))
+                                np.array([s.threads for s in self.slots]),
+                                np.array([s.gpu for s in self.slots]))
         self.time = np.column_stack([timing.seconds(s.host, self.names,
                                                     None if s.gpu else s.threads)
                                      for s in self.slots])  # (N, S)
-        hosts = list(timing.platform.devices)
-        self.inv_bw = np.zeros((S, S))
-        self.lat = np.zeros((S, S))
+        self.sec_per_byte = np.zeros((S, S))
+        self.latency = np.zeros((S, S))
         for a, sa in enumerate(self.slots):
             for b, sb in enumerate(self.slots):
                 bw, lat = timing.links[sa.host, sb.host]
-                self.inv_bw[a, b], self.lat[a, b] = 1.0 / bw, lat
-        self.n_hosts = len(hosts)
+                self.sec_per_byte[a, b], self.latency[a, b] = 1.0 / bw, lat
+        self.n_hosts = len(timing.platform.devices)
+        host = self.cols.dev
+        self.inter_host = host[:, None] != host[None, :]
 
-        # Where followers run: on the ranks of the layers they feed (through follower chains),
-        # rank 0 (the rank of layer 0) when they feed nothing -- as place.assign_ranks does.
+    def _follower_ranks(self) -> dict[int, frozenset[int]]:
+        """Where followers run, as node -> layer positions whose ranks run it: on the ranks of
+        the layers they feed (through follower chains), rank 0 (the rank of layer 0) when they
+        feed nothing -- as place.assign_ranks does. Their reads and weights count there."""
+        graph, followers = self.graph, self.graph.followers
         reach: dict[int, frozenset[int]] = {}
         for i in range(len(graph.nodes) - 1, -1, -1):
             if i not in followers:
@@ -131,10 +115,21 @@ class CostModel:
             users: set[int] = set()
             for t in graph.nodes[i].output:
                 for c in graph.consumers.get(t, ()):
-                    users |= {int(pos[c])} if c not in followers else reach[c]
+                    users |= {int(self.position[c])} if c not in followers else reach[c]
             reach[i] = frozenset(users or {0})
+        return reach
 
-        # Activation tensors: model inputs read by layers, then every layer output.
+    def _tensors_and_uses(self, layer_nodes: list[int], reach: dict[int, frozenset[int]]) -> None:
+        """Activation tensors (model inputs read by layers, then every layer output) and their
+        uses by layers, in node order.
+
+        A use is the *last* one on its rank unless a later use of the same tensor is on the same
+        rank: precompute those pairs (``later_use``), so scoring needs no (tensor x rank) table.
+        A follower reading a tensor (Shape of a static activation) frees nothing: if it comes
+        after the last real use on that rank, the tensor is never freed there (the plan's memory
+        walk does the same); ``follower_reads`` pairs such a use with the follower's layers.
+        """
+        graph, followers = self.graph, self.graph.followers
         tensors: list[tuple[str, int]] = [(t, -1) for t in graph.inputs
                                           if any(c not in followers
                                                  for c in graph.consumers.get(t, ()))]
@@ -143,204 +138,78 @@ class CostModel:
         self.n_tensors = len(tensors)
         types = graph.types
         self.tensor_names = [t for t, _ in tensors]
-        self.prod = np.array([p for _, p in tensors])
-        self.size = np.array([float(types[t].nbytes) if t in types else 0.0 for t, _ in tensors])
-        self.static = np.array([t in types and types[t].static for t, _ in tensors])
+        self.producer = np.array([p for _, p in tensors])  # layer position; -1: a model input
+        self.produced = self.producer >= 0
+        self.produced_tensors = np.flatnonzero(self.produced)
+        self.input_tensors = np.flatnonzero(~self.produced)
+        self.nbytes = np.array([float(types[t].nbytes) if t in types else 0.0
+                                for t, _ in tensors])
+        self.is_static = np.array([t in types and types[t].static for t, _ in tensors])
         outputs = set(graph.outputs)
         self.is_output = np.array([t in outputs for t, _ in tensors])
-        self.inputs = np.flatnonzero(self.prod < 0)
-        # Uses of each tensor by layers, in node order. A use is the *last* one on its rank
-        # unless a later use of the same tensor is on the same rank: precompute those pairs, so
-        # scoring needs no (tensor x rank) table. A follower reading a tensor (Shape of a static
-        # activation) frees nothing: if it comes after the last real use on that rank, the
-        # tensor is never freed there (the plan's memory walk does the same).
-        use_t, use_node, later, phantom = [], [], [], []
+        use_tensor, use_node, later, reads = [], [], [], []
         for k, (t, _) in enumerate(tensors):
             mine: list[int] = []
             readers = graph.consumers.get(t, ())
             for c in readers:
                 if c not in followers and c not in {use_node[u] for u in mine}:
-                    mine.append(len(use_t))
-                    use_t.append(k)
+                    mine.append(len(use_tensor))
+                    use_tensor.append(k)
                     use_node.append(c)
             later += [(u, v) for a, u in enumerate(mine) for v in mine[a + 1:]]
-            phantom += [(u, x) for c in readers if c in followers for x in sorted(reach[c])
-                        for u in mine if use_node[u] < c]
-        self.use_t, self.use_node = np.array(use_t, dtype=np.int64), np.array(use_node)
-        self.use_pos = pos[self.use_node]
-        self.later = np.array(later, dtype=np.int64).reshape(-1, 2)
-        self.phantom = np.array(phantom, dtype=np.int64).reshape(-1, 2)  # (use, position)
+            reads += [(u, x) for c in readers if c in followers for x in sorted(reach[c])
+                      for u in mine if use_node[u] < c]
+        self.use_tensor = np.array(use_tensor, dtype=np.int64)
+        self.use_pos = self.position[np.array(use_node, dtype=np.int64)]
+        self.later_use = np.array(later, dtype=np.int64).reshape(-1, 2)  # (use, later use)
+        self.follower_reads = np.array(reads, dtype=np.int64).reshape(-1, 2)  # (use, position)
 
-        # Weights: a weight counts once on every rank that runs a node reading it.
+    def _weights(self, reach: dict[int, frozenset[int]]) -> None:
+        """A weight counts once on every rank that runs a node reading it: a weight with one
+        reader's layer adds to that layer (``layer_params``), one shared by several layers is
+        listed per layer (``shared_*``) and counted once per rank that holds any of them."""
+        graph, followers = self.graph, self.graph.followers
         users: dict[str, set[int]] = {}
         for i, node in enumerate(graph.nodes):
             for t in node.input:
                 if t and graph.is_weight(t):
-                    users.setdefault(t, set()).update({int(pos[i])} if i not in followers
-                                                      else reach[i])
-        self.layer_params = np.zeros(N)
-        shared_w, shared_pos = [], []
-        self.shared_size = []
+                    users.setdefault(t, set()).update({int(self.position[i])}
+                                                      if i not in followers else reach[i])
+        self.layer_params = np.zeros(self.n_layers)
+        shared_weight, shared_user, shared_bytes = [], [], []
         for w, us in users.items():
             nbytes = float(graph.tensors[w].nbytes)
             if len(us) == 1:
                 self.layer_params[next(iter(us))] += nbytes
             else:
                 for u in sorted(us):
-                    shared_w.append(len(self.shared_size))
-                    shared_pos.append(u)
-                self.shared_size.append(nbytes)
-        self.shared_w, self.shared_pos = np.array(shared_w, dtype=np.int64), np.array(shared_pos,
-                                                                                        dtype=np.int64)
-        self.shared_size = np.array(self.shared_size)
-        host_of = self.cols.dev
-        self.cross = host_of[:, None] != host_of[None, :]
-        self.edge_src, self.edge_dst, self.edge_bytes = layer_edges(graph)
+                    shared_weight.append(len(shared_bytes))
+                    shared_user.append(u)
+                shared_bytes.append(nbytes)
+        self.shared_weight = np.array(shared_weight, dtype=np.int64)
+        self.shared_user = np.array(shared_user, dtype=np.int64)  # layer position
+        self.shared_bytes = np.array(shared_bytes)
 
     # -- scoring
 
     def evaluate(self, slots: np.ndarray) -> Scores:
-        """Score a (P, N) array of slot indices (one row per candidate mapping)."""
-        g = np.asarray(slots, dtype=np.int64)
-        if g.ndim == 1:
-            g = g[None, :]
-        P, N = g.shape
-        S, T, H, U = self.n_slots, self.n_tensors, self.n_hosts, len(self.use_t)
-        rows = np.arange(P)[:, None]
-        steps = np.arange(N)
-        # Each candidate's own ranks 0..K-1 (K = most ranks in the population), in slot order.
-        used = np.zeros((P, S), dtype=bool)
-        used[rows, g] = True
-        local = np.cumsum(used, axis=1) - 1
-        K = int(local[:, -1].max()) + 1
-        lg = local[rows, g]  # (P, N) rank of each layer
-        ui, us = np.nonzero(used)
-        slot_of = np.zeros((P, K), dtype=np.int64)
-        slot_of[ui, local[ui, us]] = us
-        flat = (rows * K + lg).ravel()
+        """Score a (P, N) array of slot indices (one row per candidate mapping).
 
-        def per_rank(weights):
-            return np.bincount(flat, weights=np.broadcast_to(weights, (P, N)).ravel(),
-                               minlength=P * K).reshape(P, K)
-
-        compute = per_rank(self.time[steps, g])
-        params = per_rank(self.layer_params)
-        if self.shared_w.size:
-            W = len(self.shared_size)
-            present = np.zeros(P * W * K, dtype=bool)
-            present[((rows * W + self.shared_w) * K + lg[:, self.shared_pos]).ravel()] = True
-            params += np.einsum("pwk,w->pk", present.reshape(P, W, K), self.shared_size)
-
-        # Entries: (candidate, use) where the use is the last one of its tensor on its rank.
-        ru = lg[:, self.use_pos]  # (P, U)
-        not_last = np.zeros(P * U, dtype=bool)
-        if self.later.size:
-            same = ru[:, self.later[:, 0]] == ru[:, self.later[:, 1]]
-            not_last = np.bincount((rows * U + self.later[:, 0]).ravel(), weights=same.ravel(),
-                                   minlength=P * U) > 0
-        ei, eu = np.nonzero(~not_last.reshape(P, U))
-        et, ek = self.use_t[eu], ru[ei, eu]
-        end = self.pos[self.use_node[eu]]  # layer position of the last local use
-        if self.phantom.size:
-            late = ru[:, self.phantom[:, 0]] == lg[:, self.phantom[:, 1]]
-            never = np.bincount((rows * U + self.phantom[:, 0]).ravel(), weights=late.ravel(),
-                                minlength=P * U) > 0
-            end = np.where(never[ei * U + eu], N, end)
-
-        # The rank that holds each tensor first: its producer's, or for a model input the
-        # consumer rank that comes first in rank order (ranks are ordered by first layer).
-        src = np.zeros((P, T), dtype=np.int64)
-        act = self.prod >= 0
-        src[:, act] = lg[:, self.prod[act]]
-        if self.inputs.size:
-            first = np.full(P * K, N, dtype=np.int64)
-            np.minimum.at(first, flat, np.broadcast_to(steps, (P, N)).ravel())
-            inp = ~act[et]
-            best = np.full(P * T, (N + 1) * K, dtype=np.int64)
-            np.minimum.at(best, ei[inp] * T + et[inp],
-                          first[ei[inp] * K + ek[inp]] * K + ek[inp])
-            best = best.reshape(P, T)[:, self.inputs]
-            src[:, self.inputs] = np.where(best < (N + 1) * K, best % K, 0)
-        is_recv = ek != src[ei, et]
-        ri, rt, rk = ei[is_recv], et[is_recv], ek[is_recv]
-        rsrc = src[ri, rt]
-        a, b = slot_of[ri, rsrc], slot_of[ri, rk]
-        nbytes = self.size[rt]
-        xfer = nbytes * self.inv_bw[a, b] + self.lat[a, b]
-        at_dst, at_src = ri * K + rk, ri * K + rsrc
-        comm = (np.bincount(at_dst, weights=xfer, minlength=P * K)
-                + np.bincount(at_src, weights=xfer, minlength=P * K)).reshape(P, K)
-        recv = np.bincount(at_dst, weights=nbytes, minlength=P * K).reshape(P, K)
-        send = np.bincount(at_src, weights=nbytes, minlength=P * K).reshape(P, K)
-        cross = self.cross[a, b]
-        host = self.cols.dev
-        nic = (np.bincount(ri[cross] * 2 * H + host[a[cross]], weights=xfer[cross],
-                           minlength=P * 2 * H)
-               + np.bincount(ri[cross] * 2 * H + H + host[b[cross]], weights=xfer[cross],
-                             minlength=P * 2 * H)).reshape(P, 2 * H)
-        bad_cuts = np.bincount(ri, weights=~self.static[rt], minlength=P).astype(int)
-
-        # Peak live activations. Lay every candidate's steps out rank by rank (a stable sort by
-        # rank keeps each rank's layers in order); a tensor held by a rank is live over a run of
-        # that rank's steps, so one cumulative sum over P x N gives every rank's live bytes.
-        counts = np.bincount(flat, minlength=P * K)
-        offset = np.cumsum(counts) - counts
-        order = np.argsort(flat.astype(np.int16 if P * K < 2**15 else np.int64), kind="stable")
-        at = np.empty(P * N, dtype=np.int64)
-        at[order] = np.arange(P * N)
-        last_step = offset + counts - 1
-
-        def step_or_last(i, k, p):
-            return np.where(p < N, at[i * N + np.minimum(p, N - 1)], last_step[i * K + k])
-
-        # receivers and the owner of a model input: from the rank's first step to the last use
-        hold = is_recv | ~act[et]
-        hi_, hk, ht = ei[hold], ek[hold], et[hold]
-        h_lo = offset[hi_ * K + hk]
-        h_hi = step_or_last(hi_, hk, end[hold])
-        # producers: from the producing step; held to the end when sent or a model output
-        kept = np.zeros((P, T), dtype=bool)
-        kept[ri, rt] = True
-        kept |= self.is_output[None, :]
-        local_end = np.full((P, T), N, dtype=np.int64)
-        here = ~hold
-        local_end[ei[here], et[here]] = end[here]
-        ta = np.flatnonzero(act)
-        p_end = np.where(kept[:, ta], N, local_end[:, ta]).ravel()
-        pi = np.repeat(np.arange(P), ta.size)
-        pk = src[:, ta].ravel()
-        p_lo = at[pi * N + np.tile(self.prod[ta], P)]
-        p_hi = step_or_last(pi, pk, p_end)
-        lo = np.concatenate([h_lo, p_lo])
-        hi = np.concatenate([h_hi, p_hi])
-        w = np.concatenate([self.size[ht], np.tile(self.size[ta], P)])
-        live = np.cumsum(np.bincount(lo, weights=w, minlength=P * N + 1)
-                         - np.bincount(hi + 1, weights=w, minlength=P * N + 1))[:P * N]
-        peak = np.zeros(P * K)
-        full = counts > 0
-        peak[full] = np.maximum.reduceat(live, offset[full])
-
-        def to_slots(x):
-            out = np.zeros((P, S))
-            out[ui, us] = x.reshape(P, K)[ui, local[ui, us]]
-            return out
-
-        # Round trips: only candidates whose rank graph has a cycle need the longest paths.
-        span = compute.copy()
-        adjacency = np.zeros((P, K, K))
-        adjacency[ri, rsrc, rk] = 1.0
-        cyc = np.flatnonzero(has_round_trip(adjacency))
-        if cyc.size:
-            gc, lc = g[cyc], lg[cyc]
-            sa, sb = gc[:, self.edge_src], gc[:, self.edge_dst]
-            w = np.where(lc[:, self.edge_src] == lc[:, self.edge_dst], 0.0,
-                         self.edge_bytes * self.inv_bw[sa, sb] + self.lat[sa, sb])
-            span[cyc] = frame_spans(lc, self.time[steps, gc], self.edge_src, self.edge_dst, w, K)
-
-        scores = combine(self.timing, self.cols, to_slots(compute), to_slots(comm),
-                          to_slots(span), nic, to_slots(params), to_slots(peak), to_slots(recv),
-                          to_slots(send), used)
-        return Scores(**{**scores.__dict__, "bad_cuts": bad_cuts})
+        The steps (:mod:`autodice.dse.scoring`) are the model of :mod:`autodice.dse.cost`, each
+        over the whole population at once; :func:`~autodice.dse.cost.combine` then turns the
+        per-rank figures into scores, as it does for :func:`~autodice.dse.cost.plan_cost`.
+        """
+        pop = population(self, slots)
+        compute, params = compute_and_params(self, pop)
+        uses = last_uses(self, pop)
+        holder = holders(self, pop, uses)
+        cut = transfers(self, pop, uses, holder)
+        peak = live_peaks(self, pop, uses, holder, cut)
+        span = round_trip_spans(self, pop, compute, cut)
+        scores = combine(self.timing, self.cols, pop.to_slots(compute), pop.to_slots(cut.comm),
+                         pop.to_slots(span), cut.nic, pop.to_slots(params), pop.to_slots(peak),
+                         pop.to_slots(cut.recv), pop.to_slots(cut.send), pop.used)
+        return Scores(**{**scores.__dict__, "bad_cuts": cut.bad_cuts})
 
     # -- one candidate, for reports
 
