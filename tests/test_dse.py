@@ -16,8 +16,10 @@ from autodice.cli import main
 from autodice.core.model import load_model
 from autodice.core.spec import parse_platform_text
 from autodice.dse.cost_model import CostModel
-from autodice.dse.dse import Genes, Settings, explore, objectives
+from autodice.dse.genes import Genes
+from autodice.dse.problem import objectives
 from autodice.dse.profile import save_profile
+from autodice.dse.search import Settings, explore
 from autodice.dse.timing import Timing
 from autodice.frontend.check import check
 from autodice.frontend.split import split
