@@ -5,7 +5,6 @@ down what the model computes from a profile, whatever the profiler later measure
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,9 +21,7 @@ from autodice.dse.cost_model import CostModel
 from autodice.dse.profile import Corun, LayerCost, Link, Profile, save_profile
 from autodice.dse.timing import AmdahlFit, DevicePower, Timing, fit_amdahl
 from autodice.frontend.layers import layer_table
-from autodice.frontend.partition import build_plan, find_edges
-from autodice.frontend.place import assign_ranks, check_resources
-from autodice.frontend.split import split
+from autodice.frontend.split import plan_mapping, split
 
 
 def fixture_profile(graph, gflops: float = 10.0, gpu_speedup: float = 5.0) -> Profile:
@@ -89,10 +86,8 @@ def chain_cost(model_path, mapping: dict, extra: str = ""):
 
 
 def plan_of(graph, platform, mapping: dict):
-    m = parse_mapping_text(mapping_json(mapping))
-    placement = assign_ranks(graph, m, check_resources(m, platform), platform)
-    return build_plan(graph, placement, find_edges(graph, placement, m.path), Path("."),
-                      graph.path)
+    """The plan ``split`` makes of ``mapping`` (its passes, nothing written)."""
+    return plan_mapping(graph, parse_mapping_text(mapping_json(mapping)), platform)
 
 
 def test_chain_on_two_devices_by_hand(chain):
