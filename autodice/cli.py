@@ -340,7 +340,8 @@ def _links_table(links, inventory) -> None:
               help="Output directory: pareto.csv, pareto.json, pareto.png, mappings/.")
 @click.option("--pop", default=100, show_default=True, help="Population size (the paper's 100).")
 @click.option("--gens", default=400, show_default=True, help="Generations (the paper's 400).")
-@click.option("--seed", default=0, show_default=True, help="Random seed: the same seed, the same front.")
+@click.option("--seed", default=0, show_default=True,
+              help="Random seed: the same seed, the same front.")
 @click.option("--crossover", default=0.5, show_default=True,
               help="Probability that two parents are crossed (two-point).")
 @click.option("--mutation", default=0.1, show_default=True,
@@ -362,8 +363,10 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
-    from .dse.dse import Settings, measure, profile_arg, table_rows
-    from .dse.dse import dse as run_dse
+    from .dse.front import table_rows
+    from .dse.measure import measure
+    from .dse.search import Settings, profile_arg
+    from .dse.search import dse as run_dse
 
     settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments)
     settings.check()

@@ -25,9 +25,12 @@ import numpy as np
 
 from autodice.core.model import load_model
 from autodice.core.spec import parse_platform
-from autodice.dse.cost import CostModel, Timing
-from autodice.dse.dse import Genes, Settings, explore, objectives, verify_point
+from autodice.dse.cost_model import CostModel
+from autodice.dse.genes import Genes
+from autodice.dse.problem import objectives
 from autodice.dse.profile import LayerCost, Link, Profile, load_profile
+from autodice.dse.search import Settings, explore, verify_point
+from autodice.dse.timing import Timing
 from autodice.frontend import zoo
 from autodice.frontend.layers import layer_table
 

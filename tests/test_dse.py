@@ -15,16 +15,20 @@ from test_cost import fixture_profile
 from autodice.cli import main
 from autodice.core.model import load_model
 from autodice.core.spec import parse_platform_text
-from autodice.dse.cost import CostModel, Timing
-from autodice.dse.dse import Genes, Settings, explore, objectives
+from autodice.dse.cost_model import CostModel
+from autodice.dse.genes import Genes
+from autodice.dse.problem import objectives
 from autodice.dse.profile import save_profile
+from autodice.dse.search import Settings, explore
+from autodice.dse.timing import Timing
 from autodice.frontend.check import check
 from autodice.frontend.split import split
 from autodice.frontend.validate import check_plan
 
 PLATFORM = """\
 edge01, arm, slots=0-3, mem=4GB, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit, latency=0.2ms
-edge02, arm, slots=0-3, gpu=NVIDIAVolta (CUDA), mem=8GB, power_idle=4.5W, power_cpu=1.0W, power_gpu=9W, bandwidth=1gbit, latency=0.2ms
+edge02, arm, slots=0-3, gpu=NVIDIAVolta (CUDA), mem=8GB, power_idle=4.5W, power_cpu=1.0W, \
+power_gpu=9W, bandwidth=1gbit, latency=0.2ms
 edge03, x86, slots=0-1, mem=16GB, power_idle=10W, power_cpu=4W, bandwidth=100MB/s, latency=0.5ms
 """
 

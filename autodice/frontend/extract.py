@@ -18,7 +18,6 @@ from onnx import helper, numpy_helper
 from ..core.model import SHAPE_OPS, Graph, shape_constant
 from ..core.onnxio import write_model
 from ..core.plan import Plan, Rank, TensorSpec
-from .place import Placement
 
 
 def _value_info(graph: Graph, spec: TensorSpec) -> onnx.ValueInfoProto:
@@ -172,13 +171,12 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
     return model, [graph.tensors[t] for t in weights]
 
 
-def write_submodels(graph: Graph, plan: Plan, placement: Placement, out_dir: Path) -> None:
+def write_submodels(graph: Graph, plan: Plan, out_dir: Path) -> None:
     """Write every rank's sub-model under ``out_dir`` (two at a time: the copy runs in the
-    kernel, so threads overlap the I/O)."""
-    members: list[list[int]] = [[] for _ in plan.ranks]
-    for i, ranks in enumerate(placement.node_ranks):
-        for r in ranks:
-            members[r].append(i)
+    kernel, so threads overlap the I/O). A rank's nodes are its layers and followers, in the
+    graph's order."""
+    members = [sorted(graph.index[n] for n in (*rank.layers, *rank.followers))
+               for rank in plan.ranks]
     (out_dir / "models").mkdir(parents=True, exist_ok=True)
 
     def write(rank: Rank) -> None:

@@ -2,7 +2,8 @@
 
 The pipeline is a flat list of passes; every check runs before the first byte is written, and the
 output appears all at once (written to a temporary sibling, then renamed), so a failed run never
-leaves a half-written directory.
+leaves a half-written directory. :func:`plan_mapping` is the passes without the writing: the
+search runs it on every front point, so what it emits is what ``split`` accepts.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..core.model import load_model
+from ..core.model import Graph, load_model
 from ..core.outdir import staged
 from ..core.plan import Plan
-from ..core.spec import parse_mapping, parse_platform
+from ..core.spec import Mapping, Platform, parse_mapping, parse_platform
 from .extract import write_submodels
 from .partition import build_plan, find_edges
 from .place import assign_ranks, check_resources
@@ -34,14 +35,27 @@ def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str
     platform_spec = parse_platform(platform)
     mapping_spec = parse_mapping(mapping)
     graph = load_model(model, input_shapes)
-    resources = check_resources(mapping_spec, platform_spec)
-    placement = assign_ranks(graph, mapping_spec, resources, platform_spec)
-    edges = find_edges(graph, placement, mapping_spec.path)
-    plan = build_plan(graph, placement, edges, out, model)
-    check_plan(plan)
+    plan = plan_mapping(graph, mapping_spec, platform_spec, out)
     with staged(out) as tmp:
-        write_submodels(graph, plan, placement, tmp)
+        write_submodels(graph, plan, tmp)
         write_tables(plan, tmp)
         shutil.copyfile(mapping, tmp / "mapping.json")
         shutil.copyfile(platform, tmp / "platform.txt")
+    return plan
+
+
+def plan_mapping(graph: Graph, mapping: Mapping, platform: Platform,
+                 out_dir: Path = Path(".")) -> Plan:
+    """The checked plan of ``mapping`` of ``graph`` onto ``platform``; writes nothing.
+
+    Args:
+        out_dir: the directory the plan's paths are relative to (``split``'s output).
+    Raises:
+        AutodiceError: any problem with the mapping, all of them listed.
+    """
+    resources = check_resources(mapping, platform)
+    placement = assign_ranks(graph, mapping, resources, platform)
+    edges = find_edges(graph, placement, mapping.path)
+    plan = build_plan(graph, placement, edges, out_dir, graph.path)
+    check_plan(plan)
     return plan

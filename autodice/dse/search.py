@@ -1,0 +1,201 @@
+"""``autodice dse``: search mappings with NSGA-II for throughput, per-device energy and memory.
+
+The AutoDiCE paper's search, made cheap by the cost model (:mod:`autodice.dse.cost`) instead of
+runs on the boards: pymoo's NSGA-II (population 100, 400 generations, crossover 0.5, mutation 0.1
+by default, as in the paper) over mappings, three objectives -- throughput (max), the largest
+per-device energy per frame (min), the largest per-device memory (min) -- and the devices' memory
+as a constraint. A seed reproduces the front.
+
+The pieces: the encodings (:mod:`autodice.dse.genes`), the pymoo problem and operators
+(:mod:`autodice.dse.problem`, imported only when a search runs), the files written
+(:mod:`autodice.dse.front`), and re-running points for real (:mod:`autodice.dse.measure`).
+
+Every emitted front point goes through the compiler's own passes
+(:func:`~autodice.frontend.split.plan_mapping`, what ``split`` runs before writing), and its
+plan-based cost must equal the fast path's, so the files in ``OUT/mappings/`` are mappings
+``split`` accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import AutodiceError
+from ..core.model import Graph, load_model
+from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platform
+from ..frontend.split import plan_mapping
+from .cost import plan_cost
+from .cost_model import CostModel
+from .front import Front, Point, six_digits, write_front
+from .genes import ENCODINGS, Genes
+from .profile import load_profile
+from .timing import Timing, make_timing
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Search settings; the defaults are the paper's."""
+
+    pop: int = 100
+    gens: int = 400
+    seed: int = 0
+    crossover: float = 0.5  # probability that a pair of parents is crossed (two-point)
+    mutation: float = 0.1  # probability that an offspring is mutated
+    encoding: str = "layer"
+    segments: int | None = None  # K for the segment encoding (default: number of resources, <=16)
+
+    def check(self) -> None:
+        """Raises AutodiceError naming every bad setting at once, before any work starts."""
+        bad = []
+        if self.pop < 4:
+            bad.append(f"--pop {self.pop}: needs at least 4")
+        if self.gens < 1:
+            bad.append(f"--gens {self.gens}: needs at least 1")
+        if self.encoding not in ENCODINGS:
+            bad.append(f'--encoding "{self.encoding}": one of {", ".join(ENCODINGS)}')
+        for name, p in (("crossover", self.crossover), ("mutation", self.mutation)):
+            if not 0 <= p <= 1:
+                bad.append(f"--{name} {p}: a probability, 0..1")
+        if self.segments is not None and self.segments < 1:
+            bad.append(f"--segments {self.segments}: needs at least 1")
+        if bad:
+            raise AutodiceError(*bad)
+
+
+def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
+        settings: Settings = Settings(), progress=None, power=None) -> Front:
+    """Search, verify every front point with the split passes, write ``out``.
+
+    Args:
+        profile: a profile.json path or Profile, or ``{host: ...}`` (key None: the default).
+    Raises:
+        AutodiceError: bad inputs (all listed); ``out`` is untouched then.
+    """
+    settings.check()
+    platform_spec = parse_platform(platform)
+    graph = load_model(model)
+    timing = make_timing(platform_spec, profile, power)
+    front = explore(graph, timing, settings, progress)
+    for p in front.points:
+        verify_point(graph, platform_spec, timing, p)
+    write_front(front, Path(out), str(model), str(platform))
+    return front
+
+
+def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
+            progress: Callable[[int, int], None] | None = None) -> Front:
+    """Run NSGA-II and return the non-dominated feasible mappings of the last population.
+
+    Raises:
+        AutodiceError: bad settings, a profile that does not fit the model, or no mapping that
+            fits the devices' memory.
+    """
+    settings.check()
+    from .problem import non_dominated, nsga2  # pymoo: loaded only when a search runs
+
+    cm = CostModel(graph, timing)
+    genes = Genes(cm, settings.encoding, settings.segments)
+    start = time.perf_counter()
+    X, F, G, evaluations = nsga2(genes, settings, progress)
+    seconds = time.perf_counter() - start
+    feasible = (G <= 0).all(axis=1)
+    if not feasible.any():
+        s = cm.evaluate(genes.decode(X))
+        best = int(np.argmin(s.excess))
+        raise AutodiceError(f"{timing.platform.path}: no mapping found that fits the devices' "
+                            f"memory (closest: {cm.cost(genes.decode(X[best])[0]).over_capacity})")
+    X, F = X[feasible], F[feasible]
+    keep = non_dominated(F)
+    slots = np.unique(genes.decode(X[keep]), axis=0)
+    points = [(cm.cost(g), g) for g in slots]
+    points.sort(key=lambda p: (-p[0].throughput, p[0].max_energy_j, p[0].max_memory,
+                               len(p[0].ranks), tuple(p[1])))
+    # Mappings that differ only off the critical path tie on all three objectives: keep the
+    # one with the fewest ranks of each tie (the front is about trade-offs, not variants).
+    seen: set[tuple[float, float, int]] = set()
+    distinct = []
+    for c, g in points:
+        key = (six_digits(c.throughput), six_digits(c.max_energy_j), c.max_memory)
+        if key not in seen:
+            seen.add(key)
+            distinct.append((c, g))
+    points = distinct
+    width = len(str(len(points) - 1))
+    front = tuple(Point(f"p{k:0{width}d}", cm.mapping(g), c) for k, (c, g) in enumerate(points))
+    return Front(front, references(cm), settings, evaluations, seconds, cm.notes)
+
+
+def references(cm: CostModel) -> tuple[Point, ...]:
+    """The paper's baselines: the whole model on the best single device's CPU (all its cores),
+    and on the best single GPU."""
+    out = []
+    for label, kinds in (("1-device CPU", ("all", "one")), ("1-device GPU", ("gpu",))):
+        best = None
+        for dev in sorted({s.dev for s in cm.slots}):
+            k = next((k for kind in kinds for k, s in enumerate(cm.slots)
+                      if s.dev == dev and s.kind == kind), None)
+            if k is None:
+                continue
+            g = np.full(cm.n_layers, k)
+            c = cm.cost(g)
+            if best is None or c.throughput > best[0].throughput:
+                best = (c, g)
+        if best:
+            out.append(Point(label, cm.mapping(best[1]), best[0]))
+    return tuple(out)
+
+
+def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point) -> None:
+    """Run the split passes on ``point.mapping`` and hold its plan cost to the fast path's.
+
+    Raises:
+        AutodiceError: the mapping is not one ``split`` accepts, or the two costs differ (an
+            internal error: the fast path and the compiler disagree).
+    """
+    mapping = parse_mapping_text(mapping_json(point.mapping), f"mappings/{point.name}.json")
+    plan = plan_mapping(graph, mapping, platform)
+    slow, fast = plan_cost(plan, timing, graph), point.cost
+    same = (abs(slow.throughput - fast.throughput) <= 1e-6 * fast.throughput
+            and slow.max_memory == fast.max_memory
+            and abs(slow.max_energy_j - fast.max_energy_j) <= 1e-6 * max(fast.max_energy_j, 1e-12))
+    if not same:
+        raise AutodiceError(f"internal error: point {point.name}: the cost model's fast path "
+                            f"({fast.throughput:.6g} fps, {fast.max_memory} B) and the plan "
+                            f"({slow.throughput:.6g} fps, {slow.max_memory} B) disagree")
+
+
+def profile_arg(specs, model, platform):
+    """``--profile`` values -> what :func:`autodice.dse.timing.make_timing` takes.
+
+    ``FILE`` is the profile of every host, ``HOST=FILE`` of one host (a path that exists is
+    taken as a file even if it holds ``=``). With none, the model is profiled now when this
+    autodice has a profiler.
+
+    Raises:
+        AutodiceError: unreadable profiles, or none given and no profiler to make one.
+    """
+    if not specs:
+        return measure_profile(model, platform)
+    out: dict = {}
+    for spec in specs:
+        host, eq, path = spec.partition("=")
+        if not eq or Path(spec).exists():
+            host, path = None, spec
+        if host in out:
+            raise AutodiceError(f"--profile {spec}: a second profile for "
+                                f"{'host ' + host if host else 'all hosts'}")
+        out[host] = load_profile(path)
+    return out
+
+
+def measure_profile(model, platform):
+    """Profile ``model`` on this machine for ``platform`` (what ``dse`` does when given no
+    profile)."""
+    from .profiler import profile_model
+
+    return profile_model(model, platform)

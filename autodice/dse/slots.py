@@ -1,0 +1,62 @@
+"""The resources a layer can be given in the search, and their mapping keys.
+
+Per device: one core, all cores, all but the first (so a device whose first core runs one rank
+can run a second on the rest), and the GPU where the profile timed it. These are the columns of
+:class:`~autodice.dse.cost_model.CostModel` and the alphabet of the search's genes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.spec import parse_key
+from .timing import Timing
+
+KINDS = ("one", "all", "rest", "gpu")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A resource a layer can be given: one of a device's cores, all of them, all but the first
+    (when another rank has the first), or its GPU."""
+
+    key: str
+    host: str
+    dev: int
+    kind: str  # one of KINDS
+    cores: tuple[int, ...]
+    threads: int  # CPU threads (1 for the GPU)
+    gpu: bool
+
+
+def cpu_key(host: str, family: str, cores: tuple[int, ...]) -> str:
+    """A mapping key for ``cores``: the paper's one digit per core when possible, else ranges."""
+    if all(c < 10 for c in cores):
+        key = f"{host}_{family}{''.join(map(str, cores))}"
+    else:
+        parts, start = [], None
+        for k, c in enumerate(cores):
+            start = c if start is None else start
+            if k + 1 == len(cores) or cores[k + 1] != c + 1:
+                parts.append(f"{start}-{c}")
+                start = None
+        key = f"{host}_{family}{','.join(parts)}"
+    assert parse_key(key).cores == tuple(cores), key
+    return key
+
+
+def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:
+    """Every resource of every device (``rest`` only where a device has 2+ cores, ``gpu`` only
+    where the platform has one and the profile timed it)."""
+    slots = []
+    for d, (host, dev) in enumerate(timing.platform.devices.items()):
+        cores = dev.slots
+        slots.append(Slot(cpu_key(host, dev.arch, cores[:1]), host, d, "one", cores[:1], 1, False))
+        if len(cores) > 1:
+            slots.append(Slot(cpu_key(host, dev.arch, cores), host, d, "all", cores, len(cores),
+                              False))
+            slots.append(Slot(cpu_key(host, dev.arch, cores[1:]), host, d, "rest", cores[1:],
+                              len(cores) - 1, False))
+        if dev.gpu is not None and timing.has_gpu_timings(host, names):
+            slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True))
+    return tuple(slots)
