@@ -20,16 +20,9 @@ from autodice.cli import main
 from autodice.core.model import load_model
 from autodice.core.spec import parse_platform_text
 from autodice.dse import profiler
+from autodice.dse.attribution import attribute_times, fingerprint_onnx, match_layers
 from autodice.dse.profile import Link, fit_link, load_profile, save_profile
-from autodice.dse.profiler import (
-    attribute_times,
-    fingerprint_onnx,
-    match_layers,
-    platform_links,
-    profile_model,
-    run_profile,
-    write_inputs,
-)
+from autodice.dse.profiler import platform_links, profile_model, run_profile, write_inputs
 from autodice.frontend.layers import layer_table
 
 SPECS = Path(__file__).parent.parent / "specs"

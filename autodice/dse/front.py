@@ -20,6 +20,7 @@ import numpy as np
 from ..core.outdir import staged
 from ..core.spec import mapping_json
 from .cost import Cost
+from .profile import six_digits
 
 if TYPE_CHECKING:
     from .search import Settings
@@ -48,11 +49,6 @@ class Front:
     evaluations: int
     seconds: float
     notes: tuple[str, ...] = field(default=())
-
-
-def six_digits(x: float) -> float:
-    """Six significant digits: stable text across runs and machines."""
-    return float(f"{x:.6g}")
 
 
 def point_row(p: Point) -> dict:

@@ -42,8 +42,8 @@ from ..deploy.deploy import (
     ssh_config,
 )
 from ..deploy.inventory import Inventory, load_inventory
+from .probe import write_sources
 from .profile import Link, link_from_rows
-from .profiler import write_sources
 
 TOOLS = Build(folder="tools", exe="profile_layers")
 TOOLS_FOLDERS = ("package", "build", "launch", "results")  # inside <remote_dir>/tools

@@ -18,7 +18,7 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.model import load_model
 from .cost import plan_cost
-from .front import six_digits
+from .profile import six_digits
 from .timing import make_timing
 
 

@@ -61,6 +61,12 @@ class Link:
     latency: float  # s per message
 
 
+def six_digits(x: float) -> float:
+    """Six significant digits: stable text across runs and machines (and a fused ReLU's sliver
+    of a Convolution's time stays above zero)."""
+    return float(f"{float(x):.6g}")
+
+
 def fit_link(nbytes: list[float], seconds: list[float]) -> tuple[Link, str | None]:
     """``seconds = latency + bytes / bandwidth`` from one-way times of several message sizes, for
     shared memory and networks alike; never fails on a busy machine, it warns.

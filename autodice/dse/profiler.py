@@ -7,16 +7,8 @@ against the same full ncnn and with the generated program's net options — time
 thread count (warm-up runs, then medians over runs, batch 1).
 
 Per layer, not per sub-model: the profiler extracts the output blob of every ncnn layer in
-order, so each extract runs exactly one ncnn layer. Those are not the ONNX layers a mapping
-names — pnnx fuses Conv+BatchNorm+ReLU into one Convolution, drops Dropout, inserts Split — and
-it renames everything, so names cannot be matched. Values can: the profiler fingerprints every
-ncnn blob (element count, sum, sum |x|, sum x^2) on a seeded input and onnxruntime does the same
-for every ONNX layer output. An ncnn layer whose output matches ONNX tensor T computed T and every
-ONNX layer before T that no earlier ncnn layer matched (its fused partners); its time (plus that
-of unmatched ncnn layers before it, e.g. Split) is shared among them in proportion to their FLOPs,
-so a fused ReLU costs next to nothing and the Convolution carries the time. Exposing every layer
-output as a graph output instead would stop pnnx from fusing and make ncnn clone blobs for
-in-place layers, so what it measured would not be what a rank runs.
+order, so each extract runs exactly one ncnn layer; :mod:`autodice.dse.attribution` gives each
+ONNX layer its share.
 
 The sum of the per-layer medians is checked against the whole-model median measured in the same
 process (``ProfileRun.whole_ms``). Links: ``shm`` is measured between two local MPI ranks by
@@ -35,40 +27,33 @@ import hashlib
 import json
 import os
 import platform as host_platform
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ..backend.convert import PNNX_VERSION, convert
-from ..backend.engine import NCNN_PIN, cache_root, cmake_args, ensure_ncnn, mpi_prefix
+from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
 from ..core.onnxio import write_model
 from ..core.plan import Memory, Rank, TensorSpec
 from ..core.spec import Platform, parse_platform
 from ..frontend.extract import submodel_proto
-from ..frontend.layers import layer_flops
 from ..frontend.partition import static_memory
+from .attribution import attribute_times, fingerprint_onnx, match_layers
+from .probe import build_tools, measure_corun, measure_shm, run_profiler, source_digest
 from .profile import (
-    Corun,
     LayerCost,
     Link,
     Profile,
-    link_from_rows,
     profile_from_json,
     profile_to_json,
+    six_digits,
 )
 
 CACHE_VERSION = 3  # 2: adds the co-run slowdown and runtime_bytes; 3: robust link fit
-SOURCES = ("profile_layers.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
-# Fingerprints of one tensor from ncnn and onnxruntime agree to ~1e-5 relative; different tensors
-# of one count differ by far more.
-MATCH_RTOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -215,15 +200,6 @@ def model_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def source_digest() -> str:
-    """Hash of the C++ sources the profiler builds from (a change rebuilds and re-measures)."""
-    root = resources.files("autodice.runtime_cpp")
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update(name.encode() + b"\0" + root.joinpath(name).read_bytes())
-    return h.hexdigest()
-
-
 def cache_key(digest: str, ncnn: Path, threads, input_shapes, warmup: int, runs: int) -> str:
     blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(),
                        "ncnn": str(ncnn),
@@ -319,16 +295,11 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         model=graph.path.name, model_sha256=digest, engine=engine_info(),
         machine=machine_info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
-                               {t: _sig(cpu_ms[t][i]) for t in threads}, None)
+                               {t: six_digits(cpu_ms[t][i]) for t in threads}, None)
                      for i in mappable))
-    whole = {str(t): _sig(np.median(raw["runs"][str(t)]["whole_ms"])) for t in threads}
+    whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"])) for t in threads}
     return {"profile": profile_to_json(profile), "whole_ms": whole, "shm": shm,
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
-
-
-def _sig(ms: float) -> float:
-    """Six significant digits: byte-stable JSON that keeps a fused ReLU's sliver above zero."""
-    return float(f"{float(ms):.6g}")
 
 
 def convert_whole_model(graph: Graph, work: Path) -> Path:
@@ -359,268 +330,3 @@ def write_inputs(graph: Graph, work: Path) -> list[Path]:
         np.save(path, rng.standard_normal(graph.types[name].shape).astype(np.float32))
         paths.append(path)
     return paths
-
-
-def fingerprint(array: np.ndarray) -> tuple[int, float, float, float]:
-    """(count, sum, sum |x|, sum x^2): what profile_layers prints for an ncnn blob."""
-    a = np.asarray(array, dtype=np.float64).ravel()
-    return (a.size, float(a.sum()), float(np.abs(a).sum()), float(np.dot(a, a)))
-
-
-def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
-                     mappable: list[int]) -> dict[str, tuple]:
-    """Fingerprints of every mappable layer's outputs, computed by onnxruntime."""
-    import onnx
-    import onnxruntime as ort
-
-    model = onnx.load(str(path), load_external_data=False)
-    have = {o.name for o in model.graph.output}
-    wanted = [t for i in mappable for t in graph.nodes[i].output if t and t not in have]
-    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        # Weights past protobuf's 2 GB stay in model.onnx.data beside it: save next to them.
-        onnx.save(model, str(path.with_name("fingerprints.onnx")))
-        source = str(path.with_name("fingerprints.onnx"))
-    else:
-        source = model.SerializeToString()
-    session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    values = session.run(names, {n: np.load(p) for n, p in zip(graph.inputs, feeds)})
-    return {n: fingerprint(v) for n, v in zip(names, values)
-            if np.asarray(v).dtype.kind == "f"}
-
-
-def write_sources(folder: Path) -> str:
-    """Write the profiler's sources and its CMakeLists.txt into ``folder`` (here, or as the tools
-    package the link probe builds on cluster hosts); returns a hash of what was written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    root = resources.files("autodice.runtime_cpp")
-    files = {name: root.joinpath(name).read_bytes() for name in SOURCES}
-    files["CMakeLists.txt"] = _CMAKE.encode()
-    digest = hashlib.sha256()
-    for name, data in sorted(files.items()):
-        (folder / name).write_bytes(data)
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def build_tools(ncnn: Path, console) -> Path:
-    """``profile_layers``, built once per source hash + ncnn + MPI (it links the runtime)."""
-    key = hashlib.sha256(f"{source_digest()}\n{ncnn}\n{mpi_prefix()}".encode()).hexdigest()[:16]
-    entry = cache_root() / "profiler" / key
-    if (entry / "profile_layers").exists():
-        return entry
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=entry.parent))
-    try:
-        src = tmp / "src"
-        write_sources(src)
-        log = tmp / "build.log"
-        for what, cmd in (("configuring", ["cmake", "-S", str(src), "-B", str(tmp / "build"),
-                                           "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)]),
-                          ("compiling", ["cmake", "--build", str(tmp / "build"), "-j",
-                                         str(os.cpu_count() or 2)])):
-            with open(log, "a") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-            if proc.returncode != 0:
-                tail = "\n".join(log.read_text().splitlines()[-15:])
-                raise AutodiceError(f"{what} the profiler failed:\n{tail}")
-        out = tmp / "bin"
-        out.mkdir()
-        shutil.copy2(tmp / "build" / "profile_layers", out / "profile_layers")
-        try:
-            os.rename(out, entry)  # atomic: complete or absent
-        except OSError:  # another process built it first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
-
-
-_CMAKE = """\
-# Written by autodice.profiler: the per-layer and link profiler.
-cmake_minimum_required(VERSION 3.16)
-project(autodice_profiler LANGUAGES C CXX)
-set(CMAKE_CXX_STANDARD 17)
-set(CMAKE_CXX_STANDARD_REQUIRED ON)
-find_package(MPI REQUIRED COMPONENTS CXX)
-find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(ncnn REQUIRED)
-add_library(autodice_runtime STATIC autodice_runtime.cpp)
-target_include_directories(autodice_runtime PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(autodice_runtime PUBLIC ncnn MPI::MPI_CXX OpenMP::OpenMP_CXX)
-add_executable(profile_layers profile_layers.cpp)
-target_link_libraries(profile_layers PRIVATE autodice_runtime)
-target_compile_options(profile_layers PRIVATE -Wall -Wextra -Werror)
-"""
-
-
-def _env() -> dict:
-    # As `autodice run` runs the program: passive OpenMP waits unless the user chose otherwise.
-    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-
-
-def _with_progress(cmd: list[str], on_progress) -> tuple[int, list[str]]:
-    """Run ``cmd``, passing its ``progress DONE TOTAL`` stderr lines to ``on_progress``;
-    returns the exit code and everything else it said (stdout and stderr)."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True,
-                            env=_env())
-    said = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "progress":
-            on_progress(int(parts[1]), int(parts[2]))
-        else:
-            said.append(line.rstrip())
-    return proc.wait(), said
-
-
-def run_profiler(binary: Path, param: Path, feeds: list[Path], threads: tuple[int, ...],
-                 warmup: int, runs: int, out: Path, on_progress, model: str = "model") -> dict:
-    """Run profile_layers; returns its JSON (fingerprints and raw times of every run)."""
-    cmd = [str(binary), str(param), str(param.with_suffix(".bin")), str(out),
-           "--threads", ",".join(map(str, threads)), "--warmup", str(warmup),
-           "--runs", str(runs)]
-    for p in feeds:
-        cmd += ["--input", str(p)]
-    code, said = _with_progress(cmd, on_progress)
-    if code != 0 or not out.exists():
-        missing = [ln.split("layer ", 1)[1].split()[0] for ln in said
-                   if "not exists or registered" in ln]
-        if missing:
-            raise AutodiceError(f"{model}: ncnn cannot load the net pnnx made of it: it has no "
-                                f"{', '.join(missing)} layer (pnnx did not lower that ONNX op)")
-        raise AutodiceError(f"profile_layers failed (exit {code}):", *said[-6:])
-    return json.loads(out.read_text())
-
-
-def measure_shm(binary: Path, work: Path) -> dict:
-    """Bandwidth and latency between two ranks on this host (and the fit's warning, if any),
-    fitted to the fastest one-way times of ``profile_layers --link`` (autodice::Transfer, the
-    generated program's path)."""
-    out = work / "link.json"
-    cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", "2", "--oversubscribe", "--bind-to",
-           "none", str(binary), "--link", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300,
-                          check=False)
-    if proc.returncode != 0 or not out.exists():
-        tail = (proc.stderr + proc.stdout).strip().splitlines()[-6:]
-        raise AutodiceError(f"profile_layers --link failed (exit {proc.returncode}):", *tail)
-    link, warning = link_from_rows(json.loads(out.read_text())["rows"])
-    return {"bandwidth": link.bandwidth, "latency": link.latency, "warning": warning}
-
-
-def measure_corun(binary: Path, param: Path, feeds: list[Path], warmup: int, runs: int,
-                  work: Path, on_progress) -> tuple[Corun | None, int]:
-    """How much longer the whole model takes on one core while every core of this machine runs
-    it (None on a one-core machine), and the peak resident bytes of a rank that ran it: one
-    rank per core, ``profile_layers --corun``.
-
-    Per-layer times are taken with the rest of the machine idle, but a pipelined stage runs while
-    its neighbours on the same board work too, and they share caches and memory bandwidth
-    (ResNet-50's halves ran ~15 % slower than alone on this project's 2-core VM). The cost model
-    stretches a rank's compute by this factor, scaled by how busy its board's other cores are.
-    """
-    cores = os.cpu_count() or 1
-    out = work / "corun.json"
-    cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", str(cores), "--bind-to", "core",
-           "--map-by", "core", str(binary), str(param), str(param.with_suffix(".bin")), str(out),
-           "--corun", "--warmup", str(warmup), "--runs", str(runs)]
-    for f in feeds:
-        cmd += ["--input", str(f)]
-    code, said = _with_progress(cmd, on_progress)
-    if code != 0 or not out.exists():
-        raise AutodiceError(f"profile_layers --corun failed (exit {code}):", *said[-6:])
-    raw = json.loads(out.read_text())
-    slowdown = np.median(raw["together_ms"]) / np.median(raw["alone_ms"])
-    return (Corun(cores, _sig(slowdown)) if cores > 1 else None), int(raw["peak_rss"])
-
-
-# --- from ncnn layers to ONNX layers --------------------------------------------------------
-
-
-def match_layers(graph: Graph, ncnn_layers: list[dict], reference: dict[str, tuple],
-                 mappable: list[int]) -> tuple[list[list[int]], list[int]]:
-    """For each timed ncnn layer, the ONNX layers (node positions) its time belongs to.
-
-    An ncnn output that matches ONNX tensor T (the earliest such tensor not yet claimed, so an
-    alias such as Dropout's output goes to the alias) claims T's producer and every unclaimed
-    mappable ancestor. An ncnn layer that matches nothing new (Split, pnnx's own reshapes) gets
-    an empty group: its time goes to the next group. ONNX layers never claimed (no blob matched
-    them or a descendant) join the last group; they are returned too.
-    """
-    allowed = set(mappable)
-    by_count: dict[int, list[str]] = {}
-    order = {t: k for k, i in enumerate(mappable) for t in graph.nodes[i].output if t}
-    for t in sorted(reference, key=lambda t: order.get(t, len(order))):
-        if t in order:
-            by_count.setdefault(reference[t][0], []).append(t)
-    claimed: set[int] = set()
-    groups: list[list[int]] = []
-    for layer in ncnn_layers:
-        group: list[int] = []
-        for top in layer["tops"]:
-            t = next((t for t in by_count.get(int(top[0]), [])
-                      if graph.producer[t] not in claimed and _same(top, reference[t])), None)
-            if t is not None:
-                group += _claim(graph, graph.producer[t], claimed, allowed)
-        groups.append(sorted(group))
-    unmatched = [i for i in mappable if i not in claimed]
-    if unmatched:
-        last = max((k for k, g in enumerate(groups) if g), default=len(groups) - 1)
-        groups[last] = sorted(groups[last] + unmatched)
-    return groups, unmatched
-
-
-def _same(a, b) -> bool:
-    if any(v is None or not np.isfinite(v) for v in (*a, *b)):
-        return False  # an overflowed blob is nobody's fingerprint
-    _, s, asum, sq = (float(v) for v in a)
-    _, s2, asum2, sq2 = b
-    scale = max(asum2, 1e-30)
-    return (abs(s - s2) <= MATCH_RTOL * scale + 1e-6 and abs(asum - asum2) <= MATCH_RTOL * scale
-            + 1e-6 and abs(sq - sq2) <= MATCH_RTOL * max(sq2, 1e-30) + 1e-9)
-
-
-def _claim(graph: Graph, start: int, claimed: set[int], allowed: set[int]) -> list[int]:
-    """``start`` and its unclaimed ancestors among ``allowed``, now claimed."""
-    got, stack = [], [start]
-    while stack:
-        i = stack.pop()
-        if i in claimed or i not in allowed:
-            continue
-        claimed.add(i)
-        got.append(i)
-        stack.extend(graph.producer[t] for t in graph.nodes[i].input if t in graph.producer)
-    return got
-
-
-def attribute_times(graph: Graph, raw: dict, groups: list[list[int]],
-                    threads: tuple[int, ...]) -> dict[int, dict[int, float]]:
-    """threads -> node position -> median ms: each run's group time split by FLOPs, then the
-    median over runs (a group's own time is a sum of ncnn layers, unmatched ones carried in)."""
-    weights = {i: max(layer_flops(graph, i), 1) for g in groups for i in g}
-    out: dict[int, dict[int, float]] = {}
-    for t in threads:
-        runs = np.asarray(raw["runs"][str(t)]["layer_ms"], dtype=float)  # runs x ncnn layers
-        per_node = np.zeros((runs.shape[0], len(graph.nodes)))
-        carry = np.zeros(runs.shape[0])
-        for k, group in enumerate(groups):
-            carry += runs[:, k]
-            if not group:
-                continue
-            total = sum(weights[i] for i in group)
-            for i in group:
-                per_node[:, i] += carry * (weights[i] / total)
-            carry = np.zeros(runs.shape[0])
-        if carry.any():  # unmatched ncnn layers at the end: the last group ran them
-            last = next(g for g in reversed(groups) if g)
-            total = sum(weights[i] for i in last)
-            for i in last:
-                per_node[:, i] += carry * (weights[i] / total)
-        med = np.median(per_node, axis=0)
-        out[t] = {i: float(med[i]) for i in range(len(graph.nodes))}
-    return out

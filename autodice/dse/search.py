@@ -31,9 +31,9 @@ from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platfo
 from ..frontend.split import plan_mapping
 from .cost import plan_cost
 from .cost_model import CostModel
-from .front import Front, Point, six_digits, write_front
+from .front import Front, Point, write_front
 from .genes import ENCODINGS, Genes
-from .profile import load_profile
+from .profile import load_profile, six_digits
 from .timing import Timing, make_timing
 
 

@@ -1,0 +1,142 @@
+"""From ncnn layers to ONNX layers: whose time is whose.
+
+Per layer, not per sub-model: the profiler extracts the output blob of every ncnn layer in
+order, so each extract runs exactly one ncnn layer. Those are not the ONNX layers a mapping
+names — pnnx fuses Conv+BatchNorm+ReLU into one Convolution, drops Dropout, inserts Split — and
+it renames everything, so names cannot be matched. Values can: the profiler fingerprints every
+ncnn blob (element count, sum, sum |x|, sum x^2) on a seeded input and onnxruntime does the same
+for every ONNX layer output. An ncnn layer whose output matches ONNX tensor T computed T and every
+ONNX layer before T that no earlier ncnn layer matched (its fused partners); its time (plus that
+of unmatched ncnn layers before it, e.g. Split) is shared among them in proportion to their FLOPs,
+so a fused ReLU costs next to nothing and the Convolution carries the time. Exposing every layer
+output as a graph output instead would stop pnnx from fusing and make ncnn clone blobs for
+in-place layers, so what it measured would not be what a rank runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..core.model import Graph
+from ..frontend.layers import layer_flops
+
+# Fingerprints of one tensor from ncnn and onnxruntime agree to ~1e-5 relative; different tensors
+# of one count differ by far more.
+MATCH_RTOL = 1e-3
+
+
+def fingerprint(array: np.ndarray) -> tuple[int, float, float, float]:
+    """(count, sum, sum |x|, sum x^2): what profile_layers prints for an ncnn blob."""
+    a = np.asarray(array, dtype=np.float64).ravel()
+    return (a.size, float(a.sum()), float(np.abs(a).sum()), float(np.dot(a, a)))
+
+
+def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
+                     mappable: list[int]) -> dict[str, tuple]:
+    """Fingerprints of every mappable layer's outputs, computed by onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(path), load_external_data=False)
+    have = {o.name for o in model.graph.output}
+    wanted = [t for i in mappable for t in graph.nodes[i].output if t and t not in have]
+    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        # Weights past protobuf's 2 GB stay in model.onnx.data beside it: save next to them.
+        onnx.save(model, str(path.with_name("fingerprints.onnx")))
+        source = str(path.with_name("fingerprints.onnx"))
+    else:
+        source = model.SerializeToString()
+    session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, {n: np.load(p) for n, p in zip(graph.inputs, feeds)})
+    return {n: fingerprint(v) for n, v in zip(names, values)
+            if np.asarray(v).dtype.kind == "f"}
+
+
+def match_layers(graph: Graph, ncnn_layers: list[dict], reference: dict[str, tuple],
+                 mappable: list[int]) -> tuple[list[list[int]], list[int]]:
+    """For each timed ncnn layer, the ONNX layers (node positions) its time belongs to.
+
+    An ncnn output that matches ONNX tensor T (the earliest such tensor not yet claimed, so an
+    alias such as Dropout's output goes to the alias) claims T's producer and every unclaimed
+    mappable ancestor. An ncnn layer that matches nothing new (Split, pnnx's own reshapes) gets
+    an empty group: its time goes to the next group. ONNX layers never claimed (no blob matched
+    them or a descendant) join the last group; they are returned too.
+    """
+    allowed = set(mappable)
+    by_count: dict[int, list[str]] = {}
+    order = {t: k for k, i in enumerate(mappable) for t in graph.nodes[i].output if t}
+    for t in sorted(reference, key=lambda t: order.get(t, len(order))):
+        if t in order:
+            by_count.setdefault(reference[t][0], []).append(t)
+    claimed: set[int] = set()
+    groups: list[list[int]] = []
+    for layer in ncnn_layers:
+        group: list[int] = []
+        for top in layer["tops"]:
+            t = next((t for t in by_count.get(int(top[0]), [])
+                      if graph.producer[t] not in claimed and _same(top, reference[t])), None)
+            if t is not None:
+                group += _claim(graph, graph.producer[t], claimed, allowed)
+        groups.append(sorted(group))
+    unmatched = [i for i in mappable if i not in claimed]
+    if unmatched:
+        last = max((k for k, g in enumerate(groups) if g), default=len(groups) - 1)
+        groups[last] = sorted(groups[last] + unmatched)
+    return groups, unmatched
+
+
+def _same(a, b) -> bool:
+    if any(v is None or not np.isfinite(v) for v in (*a, *b)):
+        return False  # an overflowed blob is nobody's fingerprint
+    _, s, asum, sq = (float(v) for v in a)
+    _, s2, asum2, sq2 = b
+    scale = max(asum2, 1e-30)
+    return (abs(s - s2) <= MATCH_RTOL * scale + 1e-6 and abs(asum - asum2) <= MATCH_RTOL * scale
+            + 1e-6 and abs(sq - sq2) <= MATCH_RTOL * max(sq2, 1e-30) + 1e-9)
+
+
+def _claim(graph: Graph, start: int, claimed: set[int], allowed: set[int]) -> list[int]:
+    """``start`` and its unclaimed ancestors among ``allowed``, now claimed."""
+    got, stack = [], [start]
+    while stack:
+        i = stack.pop()
+        if i in claimed or i not in allowed:
+            continue
+        claimed.add(i)
+        got.append(i)
+        stack.extend(graph.producer[t] for t in graph.nodes[i].input if t in graph.producer)
+    return got
+
+
+def attribute_times(graph: Graph, raw: dict, groups: list[list[int]],
+                    threads: tuple[int, ...]) -> dict[int, dict[int, float]]:
+    """threads -> node position -> median ms: each run's group time split by FLOPs, then the
+    median over runs (a group's own time is a sum of ncnn layers, unmatched ones carried in)."""
+    weights = {i: max(layer_flops(graph, i), 1) for g in groups for i in g}
+    out: dict[int, dict[int, float]] = {}
+    for t in threads:
+        runs = np.asarray(raw["runs"][str(t)]["layer_ms"], dtype=float)  # runs x ncnn layers
+        per_node = np.zeros((runs.shape[0], len(graph.nodes)))
+        carry = np.zeros(runs.shape[0])
+        for k, group in enumerate(groups):
+            carry += runs[:, k]
+            if not group:
+                continue
+            total = sum(weights[i] for i in group)
+            for i in group:
+                per_node[:, i] += carry * (weights[i] / total)
+            carry = np.zeros(runs.shape[0])
+        if carry.any():  # unmatched ncnn layers at the end: the last group ran them
+            last = next(g for g in reversed(groups) if g)
+            total = sum(weights[i] for i in last)
+            for i in last:
+                per_node[:, i] += carry * (weights[i] / total)
+        med = np.median(per_node, axis=0)
+        out[t] = {i: float(med[i]) for i in range(len(graph.nodes))}
+    return out
