@@ -153,8 +153,10 @@ def view(output, image, model):
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--fp16", is_flag=True,
               help="fp16 weights and arithmetic (smaller, faster on some boards; check the error).")
-def gen(output, fp16):
-    """Convert OUTPUT's sub-models to ncnn and write the SPMD program and a package per host."""
+@click.option("--no-verify", "verify", flag_value=False, default=True,
+              help="Skip loading and running each converted model in ncnn against onnxruntime.")
+def gen(output, fp16, verify):
+    """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from rich.progress import Progress
 
     from .backend.gen import gen as run_gen
@@ -162,8 +164,10 @@ def gen(output, fp16):
 
     n = len(load_plan(output).ranks)
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("converting sub-models with pnnx", total=n)
-        plan = run_gen(output, fp16=fp16, progress=lambda r: bar.advance(task))
+        task = bar.add_task("converting sub-models with pnnx, then checking them in ncnn",
+                            total=n)
+        plan = run_gen(output, fp16=fp16, progress=lambda r: bar.advance(task), verify=verify,
+                       console=console)
     out.print(f"wrote {output}/packages/ for {', '.join(plan.hosts())}")
 
 

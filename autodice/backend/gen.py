@@ -24,6 +24,7 @@ from ..core.outdir import staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
+from .verify import verify_conversions
 
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
 
@@ -120,16 +121,26 @@ RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_progr
                    "autodice_program.cpp")
 
 
-def gen(out_dir: str | Path, fp16: bool = False, progress=None) -> Plan:
-    """Convert the sub-models and write ``out_dir/packages/<host>/`` for every host.
+def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = True,
+        console=None) -> Plan:
+    """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
+
+    Args:
+        fp16: fp16 weights and arithmetic on every rank (outputs then differ from fp32).
+        progress: called with each rank as its conversion finishes.
+        verify: load and run every converted model with ncnn and compare it with onnxruntime
+            (:mod:`.verify`); off only where no C++ toolchain is at hand.
 
     Raises:
-        AutodiceError: no plan, or a sub-model pnnx cannot convert (names rank and layers).
+        AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
+            load or that computes something else (each names rank, key and what is wrong).
     """
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     ncnn_dir = out_dir / "ncnn"
     convert_all(plan, out_dir, ncnn_dir, fp16, progress)
+    if verify:
+        verify_conversions(plan, out_dir, ncnn_dir, fp16, console)
     program = render_program(plan, fp16)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:

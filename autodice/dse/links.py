@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..backend.tools import write_sources
 from ..core.errors import AutodiceError
 from ..core.spec import parse_platform
 from ..deploy.deploy import (
@@ -42,7 +43,6 @@ from ..deploy.deploy import (
     ssh_config,
 )
 from ..deploy.inventory import Inventory, load_inventory
-from .probe import write_sources
 from .profile import Link, link_from_rows
 
 TOOLS = Build(folder="tools", exe="profile_layers")

@@ -1,101 +1,20 @@
-"""``profile_layers``, the C++ probe the profiler measures with: its sources, its build (cached
-per source hash, ncnn and MPI), and its three modes run under mpirun (per-layer times, the
-shared-memory link, the co-run slowdown). The link probe on cluster hosts (:mod:`.links`) builds
-the same sources there.
+"""``profile_layers``, the C++ probe the profiler measures with (built by
+:mod:`autodice.backend.tools`), run under mpirun in its three modes: per-layer times, the
+shared-memory link, the co-run slowdown.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from ..backend.engine import cache_root, cmake_args, mpi_prefix
+from ..backend.engine import mpi_prefix
 from ..core.errors import AutodiceError
 from .profile import Corun, link_from_rows, six_digits
-
-SOURCES = ("profile_layers.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
-
-
-def source_digest() -> str:
-    """Hash of the C++ sources the profiler builds from (a change rebuilds and re-measures)."""
-    root = resources.files("autodice.runtime_cpp")
-    h = hashlib.sha256()
-    for name in SOURCES:
-        h.update(name.encode() + b"\0" + root.joinpath(name).read_bytes())
-    return h.hexdigest()
-
-
-def write_sources(folder: Path) -> str:
-    """Write the profiler's sources and its CMakeLists.txt into ``folder`` (here, or as the tools
-    package the link probe builds on cluster hosts); returns a hash of what was written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    root = resources.files("autodice.runtime_cpp")
-    files = {name: root.joinpath(name).read_bytes() for name in SOURCES}
-    files["CMakeLists.txt"] = _CMAKE.encode()
-    digest = hashlib.sha256()
-    for name, data in sorted(files.items()):
-        (folder / name).write_bytes(data)
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def build_tools(ncnn: Path, console) -> Path:
-    """``profile_layers``, built once per source hash + ncnn + MPI (it links the runtime)."""
-    key = hashlib.sha256(f"{source_digest()}\n{ncnn}\n{mpi_prefix()}".encode()).hexdigest()[:16]
-    entry = cache_root() / "profiler" / key
-    if (entry / "profile_layers").exists():
-        return entry
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=entry.parent))
-    try:
-        src = tmp / "src"
-        write_sources(src)
-        log = tmp / "build.log"
-        for what, cmd in (("configuring", ["cmake", "-S", str(src), "-B", str(tmp / "build"),
-                                           "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)]),
-                          ("compiling", ["cmake", "--build", str(tmp / "build"), "-j",
-                                         str(os.cpu_count() or 2)])):
-            with open(log, "a") as f:
-                proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-            if proc.returncode != 0:
-                tail = "\n".join(log.read_text().splitlines()[-15:])
-                raise AutodiceError(f"{what} the profiler failed:\n{tail}")
-        out = tmp / "bin"
-        out.mkdir()
-        shutil.copy2(tmp / "build" / "profile_layers", out / "profile_layers")
-        try:
-            os.rename(out, entry)  # atomic: complete or absent
-        except OSError:  # another process built it first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry
-
-
-_CMAKE = """\
-# Written by autodice.profiler: the per-layer and link profiler.
-cmake_minimum_required(VERSION 3.16)
-project(autodice_profiler LANGUAGES C CXX)
-set(CMAKE_CXX_STANDARD 17)
-set(CMAKE_CXX_STANDARD_REQUIRED ON)
-find_package(MPI REQUIRED COMPONENTS CXX)
-find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(ncnn REQUIRED)
-add_library(autodice_runtime STATIC autodice_runtime.cpp)
-target_include_directories(autodice_runtime PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(autodice_runtime PUBLIC ncnn MPI::MPI_CXX OpenMP::OpenMP_CXX)
-add_executable(profile_layers profile_layers.cpp)
-target_link_libraries(profile_layers PRIVATE autodice_runtime)
-target_compile_options(profile_layers PRIVATE -Wall -Wextra -Werror)
-"""
 
 
 def _env() -> dict:

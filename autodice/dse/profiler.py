@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
+from ..backend.tools import build_tools, source_digest
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
 from ..core.onnxio import write_model
@@ -43,7 +44,7 @@ from ..core.spec import Platform, parse_platform
 from ..frontend.extract import submodel_proto
 from ..frontend.partition import static_memory
 from .attribution import attribute_times, fingerprint_onnx, match_layers
-from .probe import build_tools, measure_corun, measure_shm, run_profiler, source_digest
+from .probe import measure_corun, measure_shm, run_profiler
 from .profile import (
     LayerCost,
     Link,
@@ -268,7 +269,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         feeds = write_inputs(graph, work)
         reference = fingerprint_onnx(graph, work / "model.onnx", feeds, mappable)
         progress.update(step, advance=1, description="building the profiler")
-        tools = build_tools(ncnn, console)
+        tools = build_tools(ncnn)
         progress.update(step, advance=1, description="timing layers at "
                         f"{','.join(map(str, threads))} threads")
         timing = progress.add_task("  runs", total=None)

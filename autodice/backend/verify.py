@@ -1,0 +1,116 @@
+"""Every conversion checked at ``gen``, before anything is built or deployed.
+
+pnnx can fail in two quiet ways: it writes a layer type ncnn cannot create (the run then dies on
+the board with "cannot load ... .param"), or it writes layers that load and compute something
+else (a Reduction over no axes: wrong by 100 %, no error anywhere). So each converted sub-model is
+loaded by ncnn (``ncnn_check``, built with the runtime) and run on seeded inputs, and its outputs
+are compared with onnxruntime running the ONNX sub-model on the same inputs. A failure names the
+rank, its key, the ncnn layer types that do not exist and the ONNX nodes they came from, or the
+output that is off and by how much.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..core.errors import AutodiceError
+from ..core.plan import Plan, Rank
+from ..frontend.check import session
+from .engine import ensure_ncnn
+from .tools import build_tools
+
+RTOL = 1e-3  # fp32 on both sides agrees to ~1e-6 of the output's scale; a wrong layer by far more
+RTOL_FP16 = 5e-2  # fp16 weights (gen --fp16)
+
+
+def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path, fp16: bool = False,
+                       console=None) -> None:
+    """Load and run every rank's ncnn model; compare with its ONNX sub-model.
+
+    Raises:
+        AutodiceError: one line per rank whose model ncnn cannot load (unknown layer types and
+            their ONNX nodes named) or whose outputs differ from onnxruntime's beyond the
+            tolerance (the output, the error).
+    """
+    tools = build_tools(ensure_ncnn(console=console))
+    with tempfile.TemporaryDirectory(prefix="autodice-verify-") as tmp:
+        def one(rank: Rank) -> list[str]:
+            work = Path(tmp) / str(rank.rank)
+            work.mkdir()
+            return _verify_rank(rank, out_dir, ncnn_models, tools / "ncnn_check", work,
+                                RTOL_FP16 if fp16 else RTOL)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            problems = [p for found in pool.map(one, plan.ranks) for p in found]
+    if problems:
+        raise AutodiceError(*problems)
+
+
+def _who(rank: Rank) -> str:
+    return f'rank {rank.rank} (key "{rank.key}")'
+
+
+def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, work: Path,
+                 rtol: float) -> list[str]:
+    rng = np.random.default_rng(rank.rank)
+    floats = all(np.issubdtype(np.dtype(t.dtype), np.floating) for t in rank.submodel_inputs)
+    feeds = {t.name: rng.standard_normal(t.shape).astype(np.float32)
+             for t in rank.submodel_inputs} if floats else {}
+    paths = []
+    for k, t in enumerate(rank.submodel_inputs if floats else ()):
+        paths.append(work / f"in{k}.npy")
+        np.save(paths[-1], feeds[t.name])
+    base = ncnn_models / f"{rank.key}.ncnn"
+    proc = subprocess.run([str(checker), f"{base}.param", f"{base}.bin", str(work),
+                           *map(str, paths)], capture_output=True, text=True, timeout=600)
+    if proc.returncode == 3:
+        return [_unknown_layers(rank, out_dir, proc.stdout)]
+    if proc.returncode != 0:
+        said = (proc.stdout + proc.stderr).strip().splitlines()
+        return [f"{_who(rank)}: ncnn cannot load {base.name}.param "
+                f"({said[-1] if said else f'exit {proc.returncode}'})"]
+    if not feeds:
+        return []  # integer inputs: ncnn computes in floats; the load check is what we can do
+    want = session(out_dir / rank.submodel).run(None, feeds)
+    problems = []
+    for k, (spec, ref) in enumerate(zip(rank.submodel_outputs, want)):
+        got = np.load(work / f"out{k}.npy")
+        ref = np.asarray(ref, dtype=np.float32)
+        if got.size != ref.size:
+            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}" with {got.size} '
+                            f"elements, onnxruntime {ref.size}: pnnx mis-converted it")
+            continue
+        diff = float(np.max(np.abs(got.ravel() - ref.ravel()))) if ref.size else 0.0
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        rel = diff / scale if scale > 0 else diff
+        if not rel <= rtol:
+            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}" off by {rel:.3g} of its '
+                            f"scale (max |diff| {diff:.3g}, tolerance {rtol:g}) against "
+                            f"onnxruntime: pnnx mis-converted layers of {rank.submodel}")
+    return problems
+
+
+def _unknown_layers(rank: Rank, out_dir: Path, said: str) -> str:
+    """One line: the layer types ncnn lacks, and the ONNX nodes of those op types."""
+    unknown: dict[str, list[str]] = {}
+    for line in said.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "unknown-layer":
+            unknown.setdefault(parts[1], []).append(parts[2])
+    model = onnx.load(str(out_dir / rank.submodel), load_external_data=False)
+    found = []
+    for kind, layers in unknown.items():
+        nodes = [n.name or n.output[0] for n in model.graph.node if n.op_type == kind]
+        where = (f"from ONNX {kind} node{'s' if len(nodes) > 1 else ''} "
+                 f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}" if nodes
+                 else f"ncnn layer{'s' if len(layers) > 1 else ''} {', '.join(layers[:5])}")
+        found.append(f"{kind} ({where})")
+    return (f"{_who(rank)}: ncnn has no layer type {'; '.join(found)}: pnnx could not lower "
+            f"{'them' if len(found) > 1 else 'it'} to ncnn; map those layers elsewhere or change "
+            "how the model spells them")

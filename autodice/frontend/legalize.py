@@ -1,0 +1,238 @@
+"""Spelling a sub-model so pnnx converts it right: rewrites of ONNX that mean the same thing.
+
+pnnx (ONNX -> ncnn) mis-converts some correct ONNX, silently or with a layer ncnn cannot load.
+Each rewrite here was found by running real models distributed and comparing with onnxruntime,
+and each keeps the function exactly:
+
+* Softmax before opset 13 on inputs of rank > 2 (SqueezeNet): through a 2-D reshape.
+* AveragePool with asymmetric pads (Inception-v1): zero padding + an unpadded pool.
+* 4-D inputs read only by batch-blind ops: an identity 1x1 MaxPool tells pnnx axis 0 is the batch.
+* Gather of ``arange(N)`` from a 1-D tensor (torch's dynamo exporter, ConvNeXt's head): a Reshape
+  (ncnn has no Gather layer).
+* Opset 18's Reduce* with the axes as an input (dynamo exports): pnnx reads a one-element axes
+  input as a scalar and writes a Reduction over no axes (a LayerNorm over channels then comes out
+  wrong by 100 %, with no error); the axes become an attribute again and the sub-model opset 17,
+  when no other op of it changed at opset 18.
+* The IR version: pnnx's bundled onnxruntime refuses IR 14 (what onnx 1.23's make_model stamps)
+  and pnnx then crashes; a sub-model gets the lowest IR its opsets allow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..core.model import Graph
+from ..core.plan import TensorSpec
+
+LEGACY_SOFTMAX = ("Softmax", "LogSoftmax", "Hardmax")
+
+
+def main_opset(model) -> int:
+    """The version of the default (ai.onnx) opset."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _through_2d(graph: Graph, node: onnx.NodeProto, shape2d: list[int],
+                **attrs) -> list[onnx.NodeProto]:
+    """``node`` applied to its first input reshaped to ``shape2d``, the result reshaped back."""
+    name, x, y = node.name or node.output[0], node.input[0], node.output[0]
+
+    def const(suffix: str, values) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [f"{name}/{suffix}"], name=f"{name}/{suffix}",
+                                value=helper.make_tensor(f"{name}/{suffix}", onnx.TensorProto.INT64,
+                                                         [len(values)], values))
+
+    return [const("shape2d", shape2d), const("shape", list(graph.types[y].shape)),
+            helper.make_node("Reshape", [x, f"{name}/shape2d"], [f"{name}/2d"], name=f"{name}/2d"),
+            helper.make_node(node.op_type, [f"{name}/2d", *node.input[1:]], [f"{name}/out2d"],
+                             name=name, **attrs),
+            helper.make_node("Reshape", [f"{name}/out2d", f"{name}/shape"], [y],
+                             name=f"{name}/back")]
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == name), None)
+
+
+def _explicit_pads(graph: Graph, node: onnx.NodeProto, pads: list[int]) -> list[onnx.NodeProto]:
+    """AveragePool with asymmetric pads (Inception-v1's last pool pads only bottom and right),
+    which pnnx leaves as an op ncnn does not have, spelled as zero padding + unpadded
+    AveragePool, times the window size over the count of real elements per window
+    (count_include_pad=0) or not."""
+    name, x, y = node.name or node.output[0], node.input[0], node.output[0]
+    (kh, kw), (sh, sw) = _ints(node, "kernel_shape"), _ints(node, "strides") or [1, 1]
+    _, _, h, w = graph.types[x].shape
+    _, _, oh, ow = graph.types[y].shape
+    # Zeros concatenated on each padded side: pnnx converts Concat, not opset-9 Pad.
+    c, pad, cur, size = graph.types[x].shape[1], [], x, [h, w]
+    for axis, before, after in ((2, pads[0], pads[2]), (3, pads[1], pads[3])):
+        parts = []
+        for side, n in (("before", before), ("after", after)):
+            if n:
+                shape = [1, c, *size]
+                shape[axis] = n
+                zeros = f"{name}/zeros{axis}{side}"
+                pad.append(helper.make_node("Constant", [], [zeros], name=zeros,
+                                            value=numpy_helper.from_array(
+                                                np.zeros(shape, np.float32), zeros)))
+                parts.append((side, zeros))
+        if not parts:
+            continue
+        out = f"{name}/padded{axis}"
+        pad.append(helper.make_node(
+            "Concat", [z for sd, z in parts if sd == "before"] + [cur]
+            + [z for sd, z in parts if sd == "after"], [out], name=out, axis=axis))
+        cur, size[axis - 2] = out, size[axis - 2] + before + after
+    pool = helper.make_node("AveragePool", [cur], [y], name=name,
+                            kernel_shape=[kh, kw], strides=[sh, sw])
+    if next((a.i for a in node.attribute if a.name == "count_include_pad"), 0):
+        return [*pad, pool]
+    rows = np.array([min(i * sh - pads[0] + kh, h) - max(i * sh - pads[0], 0) for i in range(oh)])
+    cols = np.array([min(j * sw - pads[1] + kw, w) - max(j * sw - pads[1], 0) for j in range(ow)])
+    scale = (kh * kw / np.outer(rows, cols)).astype(np.float32).reshape(1, 1, oh, ow)
+    pool.output[0] = f"{name}/sum"
+    return [*pad, pool,
+            helper.make_node("Constant", [], [f"{name}/scale"], name=f"{name}/scale",
+                             value=numpy_helper.from_array(scale, f"{name}/scale")),
+            helper.make_node("Mul", [f"{name}/sum", f"{name}/scale"], [y], name=f"{name}/mean")]
+
+
+def legalize(graph: Graph, node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
+    """The same function in a spelling pnnx converts correctly, or None if ``node`` is fine.
+
+    Before opset 13, Softmax(axis=a) flattens the input to 2-D at ``a``; pnnx converts that
+    wrongly for inputs of rank > 2 (SqueezeNet's 1x1000x1x1 comes out all ones). It becomes
+    Reshape to 2-D, Softmax, Reshape back. AveragePool with asymmetric pads: see
+    ``_explicit_pads``.
+    """
+    shape = graph.types[node.input[0]].shape if node.input else ()
+    if node.op_type == "AveragePool" and len(shape) == 4:
+        pads = list(_ints(node, "pads") or [0, 0, 0, 0])
+        if pads[:2] != pads[2:]:
+            return _explicit_pads(graph, node, pads)
+    if node.op_type in LEGACY_SOFTMAX and opset < 13 and len(shape) > 2:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % len(shape)
+        rows = 1
+        for d in shape[:axis]:
+            rows *= d
+        return _through_2d(graph, node, [rows, -1], axis=1)
+    return None
+
+
+# Ops from which pnnx learns that axis 0 of a 4-D tensor is the batch axis.
+BATCH_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+                       "GlobalMaxPool", "BatchNormalization", "InstanceNormalization", "LRN"})
+
+
+def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
+    """Put an identity 1x1 MaxPool in front of 4-D inputs that only batch-blind ops read.
+
+    pnnx decides whether axis 0 is the batch from the ops that read a tensor. A sub-model whose
+    input goes straight into Mul/Add/Concat/MatMul (a DenseNet cut inside its batch norm, spelled
+    Mul + Add; Figure 2's FC1 + Add1) gets no hint, and pnnx then takes 1x64x56x56 for a 4-D
+    tensor without batch: a 64-vector broadcasts along the wrong axis and the rank sends 4x the
+    elements. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
+    """
+    for spec in inputs:
+        if len(spec.shape) != 4 or spec.shape[0] != 1 or spec.dtype != "float32":
+            continue
+        users = [n for n in g.node if spec.name in n.input]
+        if all(n.op_type in BATCH_OPS for n in users):
+            continue
+        pinned = f"{spec.name}/batch"
+        for n in users:
+            n.input[:] = [pinned if t == spec.name else t for t in n.input]
+        g.node.insert(0, helper.make_node("MaxPool", [spec.name], [pinned], name=pinned,
+                                          kernel_shape=[1, 1]))
+
+
+class Constants:
+    """Values of the small initializers and Constant nodes a rewrite may read, parsed on demand
+    (a rank of DenseNet-121 holds hundreds of small tensors and the rewrites read a few)."""
+
+    def __init__(self, model: onnx.ModelProto, graph: Graph):
+        self._graph = graph
+        self._nodes = {n.output[0]: n.attribute[0].t for n in model.graph.node
+                       if n.op_type == "Constant" and n.attribute
+                       and n.attribute[0].name == "value"}
+        self._cache: dict[str, np.ndarray | None] = {}
+
+    def get(self, name: str) -> np.ndarray | None:
+        if name not in self._cache:
+            tensor = self._nodes.get(name, self._graph.lazy.small.get(name))
+            # A small initializer may still live in external data beside the model.
+            self._cache[name] = None if tensor is None else numpy_helper.to_array(
+                tensor, str(self._graph.path.parent))
+        return self._cache[name]
+
+
+def gather_as_reshape(graph: Graph, node: onnx.NodeProto,
+                      constants: Constants) -> list[onnx.NodeProto] | None:
+    """Gather(x, indices) on axis 0 of a 1-D x of length N where indices == arange(N) in some
+    shape S is Reshape(x, S): torch's dynamo exporter writes it for an ``as_strided`` after a
+    mean (ConvNeXt's head), and ncnn has no Gather layer."""
+    if node.op_type != "Gather" or len(node.input) < 2:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    indices = constants.get(node.input[1])
+    x = graph.types.get(node.input[0])
+    if axis != 0 or indices is None or x is None or len(x.shape) != 1:
+        return None
+    if indices.size != x.shape[0] or not np.array_equal(indices.ravel(), np.arange(indices.size)):
+        return None
+    name = node.name or node.output[0]
+    shape = f"{name}/shape"
+    return [helper.make_node("Constant", [], [shape], name=shape, value=numpy_helper.from_array(
+                np.array(indices.shape, np.int64), shape)),
+            helper.make_node("Reshape", [node.input[0], shape], list(node.output), name=name)]
+
+
+AXES_INPUT_AT_18 = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                              "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
+
+
+def reduce_axes_as_attributes(model: onnx.ModelProto, constants: Constants) -> None:
+    """At opset 18, move constant Reduce* axes back into an attribute and make the model opset
+    17, when every other op means the same at 17 (else leave the model alone: gen's conversion
+    check compares ncnn with onnxruntime and says if it went wrong)."""
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset.version < 18:
+        return
+    reduces = [n for n in model.graph.node if n.op_type in AXES_INPUT_AT_18 and n.domain == ""]
+    if not reduces:
+        return
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or n.op_type in AXES_INPUT_AT_18:
+            continue
+        try:
+            changed = onnx.defs.get_schema(n.op_type, opset.version, n.domain).since_version > 17
+        except onnx.defs.SchemaError:
+            return
+        if changed:
+            return
+    for n in reduces:
+        noop = next((a.i for a in n.attribute if a.name == "noop_with_empty_axes"), 0)
+        axes = constants.get(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+        if (axes is None and len(n.input) > 1 and n.input[1]) or (axes is None and noop):
+            return  # axes computed at run time, or "no axes means identity": not expressible
+    for n in reduces:
+        axes = constants.get(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+        keep = [a for a in n.attribute if a.name != "noop_with_empty_axes"]
+        if axes is not None:
+            keep.append(helper.make_attribute("axes", [int(v) for v in axes.ravel()]))
+        del n.input[1:]
+        del n.attribute[:]
+        n.attribute.extend(keep)
+    opset.version = 17
+
+
+IR_MIN_FOR_FUNCTIONS = 8  # model-local functions arrived with IR 8
+
+
+def ir_version(model: onnx.ModelProto) -> int:
+    """The lowest IR version the model's opsets (and functions) allow, at least 4 (initializers
+    outside the graph inputs): what every converter reads."""
+    need = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    return max(4, need, IR_MIN_FOR_FUNCTIONS if model.functions else 0)
