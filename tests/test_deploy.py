@@ -9,16 +9,10 @@ from click.testing import CliRunner
 
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
-from autodice.deploy.deploy import (
-    _Host,
-    build_groups,
-    honours_cores,
-    launch_files,
-    mpirun_argv,
-    run_failure,
-    ssh_config,
-)
 from autodice.deploy.inventory import load_inventory
+from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
+from autodice.deploy.remote_build import build_groups
+from autodice.deploy.ssh import Host, ssh_config
 from autodice.frontend.split import split
 
 INVENTORY = """
@@ -113,7 +107,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
                                  "rank 2=10.77.0.14 slots=0\n")
     assert "Host 10.77.0.14\n  HostName 10.77.0.14\n  Port 2222\n" in files["ssh_config"]
     assert "StrictHostKeyChecking yes" in files["ssh_config"]
-    hosts = {h: _Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
+    hosts = {h: Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
     argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
     assert argv[argv.index("--prtemca") + 1:][:2] == [
         "plm_ssh_agent", "ssh -F /srv/autodice/edge01/launch/ssh_config"]
@@ -133,7 +127,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
 def test_one_build_per_shared_filesystem_and_arch(fig2_plan):
     d, plan = fig2_plan
     inv = load_inventory(d / "inventory.toml", plan.hosts())
-    hosts = [_Host(inv.targets[h], arch="x86_64") for h in ("edge01", "edge04")]
+    hosts = [Host(inv.targets[h], arch="x86_64") for h in ("edge01", "edge04")]
     assert {b: [h.target.host for h in g] for b, g in build_groups(hosts).items()} == {
         "edge01": ["edge01", "edge04"]}
     hosts[1].arch = "aarch64"
