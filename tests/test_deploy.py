@@ -156,8 +156,17 @@ def test_failure_report_names_rank_and_host(fig2_plan):
     noticed = ("prterun noticed that process rank 1 with PID 4987 on node edge01 exited on\n"
                "signal 11 (Segmentation fault).\n")
     assert run_failure(plan, inv, noticed, 139, 1.0, log)[0] == (
-        "edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) died: it exited on signal 11 "
+        "edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) died: killed by signal 11 "
         "(Segmentation fault)")
+    # Rank 1 hangs: the ranks that waited on it say so, and it is named, not them.
+    hung = ('[rank 0 board1] timed out after 8.0 s waiting to recv "t1" from rank 1 (float32 '
+            "1x8): the peer died or is stuck (raise AUTODICE_TIMEOUT_S if it is just slow)\n"
+            '[rank 2 board4] timed out after 8.0 s waiting to recv "t2" from rank 1 (float32 '
+            "1x8): the peer died or is stuck (raise AUTODICE_TIMEOUT_S if it is just slow)\n")
+    lines = run_failure(plan, inv, hung, 5, 9.5, log)
+    assert lines[0] == ('edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) stopped responding '
+                        '(rank 0 for "t1", rank 2 for "t2" waited in vain)')
+    assert lines[1].startswith('rank 0 (edge01_arm123) on host edge01: timed out after 8.0 s')
     said = "[rank 2 board4] cannot load models/edge04_gpu.ncnn.bin (missing or corrupt)\n"
     assert run_failure(plan, inv, said, 4, 1.0, log)[0] == (
         "run: the job failed (exit 4); rank 2 (edge04_gpu) on host edge04: cannot load "

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend.failure import Death, explain_failure
 from ..backend.run import RunResult
 from ..core.errors import AutodiceError
 from ..core.outdir import file_name
@@ -281,9 +281,9 @@ exit 0
 """
 
 
-def _deaths(ssh: Ssh, hosts: list[Host]) -> list[tuple[float, int, int]]:
+def _deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
     """(time, rank, exit code) of every rank that died of a signal, earliest first."""
-    found: list[tuple[float, int, int]] = []
+    found: list[Death] = []
 
     def read(h: Host) -> None:
         proc = subprocess.run(ssh.script(h.target, _DEATHS, h.dir), capture_output=True,
@@ -300,37 +300,23 @@ def _deaths(ssh: Ssh, hosts: list[Host]) -> list[tuple[float, int, int]]:
     return sorted(found)
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return f"signal {code - 128} ({signal.Signals(code - 128).name})"
-    except ValueError:
-        return f"exit code {code}"
-
-
-_NOTICED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on (.*?\))")
 _RANK_SAYS = re.compile(r"^\[rank (\d+) ([^\]]*)\] (.*)")
 _FIRST = re.compile(r"Process name: \[\S+,(\d+)\] Exit code: (\d+)")
 
 
 def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: float,
-                log: Path, deaths: list[tuple[float, int, int]] = ()) -> list[str]:
+                log: Path, deaths: list[Death] = ()) -> list[str]:
     """One line naming the rank that failed first, its key and host, then what ranks said.
 
-    Evidence, best first: the rank wrappers' markers (which rank died of a signal first), then
-    Open MPI's own notices (its first failed process; a peer that lost its connection to a dead
-    rank may abort before Open MPI notices the death, so those come second).
+    The rank comes from :func:`~autodice.backend.failure.explain_failure` (the rank wrappers'
+    markers, mpirun's notice of a death, the ranks' watchdogs). When that names none: the first
+    thing a rank said, else Open MPI's first failed process, else mpirun's last lines.
     """
-    def rank_line(rank: int, what: str) -> str:
+    def name(rank: int) -> str:
         r = plan.ranks[rank]
-        return f"{inv.targets[r.host].where()}: run: rank {r.rank} ({r.key}) {what}"
+        return f"{inv.targets[r.host].where()}: run: rank {r.rank} ({r.key})"
 
-    flat = " ".join(output.replace("\0", "").split())
-    lines = []
-    if deaths:
-        _, rank, exit_code = deaths[0]
-        lines.append(rank_line(rank, f"died: killed by {_signal_name(exit_code)}"))
-    elif (m := _NOTICED.search(flat)):
-        lines.append(rank_line(int(m.group(1)), f"died: it exited on {m.group(3)}"))
+    lines = explain_failure(plan, output, deaths, name)
     said = []
     for line in output.splitlines():
         m = _RANK_SAYS.match(line)
@@ -340,8 +326,9 @@ def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: flo
     if not lines and said:
         lines.append(f"run: the job failed (exit {code}); {said[0]}")
         said = said[1:]
+    flat = " ".join(output.replace("\0", "").split())
     if not lines and (m := _FIRST.search(flat)) and int(m.group(1)) < len(plan.ranks):
-        lines.append(rank_line(int(m.group(1)), f"failed first (exit code {m.group(2)})"))
+        lines.append(f"{name(int(m.group(1)))} failed first (exit code {m.group(2)})")
     if not lines:
         tail = [ln for ln in output.strip().splitlines() if ln.strip() and "setpgid" not in ln]
         lines.append(f"run: mpirun failed (exit {code})")
