@@ -126,6 +126,8 @@ def launch_files(plan: Plan, inv: Inventory) -> dict[str, str]:
 
 def write_launch_files(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], work: Path,
                        progress: Progress) -> None:
+    """:func:`launch_files` into ``work/launch`` here, then into the head's launch folder (the
+    head is ``hosts[0]``, the host of rank 0)."""
     folder = work / "launch"
     folder.mkdir(exist_ok=True)
     for name, text in launch_files(plan, inv).items():
@@ -189,6 +191,12 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], frames: int,
 
 def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Path,
             frames: int, pipeline: bool, timeout_s: float, progress: Progress) -> RunResult:
+    """Inputs out to the hosts whose ranks read them, the job run from the head, results back.
+
+    Raises:
+        AutodiceError: inputs that did not arrive, a job that ran past ``timeout_s`` or failed
+            (:func:`run_failure`), or results that did not come back.
+    """
     by_name = {h.target.host: h for h in hosts}
     work = out_dir / "deploy"
     readers = {r.host for r in plan.ranks if r.inputs}
