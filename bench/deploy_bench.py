@@ -38,8 +38,9 @@ from autodice.core.model import load_model
 from autodice.core.plan import load_plan
 from autodice.core.spec import mapping_json
 from autodice.deploy import cluster
-from autodice.deploy.deploy import deploy, ssh_config
+from autodice.deploy.deploy import deploy
 from autodice.deploy.inventory import load_inventory
+from autodice.deploy.ssh import ssh_config
 from autodice.frontend import zoo
 from autodice.frontend.split import split
 from autodice.frontend.suggest import balanced_mapping

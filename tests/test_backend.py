@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from test_zoo import interleaved, scattered
 
 from autodice.backend.build import build
+from autodice.backend.failure import explain_failure
 from autodice.backend.gen import gen, render_program
 from autodice.backend.run import run
 from autodice.cli import main
@@ -64,7 +65,8 @@ def test_packages_hold_only_their_hosts_models(fig2_built):
     assert sorted(p.name for p in (pkgs / "edge04" / "models").iterdir()) == [
         "edge04_gpu.ncnn.bin", "edge04_gpu.ncnn.param"]
     for host in ("edge01", "edge04"):
-        assert (pkgs / host / "program.cpp").read_text() == (pkgs / "edge01" / "program.cpp").read_text()
+        assert ((pkgs / host / "program.cpp").read_text()
+                == (pkgs / "edge01" / "program.cpp").read_text())
         assert os.access(pkgs / host / "run.sh", os.X_OK)
 
 
@@ -93,7 +95,8 @@ def test_cli_run_check(fig2_built):
 
 def test_wrong_input_shape_is_refused_before_running(fig2_built):
     np.save(fig2_built / "bad.npy", np.zeros((1, 4, 8), np.float32))
-    with pytest.raises(AutodiceError, match='model input "input" must be 1x4x8x8 float32, got 1x4x8'):
+    with pytest.raises(AutodiceError,
+                       match='model input "input" must be 1x4x8x8 float32, got 1x4x8'):
         run(fig2_built / "out", {"input": fig2_built / "bad.npy"})
 
 
@@ -169,6 +172,28 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_nam
         assert first == "rank 1 (edge01_arm4 on edge01) died: killed by signal 9 (Killed)"
     else:
         assert first.startswith("rank 1 (edge01_arm4 on edge01) stopped responding (rank 0 for")
+
+
+@pytest.mark.parametrize("output, deaths, first", [
+    # mpirun saw rank 1 die (its wording wraps over lines).
+    ("prterun noticed that process rank 1 with PID 77 on node edge01 exited on\nsignal 11 "
+     "(Segmentation fault).\n", (), "rank 1 (edge01_gpu on edge01) died: killed by signal 11 "
+     "(Segmentation fault)"),
+    # Death markers win over mpirun's notice: the earliest death is the cause.
+    ("prterun noticed that process rank 1 with PID 77 on node edge01 exited on signal 15.\n",
+     [(6.0, 1, 143), (5.0, 2, 137)], "rank 2 (edge04_gpu on edge04) died: killed by signal 9 "
+     "(SIGKILL)"),
+    # Rank 1 was stopped: it timed out too, but says it was frozen, so it is the one named.
+    ('[rank 0 e1] timed out after 8.0 s waiting to recv "t" from rank 1 (float32 1x8): the '
+     "peer died or is stuck\n"
+     '[rank 1 e1] timed out after 8.0 s waiting to send "u" to rank 2 (float32 1x8): this rank '
+     "was frozen (stopped, or starved of CPU) for 8 s of it\n", (),
+     'rank 1 (edge01_gpu on edge01) stopped responding (rank 0 for "t" waited in vain)'),
+])
+def test_explain_failure_names_the_dead_or_hung_rank(fig2, output, deaths, first):
+    """The one explainer that `run` and `deploy --run` share, on the evidence each leaves."""
+    plan = split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    assert explain_failure(plan, output, deaths)[0] == first
 
 
 def _two_cores_or_skip():

@@ -9,16 +9,10 @@ from click.testing import CliRunner
 
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
-from autodice.deploy.deploy import (
-    _Host,
-    build_groups,
-    honours_cores,
-    launch_files,
-    mpirun_argv,
-    run_failure,
-    ssh_config,
-)
 from autodice.deploy.inventory import load_inventory
+from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
+from autodice.deploy.remote_build import build_groups
+from autodice.deploy.ssh import Host, ssh_config
 from autodice.frontend.split import split
 
 INVENTORY = """
@@ -113,7 +107,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
                                  "rank 2=10.77.0.14 slots=0\n")
     assert "Host 10.77.0.14\n  HostName 10.77.0.14\n  Port 2222\n" in files["ssh_config"]
     assert "StrictHostKeyChecking yes" in files["ssh_config"]
-    hosts = {h: _Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
+    hosts = {h: Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
     argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
     assert argv[argv.index("--prtemca") + 1:][:2] == [
         "plm_ssh_agent", "ssh -F /srv/autodice/edge01/launch/ssh_config"]
@@ -133,7 +127,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
 def test_one_build_per_shared_filesystem_and_arch(fig2_plan):
     d, plan = fig2_plan
     inv = load_inventory(d / "inventory.toml", plan.hosts())
-    hosts = [_Host(inv.targets[h], arch="x86_64") for h in ("edge01", "edge04")]
+    hosts = [Host(inv.targets[h], arch="x86_64") for h in ("edge01", "edge04")]
     assert {b: [h.target.host for h in g] for b, g in build_groups(hosts).items()} == {
         "edge01": ["edge01", "edge04"]}
     hosts[1].arch = "aarch64"
@@ -162,8 +156,17 @@ def test_failure_report_names_rank_and_host(fig2_plan):
     noticed = ("prterun noticed that process rank 1 with PID 4987 on node edge01 exited on\n"
                "signal 11 (Segmentation fault).\n")
     assert run_failure(plan, inv, noticed, 139, 1.0, log)[0] == (
-        "edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) died: it exited on signal 11 "
+        "edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) died: killed by signal 11 "
         "(Segmentation fault)")
+    # Rank 1 hangs: the ranks that waited on it say so, and it is named, not them.
+    hung = ('[rank 0 board1] timed out after 8.0 s waiting to recv "t1" from rank 1 (float32 '
+            "1x8): the peer died or is stuck (raise AUTODICE_TIMEOUT_S if it is just slow)\n"
+            '[rank 2 board4] timed out after 8.0 s waiting to recv "t2" from rank 1 (float32 '
+            "1x8): the peer died or is stuck (raise AUTODICE_TIMEOUT_S if it is just slow)\n")
+    lines = run_failure(plan, inv, hung, 5, 9.5, log)
+    assert lines[0] == ('edge01 (root@10.77.0.11:22): run: rank 1 (edge01_gpu) stopped responding '
+                        '(rank 0 for "t1", rank 2 for "t2" waited in vain)')
+    assert lines[1].startswith('rank 0 (edge01_arm123) on host edge01: timed out after 8.0 s')
     said = "[rank 2 board4] cannot load models/edge04_gpu.ncnn.bin (missing or corrupt)\n"
     assert run_failure(plan, inv, said, 4, 1.0, log)[0] == (
         "run: the job failed (exit 4); rank 2 (edge04_gpu) on host edge04: cannot load "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from ..core.errors import AutodiceError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
+from .failure import explain_failure
 
 
 @dataclass(frozen=True)
@@ -54,44 +54,6 @@ def local_binding(plan: Plan, n_cpus: int) -> list[str] | None:
             return None
         used.update(r.slots)
     return [f"rank {r.rank}=localhost slots={','.join(map(str, r.slots))}" for r in plan.ranks]
-
-
-_KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)"
-                     r"(?: \((\w+)\))?")
-_TIMED_OUT = re.compile(r"^\[rank (\d+) [^]]*\] timed out .* waiting to (?:recv|send) "
-                        r"\"([^\"]*)\" (?:from|to) rank (\d+)")
-
-
-def explain_failure(plan: Plan, said: str) -> list[str]:
-    """Name the rank that brought the job down, from what mpirun and the ranks printed.
-
-    A rank killed by a signal is named by mpirun. A rank that hangs (or died unnoticed) is found
-    from the watchdogs: every rank that timed out names the peer it waited on, and the culprit is
-    the peer that was not itself waiting on anyone (the runtime waits a grace second after a
-    timeout so that all waiting ranks get to say so).
-    """
-    def who(k: int) -> str:
-        r = plan.ranks[k]
-        return f"rank {k} ({r.key} on {r.host})"
-
-    text = " ".join(said.split())
-    lines = []
-    for m in _KILLED.finditer(text):
-        k = int(m.group(1))
-        lines.append(f"{who(k)} died: killed by signal {m.group(3)}"
-                     + (f" ({m.group(4)})" if m.group(4) else ""))
-    waits = {}
-    for ln in said.splitlines():
-        # A rank frozen through its own wait (SIGSTOP, then mpirun's SIGCONT at the abort)
-        # times out too, but it is the culprit: it says so, and does not count as waiting.
-        if (m := _TIMED_OUT.match(ln)) and "this rank was frozen" not in ln:
-            waits[int(m.group(1))] = (m.group(2), int(m.group(3)))
-    if not lines:
-        for stuck in sorted({peer for _, peer in waits.values()} - set(waits)):
-            waiting = [f'rank {k} for "{t}"' for k, (t, p) in sorted(waits.items()) if p == stuck]
-            lines.append(f"{who(stuck)} stopped responding ({', '.join(waiting)} waited in vain)")
-    ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
-    return lines + (ranks_said[-5:] or said.strip().splitlines()[-8:])
 
 
 def omp_wait_policy(plan: Plan, n_cpus: int) -> dict[str, str]:
@@ -168,8 +130,11 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     except subprocess.TimeoutExpired:
         raise AutodiceError(f"the job ran past {timeout_s:.0f} s and was stopped") from None
     if proc.returncode != 0 or not (results / "stats.json").exists():
+        said = proc.stderr + proc.stdout
+        ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
         raise AutodiceError(f"the job failed (exit {proc.returncode}):",
-                            *explain_failure(plan, proc.stderr + proc.stdout))
+                            *explain_failure(plan, said),
+                            *(ranks_said[-5:] or said.strip().splitlines()[-8:]))
     stats = json.loads((results / "stats.json").read_text())
     files = tensor_files(plan)
     outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class AutodiceError(Exception):
@@ -40,3 +41,15 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean "x"?)`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a file the user named; one line naming the file when it cannot be read.
+
+    Raises:
+        AutodiceError: ``PATH: cannot read (REASON)``.
+    """
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None

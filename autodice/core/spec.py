@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AutodiceError, Problems, did_you_mean
+from .errors import AutodiceError, Problems, did_you_mean, read_text
 
 ARCHS = ("arm", "x86", "cpu")  # cpu: the host's own, resolved where it is built
 _ARCH_SPELLINGS = {"aarch64": "arm", "arm64": "arm", "armv7l": "arm", "x86_64": "x86",
@@ -106,12 +106,7 @@ def parse_platform(path: str | Path) -> Platform:
     Raises:
         AutodiceError: one line per bad line or field, all at once.
     """
-    path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_platform_text(text, path)
+    return parse_platform_text(read_text(path), str(path))
 
 
 def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
@@ -224,12 +219,7 @@ def parse_mapping(path: str | Path) -> Mapping:
     Raises:
         AutodiceError: unreadable, not JSON, duplicate keys, or not {key: [layer, ...]}.
     """
-    path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_mapping_text(text, path)
+    return parse_mapping_text(read_text(path), str(path))
 
 
 def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:

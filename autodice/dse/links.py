@@ -28,21 +28,12 @@ from pathlib import Path
 from ..backend.tools import write_sources
 from ..core.errors import AutodiceError
 from ..core.spec import parse_platform
-from ..deploy.deploy import (
-    Build,
-    _build_all,
-    _check_all,
-    _check_launchable,
-    _Host,
-    _must,
-    _parallel,
-    _Ssh,
-    _sync_all,
-    mpirun_head,
-    run_mpirun,
-    ssh_config,
-)
+from ..deploy.check import check_all
 from ..deploy.inventory import Inventory, load_inventory
+from ..deploy.launch import check_launchable, mpirun_head, run_mpirun
+from ..deploy.remote_build import build_all
+from ..deploy.ssh import Build, Host, Ssh, must, parallel, ssh_config
+from ..deploy.sync import sync_all
 from .profile import Link, link_from_rows
 
 TOOLS = Build(folder="tools", exe="profile_layers")
@@ -57,7 +48,7 @@ def probe_links(inventory: str | Path | Inventory, console=None,
     """Measure the link between every pair of the inventory's hosts.
 
     Args:
-        inventory: inventory.toml (see :mod:`autodice.inventory`), or one already loaded.
+        inventory: inventory.toml (see :mod:`autodice.deploy.inventory`), or one already loaded.
         console: a ``rich.console.Console`` for progress (stderr by default).
         platform: platform.txt; every inventory host must be one of its devices.
         timeout_s: the longest one pair's measurement may run before it is stopped.
@@ -73,7 +64,7 @@ def probe_links(inventory: str | Path | Inventory, console=None,
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     check_hosts(inv, platform)
-    _check_launchable(inv)
+    check_launchable(inv)
     names = sorted(inv.targets)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     console = console or Console(stderr=True)
@@ -88,13 +79,13 @@ def probe_links(inventory: str | Path | Inventory, console=None,
             bar.update(tasks[host], description=step)
 
         sources = write_sources(work / "tools")
-        hosts = {name: _Host(t) for name, t in inv.targets.items()}
+        hosts = {name: Host(t) for name, t in inv.targets.items()}
         every = list(hosts.values())
-        ssh = _Ssh(inv, work)
+        ssh = Ssh(inv, work)
         try:
-            _check_all(ssh, every, progress, TOOLS)  # + connect
-            _sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
-            _build_all(ssh, every, sources, work / "bin", progress, TOOLS)
+            check_all(ssh, every, progress, TOOLS)  # + connect
+            sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
+            build_all(ssh, every, sources, work / "bin", progress, TOOLS)
             heads = [hosts[n] for n in dict.fromkeys(a for a, _ in pairs)]
             _send_launch_files(ssh, inv, heads, pairs, work / "launch", progress)
             links = {}
@@ -127,7 +118,7 @@ def check_hosts(inv: Inventory, platform: str | Path | None) -> None:
         raise AutodiceError(*problems)
 
 
-def _send_launch_files(ssh: _Ssh, inv: Inventory, heads: list[_Host],
+def _send_launch_files(ssh: Ssh, inv: Inventory, heads: list[Host],
                        pairs: list[tuple[str, str]], folder: Path, progress) -> None:
     """The ssh config mpirun uses and one hostfile per pair, onto every host that heads one."""
     folder.mkdir()
@@ -136,16 +127,16 @@ def _send_launch_files(ssh: _Ssh, inv: Inventory, heads: list[_Host],
         (folder / f"hostfile-{a}-{b}").write_text(
             f"{inv.targets[a].address} slots=1\n{inv.targets[b].address} slots=1\n")
 
-    def send(h: _Host) -> None:
-        _must(["rsync", "-rpc", "--delete", "-e", ssh.rsh(), f"{folder}/",
-               f"{h.target.host}:{TOOLS.root(h)}/launch/"], "sending the launch files failed")
+    def send(h: Host) -> None:
+        must(["rsync", "-rpc", "--delete", "-e", ssh.rsh(), f"{folder}/",
+              f"{h.target.host}:{TOOLS.root(h)}/launch/"], "sending the launch files failed")
 
-    problems = _parallel(heads, "launch files", send, progress)
+    problems = parallel(heads, "launch files", send, progress)
     if problems:
         raise AutodiceError(*problems)
 
 
-def pair_argv(inv: Inventory, a: _Host, b: _Host, out: str) -> list[str]:
+def pair_argv(inv: Inventory, a: Host, b: Host, out: str) -> list[str]:
     """The mpirun command ``a`` runs: rank 0 there, rank 1 on ``b``, each its own binary."""
     launch = f"{TOOLS.root(a)}/launch"
     argv = mpirun_head(inv, a, RANK_ENV, f"{launch}/hostfile-{a.target.host}-{b.target.host}",
@@ -158,13 +149,13 @@ def pair_argv(inv: Inventory, a: _Host, b: _Host, out: str) -> list[str]:
     return argv
 
 
-def measure_pair(ssh: _Ssh, inv: Inventory, a: _Host, b: _Host, work: Path,
+def measure_pair(ssh: Ssh, inv: Inventory, a: Host, b: Host, work: Path,
                  timeout_s: float, warn) -> Link:
     """One ping-pong between ``a`` and ``b``, launched from ``a``; its rows fitted to a Link
     (``warn`` gets the fit's warning, if any)."""
     pair = f"{a.target.host}-{b.target.host}"
     out = f"{TOOLS.root(a)}/results/link-{pair}.json"
-    _must(ssh.cmd(a.target, "rm", "-f", out), f"{a.target.where()}: cannot clear {out}")
+    must(ssh.cmd(a.target, "rm", "-f", out), f"{a.target.where()}: cannot clear {out}")
     log = work / f"link-{pair}.log"
     code, timed_out, _ = run_mpirun(ssh, [a, b], pair_argv(inv, a, b, out), log, timeout_s,
                                     TOOLS)

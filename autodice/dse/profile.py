@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, read_text
 
 PROFILE_VERSION = 1
 
@@ -193,9 +193,7 @@ def save_profile(p: Profile, path: str | Path) -> None:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        d = json.loads(path.read_text())
-    except OSError as e:
-        raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
+        d = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise AutodiceError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
     return profile_from_json(d, str(path))

@@ -1,0 +1,82 @@
+"""Which rank brought a failed MPI job down, read from the evidence the job left behind.
+
+``autodice run`` (every rank on this machine) and ``autodice deploy --run`` (ranks across hosts)
+fail the same ways, so one reading serves both. Evidence, strongest first:
+
+1. Death markers (deploy's rank wrapper writes one when its rank dies of a signal, with the time):
+   the rank that died *first* is the culprit, not the peers that then lost their connection to it.
+2. mpirun's notice that a process exited on a signal.
+3. The ranks' watchdog lines: a rank that waits longer than ``AUTODICE_TIMEOUT_S`` says what it
+   waited for and from which rank, and ends the job after a grace second so that every waiting
+   rank gets to say so. The culprit is the peer that was not itself waiting.
+
+Each caller names a rank its own way (deploy by its host's ssh address) and adds its own context
+around these lines (what the ranks said last, where the log is).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable, Iterable
+
+from ..core.plan import Plan
+
+Death = tuple[float, int, int]  # (time, rank, exit code) from a rank's death marker
+
+_KILLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)"
+                     r"(?: \(([^)]*)\))?")
+_TIMED_OUT = re.compile(r"^\[rank (\d+) [^]]*\] timed out .* waiting to (?:recv|send) "
+                        r"\"([^\"]*)\" (?:from|to) rank (\d+)")
+
+
+def explain_failure(plan: Plan, output: str, deaths: Iterable[Death] = (),
+                    name: Callable[[int], str] | None = None) -> list[str]:
+    """One line for each rank that brought the job down, from the strongest evidence there is.
+
+    Args:
+        output: what mpirun and the ranks printed.
+        deaths: the ranks' death markers, if the job left any.
+        name: how a line names rank ``k``; by default ``rank k (KEY on HOST)``.
+    Returns:
+        ``NAME died: killed by signal N (WHICH)`` for the rank that died first (markers) or each
+        rank mpirun saw die, else ``NAME stopped responding (rank j for "TENSOR" waited in
+        vain)`` for each rank that others waited on in vain; empty when nothing names a rank.
+    """
+    def local_name(k: int) -> str:
+        return f"rank {k} ({plan.ranks[k].key} on {plan.ranks[k].host})"
+
+    name = name or local_name
+    known = range(len(plan.ranks))
+    died = sorted(d for d in deaths if d[1] in known)
+    if died:
+        _, k, code = died[0]
+        return [f"{name(k)} died: killed by {_signal_name(code)}"]
+    text = " ".join(output.replace("\0", "").split())
+    killed = [f"{name(int(m[1]))} died: killed by signal {m[2]}" + (f" ({m[3]})" if m[3] else "")
+              for m in _KILLED.finditer(text) if int(m[1]) in known]
+    return killed or _stopped_responding(output, known, name)
+
+
+def _stopped_responding(output: str, known: range, name: Callable[[int], str]) -> list[str]:
+    """The ranks that others waited on in vain while they themselves waited on no one."""
+    waits = {}
+    for ln in output.splitlines():
+        # A rank frozen through its own wait (SIGSTOP, then mpirun's SIGCONT at the abort)
+        # times out too, but it is the culprit: it says so, and does not count as waiting.
+        if (m := _TIMED_OUT.match(ln)) and "this rank was frozen" not in ln:
+            waits[int(m[1])] = (m[2], int(m[3]))
+    lines = []
+    for stuck in sorted({peer for _, peer in waits.values()} - set(waits)):
+        if stuck in known:
+            waiting = [f'rank {k} for "{t}"' for k, (t, p) in sorted(waits.items()) if p == stuck]
+            lines.append(f"{name(stuck)} stopped responding ({', '.join(waiting)} waited in vain)")
+    return lines
+
+
+def _signal_name(code: int) -> str:
+    """``signal 9 (SIGKILL)`` for a shell's exit code 137; the code itself if it is no signal."""
+    try:
+        return f"signal {code - 128} ({signal.Signals(code - 128).name})"
+    except ValueError:
+        return f"exit code {code}"

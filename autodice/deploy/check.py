@@ -1,0 +1,78 @@
+"""Step 1 of deploy, ``connect`` + ``check``: reach every host and check it can build and run.
+
+The check itself opens each host's ssh master connection (see :class:`~.ssh.Ssh`) and, in one
+remote shell, reports the architecture, cores and CPU features, the tools that are missing
+(compiler, cmake, rsync, MPI, ncnn) and what an earlier deploy left there (a build stamp, the
+binary's checksum, an ncnn it built). Every failing host is reported at once, before anything is
+copied anywhere.
+"""
+
+from __future__ import annotations
+
+from ..core.errors import AutodiceError
+from .ssh import PROGRAM, Build, Host, Progress, Ssh, parallel, why_ssh_failed
+
+# Prerequisites, run on each host. Values arrive as "$1"...: never spliced into the script.
+# $3 is the remote dir, $4 the folder of the program being deployed (see Build), $5 its name.
+_CHECK = r"""
+m=$1; n=$2; d=$3; b=$4; e=$5
+echo "arch=$(uname -m)"
+echo "cpus=$(nproc 2>/dev/null || echo 1)"
+echo "cpus_all=$(nproc --all 2>/dev/null || echo 1)"
+echo "cpu=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)"
+for t in c++ cmake make rsync tar; do
+  command -v "$t" >/dev/null 2>&1 || echo "missing=$t"
+done
+if [ -n "$m" ]; then
+  for t in mpirun mpicxx; do [ -x "$m/bin/$t" ] || echo "missing=$t ($m/bin/$t)"; done
+else
+  for t in mpirun mpicxx; do
+    command -v "$t" >/dev/null 2>&1 || echo "missing=$t (not on PATH; set mpi_prefix)"
+  done
+fi
+if [ -n "$n" ] && [ ! -f "$n/lib/cmake/ncnn/ncnnConfig.cmake" ]; then
+  echo "missing=ncnn ($n/lib/cmake/ncnn/ncnnConfig.cmake)"
+fi
+# What an earlier deploy left (read only): lets deploy skip a build or a copy that is done.
+[ -f "$b/build/autodice-built" ] && echo "built=$(cat "$b/build/autodice-built")"
+[ -x "$b/build/$e" ] && echo "program=$(cksum < "$b/build/$e")"
+for f in "$d"/ncnn/*/install/lib/cmake/ncnn/ncnnConfig.cmake; do
+  [ -f "$f" ] && k=${f#"$d/ncnn/"} && echo "ncnn_built=${k%%/*}"
+done
+exit 0
+"""
+
+
+def check_all(ssh: Ssh, hosts: list[Host], progress: Progress, build: Build = PROGRAM) -> None:
+    """Connect to every host and check its tools; all failing hosts in one error.
+
+    Also reads what an earlier build of ``build`` left there (stamp, checksum of its binary).
+    """
+    def check(h: Host) -> None:
+        t = h.target
+        proc = ssh.open(t, "sh", "-c", _CHECK, "sh", t.mpi_prefix or "", t.ncnn_dir or "", h.dir,
+                        build.root(h), build.exe)
+        if proc.returncode == 255:
+            raise AutodiceError("connect: " + why_ssh_failed(proc.stderr))
+        if proc.returncode != 0:
+            raise AutodiceError(f"check: the check script failed: {proc.stderr.strip()[-300:]}")
+        missing = []
+        for line in proc.stdout.splitlines():
+            k, _, v = line.partition("=")
+            if k == "missing":
+                missing.append(v)
+            elif k == "ncnn_built":
+                h.facts[k] = f"{h.facts.get(k, '')} {v}".strip()
+            else:
+                h.facts.setdefault(k, v)
+        h.arch = h.facts.get("arch", "?")
+        h.cpus = int(h.facts.get("cpus") or 1)
+        h.cpus_all = int(h.facts.get("cpus_all") or 1)
+        h.features = frozenset(h.facts.get("cpu", "").split())
+        h.program = h.facts.get("program", "")
+        if missing:
+            raise AutodiceError("check: missing " + ", ".join(missing))
+
+    problems = parallel(hosts, "", check, progress, label="connect + check")
+    if problems:
+        raise AutodiceError(*problems)

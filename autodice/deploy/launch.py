@@ -1,0 +1,372 @@
+"""Step 4 of deploy, ``run``: mpirun started on the head node across the hosts, then results.
+
+The real-address hostfile, rankfile and an ssh config go to the head node (the host of rank 0),
+which starts ``mpirun`` with Open MPI's ssh launcher; one MPMD app context per rank gives each its
+own host's directory. Whatever happens, no rank of ours is left running on any host; a failure
+names the rank that brought the job down, and outputs and ``stats.json`` come back into
+``OUT/results/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.failure import Death, explain_failure
+from ..backend.run import RunResult
+from ..core.errors import AutodiceError
+from ..core.outdir import tensor_files
+from ..core.plan import Plan
+from .inventory import Inventory
+from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel, ssh_config
+
+# Leave nothing of the job behind on a host: our ranks (their exe is our binary), the Open MPI
+# daemons of our job (their namespace names mpirun's pid) and, on the head, the ssh sessions
+# mpirun opened with our config. $1 program, $2 mpirun's pid or "", $3 that ssh config or "".
+_REAP = r"""
+prog=$1; job=$2; agent=$3
+for sig in TERM KILL; do
+  hit=
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = "$$" ] && continue
+    case "$(readlink "$p/exe" 2>/dev/null)" in
+      "$prog"|"$prog (deleted)") kill -KILL "$pid" 2>/dev/null; continue ;;
+    esac
+    [ -n "$job$agent" ] || continue
+    cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+      *prted*"ess_base_nspace prterun-"*"-$job@0 "*)
+        [ -n "$job" ] && kill -"$sig" "$pid" && hit=1 ;;
+      *"ssh -F $agent "*) [ -n "$agent" ] && kill -"$sig" "$pid" && hit=1 ;;
+    esac
+  done 2>/dev/null
+  [ -n "$hit" ] || break
+  sleep 1
+done
+exit 0
+"""
+# Start mpirun on the head with its output in a file (a daemon it leaves behind must not hold
+# the ssh channel open), record its pid, wait, then print the output.
+_LAUNCH = r"""
+pidfile=$1; log=$2; shift 2
+"$@" > "$log" 2>&1 < /dev/null &
+echo $! > "$pidfile"
+wait $!
+code=$?
+cat "$log"
+exit $code
+"""
+# Each rank runs under this: a rank that dies of a signal (killed, out of memory, crashed)
+# leaves "<time> <exit code>" in a marker file, so the report names the rank that died first
+# rather than the peers that then lost their connection to it. $1 marker, then the command.
+_RANK = r"""
+marker=$1; shift
+"$@"
+code=$?
+[ "$code" -gt 128 ] && echo "$(date +%s.%N) $code" > "$marker"
+exit "$code"
+"""
+_STOP = r"""
+pid=$(cat "$1" 2>/dev/null) || exit 0
+grep -q "$2" "/proc/$pid/cmdline" 2>/dev/null && kill -TERM "$pid"
+exit 0
+"""
+
+
+def check_launchable(inv: Inventory) -> None:
+    """What mpirun needs of the inventory as a whole (before any network use)."""
+    problems = []
+    prefixes = {t.mpi_prefix for t in inv.targets.values()}
+    if len(prefixes) > 1:
+        problems.append(f"{inv.path}: hosts name different mpi_prefix values "
+                        f"({', '.join(sorted(str(p) for p in prefixes))}); mpirun starts its "
+                        "daemons from one prefix on every host")
+    if problems:
+        raise AutodiceError(*problems)
+
+
+def honours_cores(plan: Plan, hosts: dict[str, Host]) -> bool:
+    """Whether every rank's cores exist on its host and no two ranks of a host share one.
+
+    A host whose processes are confined to a CPU subset (``nproc`` < ``nproc --all``, e.g. an
+    emulated host under taskset) cannot honour core numbers either.
+    """
+    used: dict[str, set[int]] = {}
+    for r in plan.ranks:
+        h = hosts[r.host]
+        mine = used.setdefault(r.host, set())
+        if h.cpus != h.cpus_all or any(c >= h.cpus or c in mine for c in r.slots):
+            return False
+        mine.update(r.slots)
+    return True
+
+
+def launch_files(plan: Plan, inv: Inventory) -> dict[str, str]:
+    """hostfile and rankfile with real addresses, and the ssh config mpirun uses on the head."""
+    counts: dict[str, int] = {}
+    for r in plan.ranks:
+        counts[r.host] = counts.get(r.host, 0) + 1
+    t = inv.targets
+    return {
+        "hostfile": "".join(f"{t[h].address} slots={n}\n" for h, n in counts.items()),
+        "rankfile": "".join(f"rank {r.rank}={t[r.host].address} "
+                            f"slots={','.join(map(str, r.slots))}\n" for r in plan.ranks),
+        "ssh_config": ssh_config(t.values(), by="address"),
+    }
+
+
+def write_launch_files(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], work: Path,
+                       progress: Progress) -> None:
+    """:func:`launch_files` into ``work/launch`` here, then into the head's launch folder (the
+    head is ``hosts[0]``, the host of rank 0)."""
+    folder = work / "launch"
+    folder.mkdir(exist_ok=True)
+    for name, text in launch_files(plan, inv).items():
+        (folder / name).write_text(text)
+    head = hosts[0]
+    progress(head.target.host, "launch files")
+    must(["rsync", "-rpc", "-e", ssh.rsh(), f"{folder}/",
+          f"{head.target.host}:{head.dir}/launch/"],
+         f"{head.target.where()}: sending the launch files failed")
+
+
+def mpirun_head(inv: Inventory, head: Host, env: dict[str, str], hostfile: str,
+                build: Build = PROGRAM) -> list[str]:
+    """``env ... mpirun`` with what every launch from the head needs: Open MPI's ssh launcher
+    with the ssh config in the head's launch folder, ``env`` set and exported to every rank,
+    the hostfile, and the inventory's subnet for daemons and MPI traffic."""
+    t = head.target
+    launch = f"{build.root(head)}/launch"
+    env_all = dict(env)
+    if t.user == "root":
+        env_all.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = ["env", *(f"{k}={v}" for k, v in env_all.items())]
+    argv += [f"{t.mpi_prefix}/bin/mpirun", "--prefix", t.mpi_prefix] if t.mpi_prefix \
+        else ["mpirun"]
+    argv += ["--prtemca", "plm_ssh_agent", f"ssh -F {launch}/ssh_config",
+             "--prtemca", "plm_ssh_no_tree_spawn", "1",  # only the head holds the ssh config
+             *(w for k in env for w in ("-x", k)), "--hostfile", hostfile]
+    if inv.network:
+        argv += ["--prtemca", "prte_if_include", inv.network,
+                 "--mca", "btl_tcp_if_include", inv.network]
+    return argv
+
+
+def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], frames: int,
+                pipeline: bool) -> list[str]:
+    """The head node's mpirun command: one app context per rank, in rank order."""
+    head = hosts[plan.ranks[0].host]
+    launch = f"{head.dir}/launch"
+    # Passive waiting: emulated hosts share this machine's cores (see run.omp_wait_policy).
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "AUTODICE_TIMEOUT_S": os.environ.get("AUTODICE_TIMEOUT_S", "8")}
+    argv = mpirun_head(inv, head, env, f"{launch}/hostfile")
+    bound = honours_cores(plan, hosts)
+    if bound:
+        argv += ["--rankfile", f"{launch}/rankfile"]
+    else:
+        argv += ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"]
+    for r in plan.ranks:
+        d = hosts[r.host].dir
+        argv += [] if r.rank == 0 else [":"]
+        argv += ["-np", "1", "--wdir", d]
+        if not bound:
+            argv += ["--host", hosts[r.host].target.address]
+        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/died-{r.rank}",
+                 f"{d}/build/program", "--models", f"{d}/package/models", "--inputs",
+                 f"{d}/inputs", "--results", f"{d}/results", "--frames", str(frames)]
+        if not pipeline:
+            argv.append("--no-pipeline")
+    return argv
+
+
+def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Path,
+            frames: int, pipeline: bool, timeout_s: float, progress: Progress) -> RunResult:
+    """Inputs out to the hosts whose ranks read them, the job run from the head, results back.
+
+    Raises:
+        AutodiceError: inputs that did not arrive, a job that ran past ``timeout_s`` or failed
+            (:func:`run_failure`), or results that did not come back.
+    """
+    by_name = {h.target.host: h for h in hosts}
+    work = out_dir / "deploy"
+    readers = {r.host for r in plan.ranks if r.inputs}
+
+    def prepare(h: Host) -> None:
+        t = h.target
+        results = shlex.quote(f"{h.dir}/results")
+        clear = f"rm -rf {results} && mkdir {results}"
+        if t.host in readers:
+            must(["rsync", "-rpc", "--delete", "-e", ssh.rsh(), f"--rsync-path={clear} && rsync",
+                  f"{work / 'inputs'}/", f"{t.host}:{h.dir}/inputs/"], "sending the inputs failed")
+        else:
+            must(ssh.script(t, 'rm -rf "$1/results" && mkdir "$1/results"', h.dir),
+                 "cannot clear the results directory")
+
+    problems = parallel(hosts, "inputs", prepare, progress)
+    if problems:
+        raise AutodiceError(*problems)
+    argv = mpirun_argv(plan, inv, by_name, frames, pipeline)
+    log_path = work / "run.log"
+    for h in hosts:
+        progress(h.target.host, f"running {frames} frame{'s' * (frames > 1)}")
+    code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s)
+    output = log_path.read_text(errors="replace")
+    if timed_out:
+        raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
+                            f"(log: {log_path})")
+    if code != 0:
+        raise AutodiceError(*run_failure(plan, inv, output, code, elapsed, log_path,
+                                         _deaths(ssh, hosts)))
+    return _collect(ssh, plan, hosts, out_dir, progress)
+
+
+def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
+               timeout_s: float, build: Build = PROGRAM) -> tuple[int, bool, float]:
+    """Run the mpirun command ``argv`` on the head (``hosts[0]``), its output into ``log_path``.
+
+    Stops it after ``timeout_s``; after anything but a clean exit, nothing of the job (ranks
+    running ``build``'s binary, Open MPI daemons, the head's ssh sessions) survives on any host.
+
+    Returns:
+        (exit code, whether it timed out, seconds).
+    """
+    head = hosts[0]
+    folder = f"{build.root(head)}/launch"
+    pid_file = f"{folder}/mpirun.pid"
+    start = time.monotonic()
+    timed_out = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(ssh.script(head.target, _LAUNCH, pid_file,
+                                           f"{folder}/mpirun.log", *argv),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if proc.poll() is None:  # timed out or interrupted: stop mpirun on the head
+                subprocess.run(ssh.script(head.target, _STOP, pid_file, f"{folder}/"),
+                               capture_output=True, timeout=30)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if proc.returncode != 0:  # a clean exit means mpirun already ended everything
+                _reap(ssh, hosts, pid_file, build)
+    return proc.returncode, timed_out, time.monotonic() - start
+
+
+def _reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> None:
+    """Make sure nothing of the job survives on any host (mpirun normally sees to that)."""
+    head = hosts[0]
+    proc = subprocess.run(ssh.cmd(head.target, "cat", pid_file), capture_output=True, text=True,
+                          timeout=30)
+    job = proc.stdout.strip() if proc.stdout.strip().isdigit() else ""
+
+    def reap(h: Host) -> None:
+        agent = f"{build.root(h)}/launch/ssh_config" if h is head else ""
+        subprocess.run(ssh.script(h.target, _REAP, build.binary(h), job, agent),
+                       capture_output=True, timeout=60)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        list(pool.map(reap, hosts))
+
+
+_DEATHS = r"""
+for f in "$1"/results/died-*; do [ -f "$f" ] && echo "${f##*/died-} $(cat "$f")"; done
+exit 0
+"""
+
+
+def _deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
+    """(time, rank, exit code) of every rank that died of a signal, earliest first."""
+    found: list[Death] = []
+
+    def read(h: Host) -> None:
+        proc = subprocess.run(ssh.script(h.target, _DEATHS, h.dir), capture_output=True,
+                              text=True, timeout=60)
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            try:
+                found.append((float(parts[1]), int(parts[0]), int(parts[2])))
+            except (IndexError, ValueError):
+                continue
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        list(pool.map(read, hosts))
+    return sorted(found)
+
+
+_RANK_SAYS = re.compile(r"^\[rank (\d+) ([^\]]*)\] (.*)")
+_FIRST = re.compile(r"Process name: \[\S+,(\d+)\] Exit code: (\d+)")
+
+
+def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: float,
+                log: Path, deaths: list[Death] = ()) -> list[str]:
+    """One line naming the rank that failed first, its key and host, then what ranks said.
+
+    The rank comes from :func:`~autodice.backend.failure.explain_failure` (the rank wrappers'
+    markers, mpirun's notice of a death, the ranks' watchdogs). When that names none: the first
+    thing a rank said, else Open MPI's first failed process, else mpirun's last lines.
+    """
+    def name(rank: int) -> str:
+        r = plan.ranks[rank]
+        return f"{inv.targets[r.host].where()}: run: rank {r.rank} ({r.key})"
+
+    lines = explain_failure(plan, output, deaths, name)
+    said = []
+    for line in output.splitlines():
+        m = _RANK_SAYS.match(line)
+        if m and int(m.group(1)) < len(plan.ranks):
+            r = plan.ranks[int(m.group(1))]
+            said.append(f"rank {r.rank} ({r.key}) on host {r.host}: {m.group(3)}")
+    if not lines and said:
+        lines.append(f"run: the job failed (exit {code}); {said[0]}")
+        said = said[1:]
+    flat = " ".join(output.replace("\0", "").split())
+    if not lines and (m := _FIRST.search(flat)) and int(m.group(1)) < len(plan.ranks):
+        lines.append(f"{name(int(m.group(1)))} failed first (exit code {m.group(2)})")
+    if not lines:
+        tail = [ln for ln in output.strip().splitlines() if ln.strip() and "setpgid" not in ln]
+        lines.append(f"run: mpirun failed (exit {code})")
+        said = tail[-8:]
+    return [*lines, *said[:5], f"after {seconds:.1f} s; full log: {log}"]
+
+
+def _collect(ssh: Ssh, plan: Plan, hosts: list[Host], out_dir: Path,
+             progress: Progress) -> RunResult:
+    results = out_dir / "results"
+    results.mkdir(exist_ok=True)
+    files = tensor_files(plan)
+    wanted = {"stats.json", *(files[t.name] for t in plan.model_outputs)}
+    for name in wanted:
+        (results / name).unlink(missing_ok=True)
+    makers = {plan.ranks[0].host} | {r.host for r in plan.ranks if r.outputs}
+
+    def collect(h: Host) -> None:
+        must(["rsync", "-r", "--include=*.npy", "--include=stats.json", "--exclude=*",
+              "-e", ssh.rsh(), f"{h.target.host}:{h.dir}/results/", f"{results}/"],
+             "fetching the results failed")
+
+    problems = parallel([h for h in hosts if h.target.host in makers], "collect", collect,
+                        progress)
+    if problems:
+        raise AutodiceError(*problems)
+    absent = sorted(n for n in wanted if not (results / n).exists())
+    if absent:
+        raise AutodiceError(f"collect: the job ended but {', '.join(absent)} did not "
+                            f"come back into {results}")
+    stats = json.loads((results / "stats.json").read_text())
+    outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
+    return RunResult(results, stats, outputs)

@@ -1,0 +1,196 @@
+"""Step 3 of deploy, ``build``: the program, and ncnn where a host has none, built on the hosts.
+
+Hosts that share an architecture (``uname -m``), a filesystem label and the MPI and ncnn prefixes
+form one build group: the first of them builds, the others receive its binary by rsync. A build
+runs only when the sources or flags differ from the stamp the last successful one left there, a
+copy only when the binaries differ. A host with no ncnn builds the pinned ncnn once in its remote
+directory, with the instruction sets that every host of its group has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+from ..core.errors import AutodiceError
+from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
+
+# Configure (unless done with these flags) and build; $3 names the sources and flags, and is
+# written only once the build succeeded; $4 is the executable. The log stays on the host (its
+# tail comes back).
+_BUILD = r"""
+cd "$1" || exit 1
+jobs=$2; stamp=$3; exe=$4; shift 4
+flags="$*"
+mkdir -p build
+rm -f build/autodice-built
+if [ -f build/CMakeCache.txt ] && [ "$(cat build/autodice-flags 2>/dev/null)" = "$flags" ]; then
+  : > build.log  # configured with these flags before: make re-runs cmake if a CMakeLists changed
+else
+  cmake -S package -B build "$@" > build.log 2>&1 || exit 1
+  printf '%s' "$flags" > build/autodice-flags
+fi
+cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
+printf '%s' "$stamp" > build/autodice-built
+echo "program=$(cksum < "build/$exe")"
+"""
+# Build the pinned ncnn from its source package once: $1 remote dir, $2 tarball, $3 cache key,
+# $4 jobs, then cmake flags. The install appears by rename, so a half build is never used.
+_BUILD_NCNN = r"""
+cd "$1/ncnn" || exit 1
+sdist=$2; key=$3; jobs=$4; shift 4
+[ -f "$key/install/lib/cmake/ncnn/ncnnConfig.cmake" ] && exit 0
+rm -rf tmp && mkdir tmp && tar -xzf "$sdist" -C tmp || exit 1
+src=$(dirname "$(ls tmp/*/CMakeLists.txt | head -n 1)")
+{ cmake -S "$src" -B tmp/build "$@" && cmake --build tmp/build -j "$jobs" \
+  && cmake --install tmp/build --prefix tmp/install; } > ncnn-build.log 2>&1 || exit 1
+rm -rf "$key" && mkdir "$key" && mv tmp/install "$key/install" && rm -rf tmp
+"""
+
+
+def build_groups(hosts: list[Host]) -> dict[str, list[Host]]:
+    """Builder host -> the hosts its binary serves (itself first).
+
+    One build serves hosts with the same machine architecture *and* a shared filesystem label
+    and the same MPI and ncnn prefixes: the binary links those by path. Everyone else builds.
+    """
+    groups: dict[tuple, list[Host]] = {}
+    for h in hosts:
+        t = h.target
+        key = ((h.arch, t.filesystem, t.mpi_prefix, t.ncnn_dir) if t.filesystem
+               else ("own", t.host))
+        groups.setdefault(key, []).append(h)
+    return {g[0].target.host: g for g in groups.values()}
+
+
+def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
+              progress: Progress, build: Build = PROGRAM,
+              gpu_hosts: frozenset[str] = frozenset()) -> None:
+    """Build once per group where sources or flags changed; copy the binary where it differs.
+
+    ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
+    that travel between hosts pass through ``bin_dir/BUILDER/``. A group with a host in
+    ``gpu_hosts`` (it runs GPU ranks) gets an ncnn with Vulkan.
+    """
+    groups = build_groups(hosts)
+    builders = [g[0] for g in groups.values()]
+    for b in builders:
+        for h in groups[b.target.host]:
+            h.builder = b.target.host
+    ncnn = {b.target.host: group_ncnn_flags(groups[b.target.host], gpu_hosts)
+            for b in builders}
+    problems = parallel([b for b in builders if not b.target.ncnn_dir], "build ncnn",
+                        lambda b: _build_ncnn(ssh, b, ncnn[b.target.host]), progress)
+    if problems:
+        raise AutodiceError(*problems)
+    plans = {b.target.host: build_flags(b, ncnn[b.target.host]) for b in builders}
+    stamps = {k: f"{sources}-{hashlib.sha256(' '.join(f).encode()).hexdigest()[:12]}"
+              for k, f in plans.items()}
+    stale = [b for b in builders
+             if b.facts.get("built") != stamps[b.target.host] or not b.program]
+    problems = parallel(stale, "build", lambda b: _build(ssh, b, plans[b.target.host],
+                                                         stamps[b.target.host], build), progress)
+    if problems:
+        raise AutodiceError(*problems)
+    by_name = {b.target.host: b for b in builders}
+    needy = [h for h in hosts if h.builder != h.target.host
+             and h.program != by_name[h.builder].program]
+    fetched: dict[str, Path] = {}
+
+    def fetch(b: Host) -> None:
+        local = bin_dir / b.target.host / build.exe
+        local.parent.mkdir(parents=True, exist_ok=True)
+        must(["rsync", "-pc", "-e", ssh.rsh(), f"{b.target.host}:{build.binary(b)}",
+              str(local)], "fetching the program failed")
+        fetched[b.target.host] = local
+
+    problems = parallel([by_name[k] for k in dict.fromkeys(h.builder for h in needy)],
+                        "fetch program", fetch, progress)
+
+    def receive(h: Host) -> None:
+        must(["rsync", "-pc", "-e", ssh.rsh(), str(fetched[h.builder]),
+              f"{h.target.host}:{build.binary(h)}"], "sending the program failed")
+        h.program = by_name[h.builder].program
+
+    problems += parallel([h for h in needy if h.builder in fetched], "receive program",
+                         receive, progress)
+    if problems:
+        raise AutodiceError(*problems)
+
+
+def source_digest(package: Path) -> str:
+    """What the program is built from (the same in every package): changes force a build."""
+    from ..backend.gen import RUNTIME_SOURCES
+
+    digest = hashlib.sha256()
+    for f in ("CMakeLists.txt", "program.cpp", *(f"runtime/{name}" for name in RUNTIME_SOURCES)):
+        digest.update(f.encode() + b"\0" + (package / f).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def group_ncnn_flags(group: list[Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
+    """ncnn's switches for a build group: the instruction sets *every* host of it has, since
+    one binary runs on all of them; Vulkan if one of them runs GPU ranks."""
+    from ..backend.engine import ncnn_flags
+
+    features = frozenset.intersection(*(h.features for h in group))
+    vulkan = any(h.target.host in gpu_hosts for h in group)
+    return ncnn_flags(vulkan, machine=group[0].arch, features=features)
+
+
+def build_flags(b: Host, ncnn: dict[str, str]) -> list[str]:
+    """cmake flags for a builder: its MPI, and its ncnn (given, or the one deploy builds)."""
+    t = b.target
+    flags = ["-DCMAKE_BUILD_TYPE=Release"]
+    if t.mpi_prefix:
+        flags += [f"-DMPI_HOME={t.mpi_prefix}",
+                  f"-DMPIEXEC_EXECUTABLE={t.mpi_prefix}/bin/mpiexec"]
+    return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, ncnn)}/lib/cmake/ncnn"]
+
+
+def remote_ncnn(h: Host, ncnn: dict[str, str]) -> str:
+    """Where deploy builds ncnn on a host that has none (keyed like the local cache)."""
+    from ..backend.engine import cache_key
+
+    return f"{h.dir}/ncnn/{cache_key(ncnn)}/install"
+
+
+def _build(ssh: Ssh, h: Host, flags: list[str], stamp: str, build: Build = PROGRAM) -> None:
+    t = h.target
+    root = build.root(h)
+    proc = subprocess.run(ssh.script(t, _BUILD, root, str(max(1, h.cpus)), stamp, build.exe,
+                                     *flags),
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{root}/build.log"),
+                              capture_output=True, text=True, timeout=60).stdout
+        raise AutodiceError(f"compiling failed (log: {t.host}:{root}/build.log):",
+                            *tail.rstrip().splitlines())
+    h.program = next((ln.partition("=")[2] for ln in proc.stdout.splitlines()
+                      if ln.startswith("program=")), "")
+    h.compiled = True
+
+
+def _build_ncnn(ssh: Ssh, h: Host, flags: dict[str, str]) -> None:
+    """No ncnn on the host: send the pinned source package and build it there once."""
+    from rich.console import Console
+
+    from ..backend.engine import cache_key, sdist
+
+    t = h.target
+    key = cache_key(flags)
+    if key in h.facts.get("ncnn_built", "").split():
+        return
+    source = sdist(Console(stderr=True, quiet=True))
+    must(ssh.cmd(t, "mkdir", "-p", f"{h.dir}/ncnn"), "cannot create the remote directory")
+    must(["rsync", "-pc", "-e", ssh.rsh(), str(source), f"{t.host}:{h.dir}/ncnn/{source.name}"],
+         "sending the ncnn source failed")
+    proc = subprocess.run(ssh.script(t, _BUILD_NCNN, h.dir, source.name, key, str(h.cpus),
+                                     *(f"-D{k}={v}" for k, v in sorted(flags.items()))),
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{h.dir}/ncnn/ncnn-build.log"),
+                              capture_output=True, text=True, timeout=60).stdout
+        raise AutodiceError(f"building ncnn failed (log: {t.host}:{h.dir}/ncnn/ncnn-build.log):",
+                            *tail.rstrip().splitlines())
