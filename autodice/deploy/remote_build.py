@@ -13,6 +13,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+from ..backend.gen import RUNTIME_SOURCES
 from ..core.errors import AutodiceError
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
@@ -121,8 +122,6 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
 
 def source_digest(package: Path) -> str:
     """What the program is built from (the same in every package): changes force a build."""
-    from ..backend.gen import RUNTIME_SOURCES
-
     digest = hashlib.sha256()
     for f in ("CMakeLists.txt", "program.cpp", *(f"runtime/{name}" for name in RUNTIME_SOURCES)):
         digest.update(f.encode() + b"\0" + (package / f).read_bytes() + b"\0")
