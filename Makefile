@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 
-.PHONY: demo test bench clean ssh-tools
+.PHONY: demo test bench clean test-tools
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,20 +28,27 @@ demo: $(STAMP)
 	$(BIN)/autodice build $(DEMO)/out
 	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
 
-# tests/test_cluster.py runs sshd and rsync in an emulated cluster: as root, install them if missing.
-ssh-tools:
-	@if [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; then \
+# What the tests run besides Python: sshd and rsync (an emulated cluster, tests/test_cluster.py)
+# and a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU). As root, install what is
+# missing from Debian; otherwise those tests skip and say why.
+test-tools:
+	@missing=; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
+	ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing="$$missing mesa-vulkan-drivers"; \
+	ldconfig -p | grep -q libvulkan.so.1 || missing="$$missing libvulkan1"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server rsync; \
-	  else echo "note: openssh-server or rsync missing (not root): the cluster tests will skip"; fi; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  else echo "note:$$missing missing (not root): the tests that need them skip"; fi; \
 	fi
 
-test: $(STAMP) ssh-tools
+test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json. The deploy one needs
 # root (an emulated cluster); it is skipped with a note otherwise.
-bench: $(STAMP) ssh-tools
+bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
 	$(BIN)/python bench/backend_bench.py
 	$(BIN)/python bench/dse_bench.py

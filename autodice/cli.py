@@ -151,11 +151,14 @@ def view(output, image, model):
 
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--fp16", is_flag=True,
-              help="fp16 weights and arithmetic (smaller, faster on some boards; check the error).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto",
+              show_default=True,
+              help="auto: fp16 on GPU ranks (ncnn's default there), fp32 on CPU ranks; fp32 or "
+                   "fp16 on every rank (fp16: fp16 weights too).")
+@click.option("--fp16", "precision", flag_value="fp16", help="Same as --precision fp16.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
-def gen(output, fp16, verify):
+def gen(output, precision, verify):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from rich.progress import Progress
 
@@ -166,8 +169,8 @@ def gen(output, fp16, verify):
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("converting sub-models with pnnx, then checking them in ncnn",
                             total=n)
-        plan = run_gen(output, fp16=fp16, progress=lambda r: bar.advance(task), verify=verify,
-                       console=console)
+        plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
+                       verify=verify, console=console)
     out.print(f"wrote {output}/packages/ for {', '.join(plan.hosts())}")
 
 
@@ -206,8 +209,12 @@ def _inputs(plan, specs) -> dict[str, Path]:
               help="Where outputs and stats.json go (default OUTPUT/results).")
 @click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
 @click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime.")
-@click.option("--rtol", default=1e-4, show_default=True, help="Tolerance for --check.")
-def run(output, inputs, frames, results, no_pipeline, check, rtol):
+@click.option("--rtol", type=float, default=None,
+              help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in fp16].")
+@click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
+              show_default=True,
+              help="cpu: a GPU rank on a host without a Vulkan device computes on its CPU.")
+def run(output, inputs, frames, results, no_pipeline, check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     import numpy as np
 
@@ -218,24 +225,44 @@ def run(output, inputs, frames, results, no_pipeline, check, rtol):
     plan = load_plan(output)
     given = _inputs(plan, inputs)
     with console.status(f"running {len(plan.ranks)} ranks x {frames} frames under mpirun"):
-        res = run_job(output, given, frames, results, pipeline=not no_pipeline)
+        res = run_job(output, given, frames, results, pipeline=not no_pipeline,
+                      gpu_fallback=gpu_fallback == "cpu")
     s = res.stats
     out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s[/bold]"
               f" ({'pipelined' if s['pipeline'] else 'frame by frame'}); results in {res.results}")
-    table = Table()
-    for col in ("rank", "key", "on cores", "load s", "compute s", "recv wait s", "send wait s",
-                "sent", "peak RSS"):
-        table.add_column(col, justify="left" if col in ("key", "on cores") else "right")
-    for r in s["ranks"]:
-        table.add_row(str(r["rank"]), r["key"], ",".join(map(str, r["omp_cpus"])),
-                      f"{r['load_s']:.3f}", f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
-                      f"{r['send_wait_s']:.3f}", _human(r["bytes_sent"]), _human(r["peak_rss"]))
-    out.print(table)
+    _stats_table(s)
     for line in res.warnings:
         console.print(f"[yellow]warning:[/yellow] {line}")
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
-        _report(compare_with_model(plan, Path(output), feeds, res.outputs), rtol)
+        _report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
+
+
+def _stats_table(stats: dict) -> None:
+    """One row per rank: where it ran (device, precision, cores) and where its time went."""
+    table = Table()
+    for col in ("rank", "key", "device", "precision", "on cores", "load s", "compute s",
+                "recv wait s", "send wait s", "sent", "peak RSS"):
+        table.add_column(col, justify="left" if col in ("key", "device", "precision",
+                                                         "on cores") else "right")
+    for r in stats["ranks"]:
+        device = r.get("device", "?")  # "vulkan:llvmpipe (LLVM 15.0.6, 256 bits)" in full
+        device = "cpu (fallback)" if device.startswith("cpu (") else device.split(" (")[0]
+        table.add_row(str(r["rank"]), r["key"], device, r.get("precision", "?"),
+                      ",".join(map(str, r["omp_cpus"])), f"{r['load_s']:.3f}",
+                      f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
+                      f"{r['send_wait_s']:.3f}", _human(r["bytes_sent"]), _human(r["peak_rss"]))
+    out.print(table)
+
+
+def _report_run(diffs, rtol, stats) -> None:
+    """--check of a run: the tolerance is the user's, else what the ranks' precision allows."""
+    from .backend.run import check_tolerance
+
+    if rtol is None:
+        rtol, why = check_tolerance(stats)
+        out.print(f"tolerance {rtol:g} ({why})")
+    _report(diffs, rtol)
 
 
 @main.command()
@@ -501,9 +528,14 @@ def _cluster_table(c) -> None:
 @click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
 @click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
 @click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime (--run).")
-@click.option("--rtol", default=1e-4, show_default=True, help="Tolerance for --check.")
+@click.option("--rtol", type=float, default=None,
+              help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in fp16].")
+@click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
+              show_default=True,
+              help="cpu: a GPU rank on a host without a Vulkan device computes on its CPU.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
-def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, timeout):
+def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,
+           timeout):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -520,7 +552,8 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
         res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
                          frames=frames, pipeline=not no_pipeline, timeout_s=timeout,
-                         progress=lambda h, step: bar.update(tasks[h], description=step))
+                         progress=lambda h, step: bar.update(tasks[h], description=step),
+                         gpu_fallback=gpu_fallback == "cpu")
     table = Table(title=f"deployed to {len(res.hosts)} hosts in "
                         f"{sum(res.seconds.values()):.1f} s "
                         f"({', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items())})")
@@ -534,9 +567,10 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
         s = res.run.stats
         out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
                   f"[/bold]; results in {res.run.results}")
+        _stats_table(s)
         if check:
             feeds = {n: np.load(p) for n, p in given.items()}
-            _report(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol)
+            _report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
 
 
 if __name__ == "__main__":

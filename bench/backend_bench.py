@@ -53,7 +53,7 @@ def prepare(model: Path, mapping: dict, work: Path, fp16: bool = False) -> Path:
     (work / "mapping.json").write_text(mapping_json(mapping))
     out = work / "out"
     split(model, work / "mapping.json", work / "platform.txt", out)
-    gen(out, fp16=fp16)
+    gen(out, precision="fp16" if fp16 else "fp32")
     build(out)
     return out
 

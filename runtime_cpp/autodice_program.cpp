@@ -61,10 +61,10 @@ Args parse_args(int argc, char** argv) {
 // Core sets travel as bit masks (exact in a double up to 53 cores).
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
-         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0;
+         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
   double start = 0;  // not gathered: when this rank's clock started
 };
-constexpr int kStatFields = 10;
+constexpr int kStatFields = 11;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
 
 double mask(const std::vector<int>& cpus) {
@@ -135,6 +135,11 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
     abort_run("cannot load " + base + ".param (missing or corrupt)", 4);
   if (net.load_model((base + ".bin").c_str()) != 0)
     abort_run("cannot load " + base + ".bin (missing or corrupt)", 4);
+  // ncnn quietly drops to the CPU when it cannot use the Vulkan device after all.
+  if (gpu && !net.opt.use_vulkan_compute)
+    abort_run("rank " + std::to_string(r.rank) + " (" + r.key + " on " + r.host + "): ncnn " +
+                  "could not use Vulkan device " + std::to_string(r.gpu_index) + " for " +
+                  base + ".param", 7);
 }
 
 TensorInfo info_of(const TensorSpec& t) { return TensorInfo{t.name, t.shape, t.dtype}; }
@@ -290,12 +295,12 @@ void write_stats(const Args& args, const ProgramPlan& plan, double seconds,
   for (int k = 0; k < n; ++k) {
     const double* v = &all[static_cast<size_t>(k) * kStatFields];
     const std::string device(&devices[static_cast<size_t>(k) * kDeviceChars]);
-    std::fprintf(f, "    {\"rank\": %d, \"key\": %s, \"device\": %s, \"frames\": %.0f, "
-                    "\"compute_s\": %.6f, \"recv_wait_s\": %.6f, \"send_wait_s\": %.6f, "
-                    "\"bytes_sent\": %.0f, \"bytes_received\": %.0f, \"peak_rss\": %.0f, "
-                    "\"load_s\": %.6f, \"cpus\": [",
-                 k, json_string(plan.ranks[k].key).c_str(), json_string(device).c_str(), v[9],
-                 v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+    std::fprintf(f, "    {\"rank\": %d, \"key\": %s, \"device\": %s, \"precision\": \"%s\", "
+                    "\"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
+                    "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
+                    "\"peak_rss\": %.0f, \"load_s\": %.6f, \"cpus\": [",
+                 k, json_string(plan.ranks[k].key).c_str(), json_string(device).c_str(),
+                 v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
     print_mask(f, v[7]);
     std::fprintf(f, "], \"omp_cpus\": [");
     print_mask(f, v[8]);
@@ -345,10 +350,11 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   barrier(MPI_COMM_WORLD, wait_timeout(), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;
   st.peak_rss = static_cast<double>(peak_rss_bytes());
+  st.fp16 = r.fp16 ? 1 : 0;
   const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
-                                    st.frames};
+                                    st.frames,     st.fp16};
   std::vector<double> all(rank == 0 ? kStatFields * static_cast<size_t>(n) : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, 0,
              MPI_COMM_WORLD);

@@ -14,6 +14,20 @@ from autodice.frontend import zoo  # noqa: E402
 SPECS = Path(__file__).parent.parent / "specs"
 
 
+def vulkan_available() -> bool:
+    """A Vulkan loader and a driver (on CI: Mesa's lavapipe, which `make test` installs)."""
+    import ctypes.util
+    import glob
+
+    drivers = [*glob.glob("/usr/share/vulkan/icd.d/*.json"), *glob.glob("/etc/vulkan/icd.d/*.json")]
+    return bool(drivers) and ctypes.util.find_library("vulkan") is not None
+
+
+requires_vulkan = pytest.mark.skipif(
+    not vulkan_available(),
+    reason="no Vulkan loader and driver (as root, `make test` installs Mesa's lavapipe)")
+
+
 @pytest.fixture
 def fig2(tmp_path):
     """The Figure 2 model, mapping and platform, copied into a fresh directory."""

@@ -108,7 +108,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
     assert "Host 10.77.0.14\n  HostName 10.77.0.14\n  Port 2222\n" in files["ssh_config"]
     assert "StrictHostKeyChecking yes" in files["ssh_config"]
     hosts = {h: Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
-    argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
+    argv = mpirun_argv(plan, inv, hosts, ["--frames", "5"])
     assert argv[argv.index("--prtemca") + 1:][:2] == [
         "plm_ssh_agent", "ssh -F /srv/autodice/edge01/launch/ssh_config"]
     assert ["--mca", "btl_tcp_if_include", "10.77.0.0/24"] == argv[
@@ -117,7 +117,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
     assert argv.count(":") == 2 and argv.count("--wdir") == 3
     assert "/srv/autodice/edge04/build/program" in argv
     hosts["edge01"].cpus = 2  # cores 1,2,3 do not exist there: run unbound
-    argv = mpirun_argv(plan, inv, hosts, frames=5, pipeline=True)
+    argv = mpirun_argv(plan, inv, hosts, ["--frames", "5"])
     assert "--rankfile" not in argv and "--bind-to" in argv and not honours_cores(
         plan, hosts)
     # The command crosses one remote shell: quoting keeps every argument whole.

@@ -64,8 +64,9 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                   cwd=work, capture_output=True, text=True)
             if proc.returncode != 0 or not (work / "model.ncnn.param").exists():
                 tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+                more = "..." if len(rank.layers) > 6 else ""
                 raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
-                                    f'{", ".join(rank.layers[:6])}{"..." if len(rank.layers) > 6 else ""}): '
+                                    f'{", ".join(rank.layers[:6])}{more}): '
                                     f"pnnx could not convert {onnx_path.name}: {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             for suffix in ("param", "bin"):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jinja2
 
+from ..core.errors import AutodiceError
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
 from ..core.outdir import staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
@@ -38,7 +39,17 @@ def _ints(values) -> Escaped:
     return Escaped(", ".join(str(operator.index(v)) for v in values))
 
 
-def rank_context(plan: Plan, r: Rank, files: dict[str, str]) -> dict:
+PRECISIONS = ("auto", "fp32", "fp16")
+
+
+def rank_fp16(r: Rank, precision: str) -> bool:
+    """Whether a rank computes in fp16: GPU ranks do by default (ncnn's own default there, and
+    what GPUs are fast at), CPU ranks compute in fp32 (equal to onnxruntime); ``fp32`` or
+    ``fp16`` set every rank."""
+    return precision == "fp16" or (precision == "auto" and r.device == "gpu")
+
+
+def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "auto") -> dict:
     """One rank's table for the template: every index resolved, every name escaped.
 
     Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
@@ -60,7 +71,8 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str]) -> dict:
         "key_note": cpp_comment(r.key), "host_note": cpp_comment(r.host),
         "device_note": Escaped(device), "slots": _ints(r.slots),
         "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
-        "gpu_index": r.gpu_index, "threads": r.threads, "fp16": Escaped("false"),
+        "gpu_index": r.gpu_index, "threads": r.threads,
+        "fp16": Escaped("true" if rank_fp16(r, precision) else "false"),
         "replica": 0, "replicas": 1, "n_layers": len(layers),
         "layers_note": cpp_comment(summary),
         "recv_notes": [{"tensor": cpp_comment(e.tensor), "shape": Escaped(_shape(e.shape)),
@@ -97,13 +109,10 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=False, finalize=finalize, autoescape=False)
 
 
-def render_program(plan: Plan, fp16: bool = False) -> str:
+def render_program(plan: Plan, precision: str = "auto") -> str:
     """The generated C++ source for ``plan``: the plan as one table per rank."""
     files = tensor_files(plan)
-    ranks = [rank_context(plan, r, files) for r in plan.ranks]
-    if fp16:
-        for rc in ranks:
-            rc["fp16"] = Escaped("true")
+    ranks = [rank_context(plan, r, files, precision) for r in plan.ranks]
     ctx = {"model": cpp_string(Path(plan.model).name), "model_note": cpp_comment(
         Path(plan.model).name), "ranks": ranks, "edges": len(plan.edges)}
     return _env().get_template("program.cpp.j2").render(ctx)
@@ -121,12 +130,13 @@ RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_progr
                    "autodice_program.cpp")
 
 
-def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = True,
+def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: bool = True,
         console=None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
 
     Args:
-        fp16: fp16 weights and arithmetic on every rank (outputs then differ from fp32).
+        precision: ``auto`` (fp16 on GPU ranks, fp32 on CPU ranks), ``fp32`` (every rank; equal
+            to onnxruntime to ~1e-6) or ``fp16`` (every rank, fp16 weights too: smallest).
         progress: called with each rank as its conversion finishes.
         verify: load and run every converted model with ncnn and compare it with onnxruntime
             (:mod:`.verify`); off only where no C++ toolchain is at hand.
@@ -135,13 +145,16 @@ def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = T
         AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
             load or that computes something else (each names rank, key and what is wrong).
     """
+    if precision not in PRECISIONS:
+        raise AutodiceError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     ncnn_dir = out_dir / "ncnn"
-    convert_all(plan, out_dir, ncnn_dir, fp16, progress)
+    fp16_weights = precision == "fp16"
+    convert_all(plan, out_dir, ncnn_dir, fp16_weights, progress)
     if verify:
-        verify_conversions(plan, out_dir, ncnn_dir, fp16, console)
-    program = render_program(plan, fp16)
+        verify_conversions(plan, out_dir, ncnn_dir, fp16_weights, console)
+    program = render_program(plan, precision)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
         for host in plan.hosts():

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend.run import RunResult, stage_inputs
+from ..backend.run import RunResult, program_flags, stage_inputs
 from ..core.errors import AutodiceError
 from ..core.plan import load_plan
 from .check import check_all
@@ -72,7 +72,7 @@ class DeployResult:
 
 def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
            inputs: dict[str, Path] | None = None, frames: int = 1, pipeline: bool = True,
-           timeout_s: float = 600, progress: Progress | None = None,
+           timeout_s: float = 600, progress: Progress | None = None, gpu_fallback: bool = False,
            ) -> DeployResult:
     """Deploy ``out_dir``'s packages to the inventory's hosts; with ``run``, run the job there.
 
@@ -81,6 +81,7 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         inputs: model input name -> .npy, needed with ``run``.
         timeout_s: the longest the job may run before it is stopped.
         progress: called with (host, step) as each host moves on.
+        gpu_fallback: GPU ranks on hosts without a Vulkan device compute on the CPU.
     Returns:
         Per host what moved and where it was built; with ``run``, outputs and stats.
     Raises:
@@ -107,6 +108,7 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         check_launchable(inv)
     work = out_dir / "deploy"
     work.mkdir(exist_ok=True)
+    flags = program_flags(frames, pipeline, gpu_fallback)
     if run:
         if inputs is None:
             raise AutodiceError("deploy --run needs --input")
@@ -126,7 +128,7 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: run_job(
-                ssh, plan, inv, hosts, out_dir, frames, pipeline, timeout_s, progress))
+                ssh, plan, inv, hosts, out_dir, flags, timeout_s, progress))
     finally:
         ssh.close(inv.targets.values())
     for h in hosts:

@@ -161,8 +161,8 @@ def mpirun_head(inv: Inventory, head: Host, env: dict[str, str], hostfile: str,
     return argv
 
 
-def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], frames: int,
-                pipeline: bool) -> list[str]:
+def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host],
+                flags: list[str]) -> list[str]:
     """The head node's mpirun command: one app context per rank, in rank order."""
     head = hosts[plan.ranks[0].host]
     launch = f"{head.dir}/launch"
@@ -183,14 +183,12 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], frames: int,
             argv += ["--host", hosts[r.host].target.address]
         argv += ["sh", "-c", _RANK, "sh", f"{d}/results/died-{r.rank}",
                  f"{d}/build/program", "--models", f"{d}/package/models", "--inputs",
-                 f"{d}/inputs", "--results", f"{d}/results", "--frames", str(frames)]
-        if not pipeline:
-            argv.append("--no-pipeline")
+                 f"{d}/inputs", "--results", f"{d}/results", *flags]
     return argv
 
 
 def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Path,
-            frames: int, pipeline: bool, timeout_s: float, progress: Progress) -> RunResult:
+            flags: list[str], timeout_s: float, progress: Progress) -> RunResult:
     """Inputs out to the hosts whose ranks read them, the job run from the head, results back.
 
     Raises:
@@ -215,10 +213,10 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
     problems = parallel(hosts, "inputs", prepare, progress)
     if problems:
         raise AutodiceError(*problems)
-    argv = mpirun_argv(plan, inv, by_name, frames, pipeline)
+    argv = mpirun_argv(plan, inv, by_name, flags)
     log_path = work / "run.log"
     for h in hosts:
-        progress(h.target.host, f"running {frames} frame{'s' * (frames > 1)}")
+        progress(h.target.host, "running")
     code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s)
     output = log_path.read_text(errors="replace")
     if timed_out:

@@ -1,0 +1,86 @@
+"""GPU ranks for real: ncnn's Vulkan path on Mesa's lavapipe (Vulkan on the CPU), under mpirun,
+equal to onnxruntime within the fp16 tolerance, the device each rank ran on in stats.json, and a
+GPU rank on a host without a Vulkan device refused with one clear error (or, when asked, computed
+on the CPU and reported so). lavapipe runs the GPU path's real code; its speed is not a GPU's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import requires_vulkan
+
+from autodice.backend.build import build
+from autodice.backend.gen import gen
+from autodice.backend.run import FP16_RTOL, check_tolerance, run
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.frontend.layers import layer_table
+from autodice.frontend.split import split
+
+pytestmark = [pytest.mark.cpp, requires_vulkan]
+
+
+def cpu_gpu_cpu(graph, host: str = "edge01") -> dict[str, list[str]]:
+    """The layers in order: 40 % on one core, the next 10 % on the GPU, the rest on another
+    core (a short GPU stage: lavapipe is Vulkan on the CPU, ~75x slower than ncnn there)."""
+    names = [r["name"] for r in layer_table(graph) if not r["follows"]]
+    a, b = int(len(names) * 0.4), int(len(names) * 0.5)
+    return {f"{host}_arm0": names[:a], f"{host}_gpu": names[a:b], f"{host}_arm1": names[b:]}
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
+def test_a_gpu_stage_between_two_cpu_stages_matches_onnxruntime(tmp_path, zoo_model, name):
+    path = zoo_model(name)
+    (tmp_path / "platform.txt").write_text("edge01, arm, slots=0-1, gpu=NVIDIAVolta (CUDA)\n")
+    (tmp_path / "mapping.json").write_text(json.dumps(cpu_gpu_cpu(load_model(path))))
+    split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
+    gen(tmp_path / "out")
+    build(tmp_path / "out")
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    plan_input = load_model(path).inputs[0]  # data_0, or gpu_0/data_0
+    res = run(tmp_path / "out", {plan_input: tmp_path / "x.npy"}, frames=2)
+    devices = [(r["device"].split(":")[0], r["precision"]) for r in res.stats["ranks"]]
+    assert devices == [("cpu", "fp32"), ("vulkan", "fp16"), ("cpu", "fp32")]
+    assert check_tolerance(res.stats) == (FP16_RTOL, "fp16 on rank 1")
+    (name_out,) = res.outputs
+    want = ort.InferenceSession(str(path)).run(None, {plan_input: x})[0]
+    got = res.outputs[name_out]
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel < FP16_RTOL, rel
+    assert got.argmax() == want.argmax()
+
+
+def test_fp32_on_the_gpu_matches_like_the_cpu(fig2):
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out", precision="fp32")
+    build(fig2 / "out")
+    x = np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    res = run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=3)
+    assert [r["precision"] for r in res.stats["ranks"]] == ["fp32"] * 3
+    assert [r["device"].startswith("vulkan:") for r in res.stats["ranks"]] == [False, True, True]
+    want = ort.InferenceSession(str(fig2 / "model.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gpu_rank_without_a_vulkan_device_is_one_clear_error(fig2, monkeypatch):
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    build(fig2 / "out")
+    np.save(fig2 / "x.npy", np.ones((1, 4, 8, 8), np.float32))
+    # The Vulkan loader finds no driver: what a board without a GPU driver looks like.
+    monkeypatch.setenv("VK_ICD_FILENAMES", str(fig2 / "no-such-driver.json"))
+    with pytest.raises(AutodiceError) as e:
+        run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2)
+    said = "\n".join(e.value.problems)
+    assert ("rank 1 (edge01_gpu on edge01) is a GPU rank, but there is no Vulkan device 0 "
+            "(ncnn found 0;") in said
+    assert "--gpu-fallback cpu" in said
+    res = run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2, gpu_fallback=True)
+    assert [r["device"] for r in res.stats["ranks"]] == ["cpu", "cpu (no Vulkan device)",
+                                                          "cpu (no Vulkan device)"]
