@@ -305,7 +305,11 @@ def _thread_list(ctx, param, value):
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
               help="inventory.toml of the cluster: measure the links between its hosts there "
                    "(instead of the platform's bandwidth/latency fields).")
-def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory):
+@click.option("--gpu/--no-gpu", default=None,
+              help="Also time every layer on this machine's Vulkan device [default: when the "
+                   "platform lists a GPU and ncnn finds a device].")
+def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
+            gpu):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     from .core.model import parse_input_shapes
     from .dse.profile import save_profile
@@ -318,7 +322,7 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
         links = probe_links(inventory, console=console, platform=platform)
         _links_table(links, inventory)
     res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup, runs,
-                      console=console, use_cache=not no_cache, links=links)
+                      console=console, use_cache=not no_cache, links=links, gpu=gpu)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
@@ -330,14 +334,22 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
         table.add_column(f"{t} thr ms", justify="right")
     for t in ts[1:]:
         table.add_column(f"x{t} speed-up (eff.)", justify="right")
+    if p.gpu:
+        table.add_column("GPU ms", justify="right")
     rows = op_summary(p)
-    total = {t: sum(r[2][t] for r in rows) for t in ts}
+    cols = [*ts, *(["gpu"] if p.gpu else [])]
+    total = {t: sum(r[2].get(t, 0.0) for r in rows) for t in cols}
     for op, n, per in [*rows, ("all layers", len(p.layers), total),
                        ("whole model", len(p.layers), res.whole_ms)]:
         table.add_row(op, str(n), *(f"{per[t]:.3f}" for t in ts),
                       *(f"{per[ts[0]] / per[t]:.2f} ({per[ts[0]] / per[t] / t * ts[0]:.0%})"
-                        for t in ts[1:]))
+                        for t in ts[1:]), *([f"{per['gpu']:.3f}"] if p.gpu else []))
     out.print(table)
+    if p.gpu:
+        out.print(f"GPU {p.gpu.device}: upload {p.gpu.upload.bandwidth / 1e6:.0f} MB/s + "
+                  f"{p.gpu.upload.latency * 1e6:.0f} us, download "
+                  f"{p.gpu.download.bandwidth / 1e6:.0f} MB/s + "
+                  f"{p.gpu.download.latency * 1e6:.0f} us")
     for name, link in sorted(p.links.items()):
         out.print(f"link {name}: {link.bandwidth / 1e6:.0f} MB/s, {link.latency * 1e6:.1f} us")
     if p.corun:

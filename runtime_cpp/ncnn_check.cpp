@@ -1,6 +1,7 @@
 // ncnn_check: does ncnn load a converted sub-model, and what does it compute?
 //
 //   ncnn_check MODEL.ncnn.param MODEL.ncnn.bin OUT_DIR [IN0.npy IN1.npy ...]
+//   ncnn_check --devices
 //
 // `autodice gen` runs it on every sub-model pnnx converted, before anything is built or
 // deployed: a layer type ncnn cannot create, or a conversion that computes something else than
@@ -10,6 +11,7 @@
 // printed as `unknown-layer TYPE NAME` lines and the exit code is 3. Otherwise the net is loaded
 // (fp32, one thread, CPU: the check is about the conversion, not the device) and, given inputs
 // for in0.., every output out0.. is written as OUT_DIR/out<k>.npy. Exit 4 if loading fails.
+// --devices prints the Vulkan devices ncnn finds, one `INDEX<TAB>NAME` line each.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -19,6 +21,9 @@
 #include "autodice_runtime.h"
 #include "layer.h"
 #include "net.h"
+#if NCNN_VULKAN
+#include "gpu.h"
+#endif
 
 namespace {
 
@@ -41,6 +46,13 @@ std::vector<std::pair<std::string, std::string>> param_layers(const std::string&
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--devices") {
+#if NCNN_VULKAN
+    for (int i = 0; i < ncnn::get_gpu_count(); ++i)
+      std::printf("%d\t%s\n", i, ncnn::get_gpu_info(i).device_name());
+#endif
+    return 0;
+  }
   if (argc < 4) {
     std::fprintf(stderr, "usage: ncnn_check MODEL.param MODEL.bin OUT_DIR [IN.npy ...]\n");
     return 2;

@@ -1,7 +1,7 @@
 // Per-layer latency of one ncnn net, measured the way the generated program runs it.
 //
-//   profile_layers MODEL.param MODEL.bin OUT.json --threads 1,2 [--warmup 3] [--runs 11]
-//                  --input in0.npy [--input in1.npy ...]
+//   profile_layers MODEL.param MODEL.bin OUT.json --threads 1,2 [--gpu 0] [--warmup 3]
+//                  [--runs 11] --input in0.npy [--input in1.npy ...]
 //
 // The net is loaded once per thread count (ncnn picks kernels and tile sizes for
 // opt.num_threads while it loads) with the generated program's options: fp32 end to end, light
@@ -21,6 +21,12 @@
 // layers each ncnn layer computes (pnnx fuses Conv+BatchNorm+ReLU and renames everything).
 // OUT.json holds the raw times of every run; autodice takes the medians. Progress goes to
 // stderr as "progress DONE TOTAL" lines.
+//
+// With --gpu N the net is also loaded on Vulkan device N as a GPU rank loads it (ncnn's default
+// fp16 storage and arithmetic), timed after the CPU's runs under the key "gpu"; each of its layer
+// extracts includes downloading that layer's output, so OUT.json also holds upload and download
+// times of 4 KB..4 MiB tensors ("gpu_transfer") for autodice to take the download out again and
+// to cost the copies a GPU rank makes of what it receives and sends.
 //
 //   mpirun -np CORES profile_layers MODEL.param MODEL.bin OUT.json --corun --input ...
 //
@@ -45,6 +51,10 @@
 #include "autodice_runtime.h"
 #include "layer.h"
 #include "net.h"
+#if NCNN_VULKAN
+#include "command.h"
+#include "gpu.h"
+#endif
 
 namespace {
 
@@ -55,6 +65,7 @@ struct Args {
   int warmup = 3;
   int runs = 11;
   bool corun = false;
+  int gpu = -1;  // Vulkan device to time too, or none
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -99,6 +110,8 @@ Args parse_args(int argc, char** argv) {
       a.inputs.push_back(value());
     } else if (k == "--corun") {
       a.corun = true;
+    } else if (k == "--gpu") {
+      a.gpu = count(k, value(), 0);
     } else if (!k.empty() && k[0] == '-') {
       usage("unknown option " + k);
     } else {
@@ -126,6 +139,83 @@ void load(ncnn::Net& net, const Args& args, int threads) {
     autodice::abort_run("cannot load " + args.param + " (missing or corrupt)", 4);
   if (net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.bin + " (missing or corrupt)", 4);
+}
+
+// A GPU rank's net: Vulkan device `index`, ncnn's default precision there (fp16 where the device
+// has it), as the generated program loads it.
+void load_gpu(ncnn::Net& net, const Args& args, int index) {
+#if NCNN_VULKAN
+  if (index >= ncnn::get_gpu_count())
+    autodice::abort_run("no Vulkan device " + std::to_string(index) + " (ncnn found " +
+                        std::to_string(ncnn::get_gpu_count()) + ")", 7);
+  net.opt.use_vulkan_compute = true;
+  net.set_vulkan_device(index);
+  net.opt.lightmode = true;
+  if (net.load_param(args.param.c_str()) != 0 || net.load_model(args.bin.c_str()) != 0)
+    autodice::abort_run("cannot load " + args.param + " on Vulkan device " +
+                        std::to_string(index), 4);
+  if (!net.opt.use_vulkan_compute)
+    autodice::abort_run("ncnn could not use Vulkan device " + std::to_string(index), 7);
+#else
+  (void)net;
+  (void)args;
+  (void)index;
+  autodice::abort_run("this ncnn has no Vulkan: --gpu needs a build with NCNN_VULKAN", 7);
+#endif
+}
+
+// "[{bytes, upload_s, download_s}, ...]": the fastest of 15 copies of 4 KB..4 MiB tensors
+// between host memory and Vulkan device `index`, with a GPU rank's options.
+std::string gpu_transfer_rows(int index) {
+  std::string json = "[";
+#if NCNN_VULKAN
+  const ncnn::VulkanDevice* vkdev = ncnn::get_gpu_device(index);
+  ncnn::VkAllocator* blobs = vkdev->acquire_blob_allocator();
+  ncnn::VkAllocator* staging = vkdev->acquire_staging_allocator();
+  ncnn::Option opt;
+  opt.blob_vkallocator = blobs;
+  opt.workspace_vkallocator = blobs;
+  opt.staging_vkallocator = staging;
+  const std::vector<autodice::Shape> shapes = {
+      {1, 1000}, {1, 64, 16, 16}, {1, 128, 28, 28}, {1, 256, 32, 32}, {1, 256, 64, 64}};
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    ncnn::Mat host = autodice::alloc_mat(shapes[s]);
+    host.fill(1.0f);
+    double up = 1e30, down = 1e30;
+    for (int i = 0; i < 18; ++i) {
+      ncnn::VkMat dev;
+      ncnn::Mat back;
+      autodice::Timer t1;
+      {
+        ncnn::VkCompute cmd(vkdev);
+        cmd.record_upload(host, dev, opt);
+        cmd.submit_and_wait();
+      }
+      const double u = t1.elapsed_ms() / 1e3;
+      autodice::Timer t2;
+      {
+        ncnn::VkCompute cmd(vkdev);
+        cmd.record_download(dev, back, opt);
+        cmd.submit_and_wait();
+      }
+      const double d = t2.elapsed_ms() / 1e3;
+      if (i >= 3) {  // warm-up: the first copies allocate
+        up = std::min(up, u);
+        down = std::min(down, d);
+      }
+    }
+    char row[128];
+    std::snprintf(row, sizeof row, "%s{\"bytes\": %lld, \"upload_s\": %.9f, \"download_s\": %.9f}",
+                  s ? ", " : "", static_cast<long long>(autodice::element_count(shapes[s]) * 4),
+                  up, down);
+    json += row;
+  }
+  vkdev->reclaim_blob_allocator(blobs);
+  vkdev->reclaim_staging_allocator(staging);
+#else
+  (void)index;
+#endif
+  return json + "]";
 }
 
 // Allocators that live across runs, as the net's own local pools would.
@@ -324,7 +414,8 @@ int main(int argc, char** argv) {
     }
   }
   if (args.corun) return measure_corun(args, inputs);
-  const long total = static_cast<long>(args.threads.size()) * (args.warmup + args.runs) + 1;
+  const long total =
+      static_cast<long>(args.threads.size() + (args.gpu >= 0)) * (args.warmup + args.runs) + 1;
   long done = 0;
   auto progress = [&]() { std::fprintf(stderr, "progress %ld %ld\n", ++done, total); };
 
@@ -359,35 +450,54 @@ int main(int argc, char** argv) {
   // One net per thread count, all loaded up front, and the counts interleaved within each run:
   // a machine that slows down for a while (a busy neighbour on the host) then slows every count
   // alike instead of skewing the one that happened to be measuring.
-  const size_t n_threads = args.threads.size();
+  // The GPU, when asked for, is one more net in the same rounds.
+  std::vector<std::string> keys;
+  for (int t : args.threads) keys.push_back(std::to_string(t));
+  if (args.gpu >= 0) keys.push_back("gpu");
+  const size_t n_threads = keys.size();
   std::vector<std::unique_ptr<ncnn::Net>> nets(n_threads);
   std::vector<Pools> pools(n_threads);
   for (size_t t = 0; t < n_threads; ++t) {
     nets[t] = std::make_unique<ncnn::Net>();
-    load(*nets[t], args, args.threads[t]);
+    if (keys[t] == "gpu")
+      load_gpu(*nets[t], args, args.gpu);
+    else
+      load(*nets[t], args, args.threads[t]);
   }
   std::vector<std::vector<double>> whole(n_threads);
   std::vector<std::vector<std::vector<double>>> per_run(n_threads);
   std::vector<double> ms;
-  for (int r = -args.warmup; r < args.runs; ++r) {
-    for (size_t t = 0; t < n_threads; ++t) {
-      const double w = run_whole(*nets[t], pools[t], inputs);
-      run_layers(*nets[t], pools[t], inputs, timed, ms);
-      if (r >= 0) {
-        whole[t].push_back(w);
-        per_run[t].push_back(ms);
+  // The GPU's rounds come after the CPU's: a Vulkan driver on the CPU (lavapipe) leaves its
+  // worker threads busy for a while, which would slow the CPU rounds interleaved with it.
+  const size_t n_cpu = args.threads.size();
+  for (auto [first, last] : {std::pair<size_t, size_t>{0, n_cpu}, {n_cpu, n_threads}}) {
+    for (int r = -args.warmup; r < args.runs && first < last; ++r) {
+      for (size_t t = first; t < last; ++t) {
+        const double w = run_whole(*nets[t], pools[t], inputs);
+        run_layers(*nets[t], pools[t], inputs, timed, ms);
+        if (r >= 0) {
+          whole[t].push_back(w);
+          per_run[t].push_back(ms);
+        }
+        progress();
       }
-      progress();
     }
   }
   for (size_t t = 0; t < n_threads; ++t) {
-    json += std::string(t ? ",\n" : "\n") + "  \"" + std::to_string(args.threads[t]) +
+    json += std::string(t ? ",\n" : "\n") + "  \"" + keys[t] +
             "\": {\"whole_ms\": " + json_list(whole[t]) + ",\n   \"layer_ms\": [";
     for (size_t r = 0; r < per_run[t].size(); ++r)
       json += std::string(r ? ",\n    " : "\n    ") + json_list(per_run[t][r]);
     json += "]}";
   }
-  json += "\n }\n}\n";
+  json += "\n }";
+  if (args.gpu >= 0) {
+#if NCNN_VULKAN
+    json += ",\n \"gpu_device\": " + json_string(ncnn::get_gpu_info(args.gpu).device_name());
+#endif
+    json += ",\n \"gpu_transfer\": " + gpu_transfer_rows(args.gpu);
+  }
+  json += "\n}\n";
 
   FILE* f = std::fopen(args.out.c_str(), "w");
   if (!f) autodice::abort_run("cannot write " + args.out, 6);

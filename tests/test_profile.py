@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import requires_vulkan
 from onnx import TensorProto, helper, numpy_helper
 
 from autodice.cli import main
@@ -43,15 +44,16 @@ def mappable_rows(path: Path) -> list[dict]:
 def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_path, monkeypatch):
     model = zoo_model("squeezenet")
     platform = SPECS / "squeezenet" / "platform.txt"
-    run = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5, use_cache=False)
+    run = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5, use_cache=False,
+                      gpu=False)
     p = run.profile
 
     rows = mappable_rows(model)
     assert [(lc.name, lc.op) for lc in p.layers] == [(r["name"], r["op"]) for r in rows]
     assert p.threads == (1, 2) and not run.cached and run.unmatched == ()
     assert all(lc.cpu_ms[t] > 0 for lc in p.layers for t in (1, 2))
-    assert all(lc.gpu_ms is None for lc in p.layers)
-    assert any("gpu_ms is null" in n for n in run.notes)  # edge02 has a GPU we cannot time
+    assert all(lc.gpu_ms is None for lc in p.layers) and p.gpu is None  # --no-gpu
+    assert any("gpu_ms is null" in n for n in run.notes)  # edge02 has a GPU we did not time
     # pnnx fused each Conv with its ReLU, so there are fewer ncnn layers than ONNX layers...
     assert run.ncnn_layers < len(p.layers)
     # ...and the fused ReLU gets a FLOPs-sized sliver of the Convolution's time.
@@ -85,10 +87,11 @@ def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_pat
         raise AssertionError("the second call must come from the cache")
 
     monkeypatch.setattr(profiler, "measure_model", must_not_measure)
-    again = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5)
+    again = run_profile(model, platform, threads=(1, 2), warmup=1, runs=5, gpu=False)
     assert again.cached and again.profile.layers == p.layers and again.whole_ms == run.whole_ms
     # What `autodice dse` calls when given no --profile: the same cached Profile.
-    assert profile_model(model, platform, threads=(1, 2), warmup=1, runs=5) == again.profile
+    assert profile_model(model, platform, threads=(1, 2), warmup=1, runs=5,
+                         gpu=False) == again.profile
 
 
 @pytest.mark.cpp
@@ -142,6 +145,23 @@ def test_symbolic_input_needs_a_shape(fig2):
     r = invoke("profile", fig2 / "sym.onnx", "-p", fig2 / "platform.txt")
     assert r.exit_code == 2 and 'input "data" has no static shape' in r.output
     assert "--input-shape data=" in r.output
+
+
+@pytest.mark.cpp
+@requires_vulkan
+def test_gpu_layers_and_copies_are_timed_on_the_vulkan_device(zoo_model):
+    """lavapipe here: the GPU path's real code, not a GPU's speed."""
+    model = zoo_model("squeezenet")
+    run = run_profile(model, SPECS / "squeezenet" / "platform.txt", threads=(1,), warmup=1,
+                      runs=3, use_cache=False)
+    p = run.profile
+    assert p.gpu is not None and "llvmpipe" in p.gpu.device
+    assert all(lc.gpu_ms is not None and lc.gpu_ms >= 0 for lc in p.layers)
+    assert 1e6 < p.gpu.upload.bandwidth < 1e12 and 1e6 < p.gpu.download.bandwidth < 1e12
+    # The layers, their outputs' downloads taken out, add up to the whole model on the device.
+    total = sum(lc.gpu_ms for lc in p.layers)
+    assert 0.6 < total / run.whole_ms["gpu"] < 1.4, (total, run.whole_ms["gpu"])
+    assert any("gpu_ms measured on llvmpipe" in n for n in run.notes)
 
 
 # --- links ----------------------------------------------------------------------------------

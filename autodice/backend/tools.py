@@ -100,3 +100,10 @@ target_compile_options(ncnn_check PRIVATE -Wall -Wextra -Werror)
 """
 
 
+
+
+def vulkan_devices(tools: Path) -> list[str]:
+    """The Vulkan devices ncnn finds on this machine, in its order (none: an empty list)."""
+    proc = subprocess.run([str(tools / "ncnn_check"), "--devices"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    return [line.split("\t", 1)[1] for line in proc.stdout.splitlines() if "\t" in line]

@@ -15,6 +15,8 @@ on frame i while rank k+1 works on frame i-1:
   serial time a layer of that op type always pays (a layer shorter than ``s`` does not speed up
   at all: small layers do not scale on 6 cores) and ``f`` the parallel fraction of the rest;
   both are least-squares fits (relative error) over every layer and measured thread count.
+  A GPU rank also copies every tensor it receives up to the device and every tensor it sends
+  back down: ``bytes / rate + latency`` each way, as the profile measured the device's copies.
 * **contention**: per-layer times were taken with the rest of the machine idle, but a pipelined
   stage computes while the other ranks of its board compute too, sharing caches and memory
   bandwidth. The profile measured how much slower the whole model runs on one core with every
@@ -63,8 +65,8 @@ a :class:`~autodice.core.plan.Plan` (the slow, obvious way), and the tests hold 
 Both end in :func:`combine` and :func:`report`. The figures they start from (latencies, links,
 power) are :mod:`autodice.dse.timing`'s; the longest paths are :mod:`autodice.dse.spans`'.
 
-Not modelled: contention between ranks that share a core (a GPU rank's driver thread), host-GPU
-copies, a per-frame runtime overhead, other processes on the boards.
+Not modelled: contention between ranks that share a core (a GPU rank's driver thread), a
+per-frame runtime overhead, other processes on the boards.
 """
 
 from __future__ import annotations
@@ -211,6 +213,11 @@ def combine(timing: Timing, cols: RankColumns, compute, comm, span, nic, params,
     D = len(devices)
     onehot = np.zeros((len(cols.dev), D))
     onehot[np.arange(len(cols.dev)), cols.dev] = 1.0
+    # A GPU rank copies what it receives up to the device and what it sends back down.
+    up_bw, up_lat, down_bw, down_lat = np.array(
+        [timing.gpu_copies[d.name] for d in devices]).T[:, cols.dev]
+    copies = np.where(cols.gpu & used, recv / up_bw + up_lat + send / down_bw + down_lat, 0.0)
+    compute, span = compute + copies, span + copies
     net = nic.max(axis=1) if nic.shape[1] else 0.0
     period = np.maximum(np.maximum(compute + comm, span).max(axis=1), net)
     stretch = contention(timing, cols, compute * used, np.maximum(period, 1e-12))

@@ -39,11 +39,13 @@ def _with_progress(cmd: list[str], on_progress) -> tuple[int, list[str]]:
 
 
 def run_profiler(binary: Path, param: Path, feeds: list[Path], threads: tuple[int, ...],
-                 warmup: int, runs: int, out: Path, on_progress, model: str = "model") -> dict:
-    """Run profile_layers; returns its JSON (fingerprints and raw times of every run)."""
+                 warmup: int, runs: int, out: Path, on_progress, model: str = "model",
+                 gpu: int | None = None) -> dict:
+    """Run profile_layers; returns its JSON (fingerprints and raw times of every run; with
+    ``gpu``, the Vulkan device's runs under "gpu" and its copy times too)."""
     cmd = [str(binary), str(param), str(param.with_suffix(".bin")), str(out),
            "--threads", ",".join(map(str, threads)), "--warmup", str(warmup),
-           "--runs", str(runs)]
+           "--runs", str(runs), *(["--gpu", str(gpu)] if gpu is not None else [])]
     for p in feeds:
         cmd += ["--input", str(p)]
     code, said = _with_progress(cmd, on_progress)

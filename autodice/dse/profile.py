@@ -20,13 +20,19 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
       "links": {                              # bytes/s and seconds per message
         "shm": {"bandwidth": 5.1e9, "latency": 2e-6},
         "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
-      }
+      },
+      "gpu": {"device": "llvmpipe (LLVM 15.0.6, 256 bits)",   # null: no GPU measured
+              "upload": {"bandwidth": 4.3e8, "latency": 1e-4},
+              "download": {"bandwidth": 5.8e8, "latency": 6e-5}}
     }
 
 ``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
-is the Vulkan latency or null where no GPU was measured. ``links`` always has ``shm`` (ranks on one
-host); other entries are host pairs (sorted names joined by ``-``), measured on a cluster or taken
-from the platform's ``bandwidth``/``latency`` fields. ``corun`` is how much longer the whole model
+is its latency on the Vulkan device ``gpu.device`` (ncnn's default fp16 there, the copy of its
+output back to the host taken out), or null where no GPU was measured; ``gpu.upload`` and
+``gpu.download`` cost the copies a GPU rank makes of the tensors it receives and sends.
+``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
+joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth``/``latency``
+fields. ``corun`` is how much longer the whole model
 takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
 and memory bandwidth): the cost model's contention between ranks on one board.
 ``runtime_bytes`` is what a rank process holds beyond the plan's memory table (MPI, ncnn's code,
@@ -125,6 +131,16 @@ class Corun:
 
 
 @dataclass(frozen=True)
+class GpuCopies:
+    """A Vulkan device's copies between host memory and the device: a GPU rank uploads what it
+    receives and downloads what it sends, every frame."""
+
+    device: str  # as ncnn names it, e.g. "NVIDIA H100 80GB HBM3" or "llvmpipe (LLVM 15.0.6...)"
+    upload: Link
+    download: Link
+
+
+@dataclass(frozen=True)
 class Profile:
     model: str
     model_sha256: str
@@ -135,6 +151,7 @@ class Profile:
     links: dict[str, Link] = field(default_factory=dict)
     corun: Corun | None = None
     runtime_bytes: int | None = None
+    gpu: GpuCopies | None = None  # the device gpu_ms was measured on, and its copy costs
 
     def layer(self, name: str) -> LayerCost:
         return {lc.name: lc for lc in self.layers}[name]
@@ -162,6 +179,11 @@ def profile_to_json(p: Profile) -> dict:
         "corun": None if p.corun is None else {"cores": p.corun.cores,
                                                "slowdown": p.corun.slowdown},
         "runtime_bytes": p.runtime_bytes,
+        "gpu": None if p.gpu is None else {
+            "device": p.gpu.device,
+            "upload": {"bandwidth": p.gpu.upload.bandwidth, "latency": p.gpu.upload.latency},
+            "download": {"bandwidth": p.gpu.download.bandwidth,
+                         "latency": p.gpu.download.latency}},
     }
 
 
@@ -181,7 +203,12 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                    for k, v in d.get("links", {}).items()},
             corun=None if d.get("corun") is None else Corun(int(d["corun"]["cores"]),
                                                               float(d["corun"]["slowdown"])),
-            runtime_bytes=None if d.get("runtime_bytes") is None else int(d["runtime_bytes"]))
+            runtime_bytes=None if d.get("runtime_bytes") is None else int(d["runtime_bytes"]),
+            gpu=None if d.get("gpu") is None else GpuCopies(
+                str(d["gpu"]["device"]), Link(float(d["gpu"]["upload"]["bandwidth"]),
+                                              float(d["gpu"]["upload"]["latency"])),
+                Link(float(d["gpu"]["download"]["bandwidth"]),
+                     float(d["gpu"]["download"]["latency"]))))
     except (KeyError, TypeError, ValueError) as e:
         raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
-from ..backend.tools import build_tools, source_digest
+from ..backend.tools import build_tools, source_digest, vulkan_devices
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
 from ..core.onnxio import write_model
@@ -46,15 +46,17 @@ from ..frontend.partition import static_memory
 from .attribution import attribute_times, fingerprint_onnx, match_layers
 from .probe import measure_corun, measure_shm, run_profiler
 from .profile import (
+    GpuCopies,
     LayerCost,
     Link,
     Profile,
+    fit_link,
     profile_from_json,
     profile_to_json,
     six_digits,
 )
 
-CACHE_VERSION = 3  # 2: adds the co-run slowdown and runtime_bytes; 3: robust link fit
+CACHE_VERSION = 4  # 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class ProfileRun:
     """A measured profile plus what the CLI reports about the measurement itself."""
 
     profile: Profile
-    whole_ms: dict[int, float]  # threads -> median latency of the whole model in one extract
+    whole_ms: dict[int | str, float]  # threads (or "gpu") -> median ms of the whole model
     ncnn_layers: int  # layers of the converted net that were timed
     unmatched: tuple[str, ...]  # ONNX layers no ncnn blob matched (timed with their successor)
     cached: bool
@@ -78,7 +80,7 @@ def profile_model(model: str | Path, platform: str | Path, threads=None, **kwarg
 def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...] | None = None,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
-                links: dict[str, Link] | None = None) -> ProfileRun:
+                links: dict[str, Link] | None = None, gpu: bool | None = None) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -93,6 +95,8 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
         links: host pair -> link measured on the cluster (``autodice.dse.links.probe_links``); they
             replace the platform's figures for those pairs. Not cached: they describe the
             network, not the model.
+        gpu: also time every layer on this machine's first Vulkan device (``gpu_ms``) and its
+            host<->device copies; None: when the platform lists a GPU and there is a device.
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -114,12 +118,19 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
     check_inputs(graph)
     digest = model_sha256(model)
     ncnn = ensure_ncnn(console=console)
-    key = cache_key(digest, ncnn, threads, input_shapes, warmup, runs)
+    wants_gpu = any(d.gpu for d in spec.devices.values()) if gpu is None else gpu
+    devices = vulkan_devices(build_tools(ncnn)) if wants_gpu else []
+    if gpu and not devices:
+        raise AutodiceError("--gpu: ncnn finds no Vulkan device on this machine (install the "
+                            "GPU's Vulkan driver, or Mesa's lavapipe to try it on the CPU)")
+    device = devices[0] if devices else None
+    key = cache_key(digest, ncnn, threads, input_shapes, warmup, runs, device)
     entry = cache_root() / "profile" / f"{key}.json"
     measured = read_cache(entry) if use_cache else None
     cached = measured is not None
     if measured is None:
-        measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console)
+        measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console,
+                                 0 if device else None)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
                       links={**platform_links(spec), **(links or {}),
@@ -127,25 +138,33 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
                                          measured["shm"]["latency"])})
     notes = [f"shm: {measured['shm']['warning']}"] if measured["shm"].get("warning") else []
     gpus = [f"{d.name} ({d.gpu})" for d in spec.devices.values() if d.gpu]
-    if gpus:
-        notes.append(f"gpu_ms is null: the platform lists GPUs ({', '.join(gpus)}) but this "
-                     "profiler measures ncnn's CPU build; no Vulkan GPU was measured")
-    return ProfileRun(profile, {int(t): v for t, v in measured["whole_ms"].items()},
+    if gpus and profile.gpu is None:
+        notes.append(f"gpu_ms is null: the platform lists GPUs ({', '.join(gpus)}) but ncnn "
+                     "finds no Vulkan device on this machine; profile on a board with its GPU")
+    elif profile.gpu is not None:
+        notes.append(f"gpu_ms measured on {profile.gpu.device}, this machine's Vulkan device: "
+                     "profile on the boards for their GPUs"
+                     + (" (lavapipe is Vulkan on the CPU: not a GPU's speed)"
+                        if "llvmpipe" in profile.gpu.device else ""))
+    return ProfileRun(profile, {(int(t) if t.isdigit() else t): v
+                                for t, v in measured["whole_ms"].items()},
                       measured["ncnn_layers"], tuple(measured["unmatched"]), cached, tuple(notes))
 
 
-def op_summary(profile: Profile) -> list[tuple[str, int, dict[int, float]]]:
-    """(op type, layers, threads -> total ms) per op type, slowest first: thread efficiency
-    per op type at a glance (small layers do not speed up with more cores)."""
-    totals: dict[str, dict[int, float]] = {}
+def op_summary(profile: Profile) -> list[tuple[str, int, dict[int | str, float]]]:
+    """(op type, layers, threads (and "gpu") -> total ms) per op type, slowest first: thread
+    efficiency per op type at a glance (small layers do not speed up with more cores), and the
+    GPU's time beside it."""
+    totals: dict[str, dict[int | str, float]] = {}
     counts: dict[str, int] = {}
     for lc in profile.layers:
         counts[lc.op] = counts.get(lc.op, 0) + 1
         per = totals.setdefault(lc.op, {})
-        for t, ms in lc.cpu_ms.items():
+        for t, ms in [*lc.cpu_ms.items(), *([("gpu", lc.gpu_ms)] if lc.gpu_ms is not None
+                                             else [])]:
             per[t] = per.get(t, 0.0) + ms
     return sorted(((op, counts[op], totals[op]) for op in totals),
-                  key=lambda row: -row[2][min(row[2])])
+                  key=lambda row: -row[2][min(profile.threads)])
 
 
 def engine_info() -> dict:
@@ -201,8 +220,9 @@ def model_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def cache_key(digest: str, ncnn: Path, threads, input_shapes, warmup: int, runs: int) -> str:
-    blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(),
+def cache_key(digest: str, ncnn: Path, threads, input_shapes, warmup: int, runs: int,
+              gpu: str | None = None) -> str:
+    blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(), "gpu": gpu,
                        "ncnn": str(ncnn),
                        "pnnx": PNNX_VERSION, "src": source_digest(), "threads": list(threads),
                        "shapes": sorted((k, list(v)) for k, v in (input_shapes or {}).items()),
@@ -253,8 +273,9 @@ def machine_info() -> dict:
 
 
 def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...], warmup: int,
-                  runs: int, console) -> dict:
-    """Convert, fingerprint, time and attribute; the cacheable part of a profile."""
+                  runs: int, console, gpu: int | None = None) -> dict:
+    """Convert, fingerprint, time and attribute; the cacheable part of a profile (``gpu``: the
+    Vulkan device to time as well)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     mappable = [i for i in range(len(graph.nodes)) if i not in graph.followers]
@@ -271,12 +292,13 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         progress.update(step, advance=1, description="building the profiler")
         tools = build_tools(ncnn)
         progress.update(step, advance=1, description="timing layers at "
-                        f"{','.join(map(str, threads))} threads")
+                        f"{','.join(map(str, threads))} threads"
+                        + (" and on the GPU" if gpu is not None else ""))
         timing = progress.add_task("  runs", total=None)
         raw = run_profiler(tools / "profile_layers", param, feeds, threads, warmup, runs,
                            work / "raw.json", lambda d, n: progress.update(timing, completed=d,
                                                                            total=n),
-                           str(graph.path))
+                           str(graph.path), gpu)
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(tools / "profile_layers", work)
         progress.update(step, advance=1, description="timing the model with every core busy")
@@ -292,15 +314,41 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
     runtime_bytes = max(peak_rss - table.params - table.peak_activations, 0)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
+    copies = gpu_copies(raw) if "gpu" in raw["runs"] else None
+    gpu_ms = (attribute_times(graph, without_downloads(raw, copies.download), groups, ("gpu",))
+              ["gpu"] if copies else None)
     profile = Profile(
         model=graph.path.name, model_sha256=digest, engine=engine_info(),
         machine=machine_info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
-                               {t: six_digits(cpu_ms[t][i]) for t in threads}, None)
-                     for i in mappable))
-    whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"])) for t in threads}
+                               {t: six_digits(cpu_ms[t][i]) for t in threads},
+                               six_digits(gpu_ms[i]) if gpu_ms else None)
+                     for i in mappable), gpu=copies)
+    whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
+             for t in (*threads, *(["gpu"] if copies else []))}
     return {"profile": profile_to_json(profile), "whole_ms": whole, "shm": shm,
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
+
+
+def gpu_copies(raw: dict) -> GpuCopies:
+    """The device's upload and download costs, fitted to profile_layers' fastest copies."""
+    rows = raw["gpu_transfer"]
+    up, _ = fit_link([r["bytes"] for r in rows], [r["upload_s"] for r in rows])
+    down, _ = fit_link([r["bytes"] for r in rows], [r["download_s"] for r in rows])
+    return GpuCopies(raw.get("gpu_device", "vulkan"),
+                     Link(six_digits(up.bandwidth), six_digits(up.latency)),
+                     Link(six_digits(down.bandwidth), six_digits(down.latency)))
+
+
+def without_downloads(raw: dict, download: Link) -> dict:
+    """The GPU runs with each layer's time less the copy of its output to the host: timing one
+    layer means extracting its output, which on Vulkan downloads it, and a GPU rank downloads
+    only what it sends."""
+    nbytes = np.array([4.0 * layer["tops"][0][0] for layer in raw["layers"]])
+    copy_ms = (download.latency + nbytes / download.bandwidth) * 1e3
+    runs = np.asarray(raw["runs"]["gpu"]["layer_ms"], dtype=float)
+    return {**raw, "runs": {"gpu": {**raw["runs"]["gpu"],
+                                    "layer_ms": np.maximum(runs - copy_ms, 0.0).tolist()}}}
 
 
 def convert_whole_model(graph: Graph, work: Path) -> Path:

@@ -136,6 +136,12 @@ class Timing:
         self.corun = {h: (p.corun.cores, max(p.corun.slowdown, 1.0)) if p.corun else (1, 1.0)
                       for h, p in self.profiles.items()}
         self.runtime_bytes = {h: p.runtime_bytes or 0 for h, p in self.profiles.items()}
+        # (upload bytes/s, s, download bytes/s, s) of each host's GPU copies; free where the
+        # profile measured none (then there are no GPU timings either, and no GPU ranks).
+        self.gpu_copies = {h: (p.gpu.upload.bandwidth, p.gpu.upload.latency,
+                               p.gpu.download.bandwidth, p.gpu.download.latency)
+                           if p.gpu else (np.inf, 0.0, np.inf, 0.0)
+                           for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}
         self.notes: list[str] = []
         self.links = self._links(problems)
