@@ -401,17 +401,31 @@ def _links_table(links, inventory) -> None:
                    "round counts.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
               help="--measure on these hosts (inventory.toml, as deploy takes) instead of here.")
+@click.option("--objectives", default="throughput,energy,memory", show_default=True,
+              help="What the front trades off: some of throughput, energy, memory.")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Only mappings whose every device holds at most SIZE (1GB, 512MiB).")
+@click.option("--min-fps", "min_fps", type=float, default=None,
+              help="Only mappings predicted to reach this many frames/s.")
+@click.option("--hosts", default=None, metavar="HOST,HOST,...",
+              help="Only these boards of the platform.")
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
-        segments, measure_k, frames, rounds, inventory):
+        segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
+    from .core.spec import parse_bytes
     from .dse.front import table_rows
     from .dse.measure import measure
     from .dse.search import Settings, profile_arg
     from .dse.search import dse as run_dse
 
-    settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments)
+    try:
+        cap = parse_bytes(max_memory) if max_memory else None
+    except ValueError as e:
+        raise AutodiceError(f"--max-memory {max_memory}: {e}") from None
+    settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments,
+                        tuple(o.strip() for o in objectives.split(",")), cap, min_fps)
     settings.check()
     if measure_k < 0 or frames < 1 or rounds < 1:
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
@@ -420,7 +434,8 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
         front = run_dse(model, platform, profile, output, settings,
-                        progress=lambda g, n: bar.update(task, completed=g))
+                        progress=lambda g, n: bar.update(task, completed=g),
+                        hosts=hosts.split(",") if hosts else None)
     table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
                         f"in {front.seconds:.1f} s -> {output}")
     for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",

@@ -188,7 +188,7 @@ def test_bad_inputs_exit_2_with_one_line(squeeze, tmp_path):
         (["--profile", tmp_path / "missing.json"], "missing.json: cannot read"),
         (["--profile", tmp_path / "fig2_profile.json"], "layers of"),
         (["--profile", d / "profile.json", "-p", tmp_path / "tiny.txt"],
-         "no mapping found that fits the devices' memory"),
+         "no mapping found that meets each device's mem"),
         (["--profile", d / "profile.json", "--profile", f"edge09={d / 'profile.json'}"],
          'profile for host "edge09": no such host'),
         (["--profile", f"edge01={d / 'profile.json'}"], "no profile for edge02, edge03"),

@@ -42,6 +42,15 @@ def _number(value: str, units: dict[str, float], default_unit: str) -> float:
     return float(m.group(1)) * units[m.group(2).lower() or default_unit]
 
 
+def parse_bytes(value: str) -> float:
+    """``"1GB"``, ``"512MiB"``, ``"4000"`` -> bytes.
+
+    Raises:
+        ValueError: not a number with a size unit.
+    """
+    return _number(value, _SIZE_UNITS, "b")
+
+
 def _watts(value: str) -> float:
     return _number(value, {"w": 1.0, "mw": 1e-3}, "w")
 

@@ -37,26 +37,34 @@ if TYPE_CHECKING:
     from .search import Settings
 
 
-def objectives(s) -> tuple[np.ndarray, np.ndarray]:
-    """pymoo's F (all minimised: -throughput, max energy J, max memory MB) and G (<= 0 feasible:
-    memory over capacity as a fraction, cut tensors without a static shape)."""
-    F = np.column_stack([-s.throughput, s.max_energy, s.max_memory / 1e6])
-    G = np.column_stack([s.excess, s.bad_cuts.astype(float)])
+def objectives(s, settings: Settings | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """pymoo's F (all minimised: -throughput, max energy J, max memory MB, those the settings
+    choose) and G (<= 0 feasible: memory over each device's capacity and over ``max_memory``,
+    throughput under ``min_throughput``, as fractions; cut tensors without a static shape)."""
+    columns = {"throughput": -s.throughput, "energy": s.max_energy,
+               "memory": s.max_memory / 1e6}
+    chosen = settings.objectives if settings else tuple(columns)
+    F = np.column_stack([columns[o] for o in chosen])
+    cap = settings.max_memory if settings else None
+    floor = settings.min_throughput if settings else None
+    G = np.column_stack([s.excess, s.bad_cuts.astype(float),
+                         (s.max_memory - cap) / cap if cap else -np.ones(len(F)),
+                         (floor - s.throughput) / floor if floor else -np.ones(len(F))])
     return F, G
 
 
 class MappingProblem(Problem):
-    """Three objectives and two constraints of a mapping, scored by the cost model."""
+    """The chosen objectives and the constraints of a mapping, scored by the cost model."""
 
-    def __init__(self, genes: Genes):
-        super().__init__(n_var=genes.n_var, n_obj=3, n_ieq_constr=2, xl=genes.xl,
-                         xu=genes.xu, vtype=int)
-        self.genes = genes
+    def __init__(self, genes: Genes, settings: Settings):
+        super().__init__(n_var=genes.n_var, n_obj=len(settings.objectives), n_ieq_constr=4,
+                         xl=genes.xl, xu=genes.xu, vtype=int)
+        self.genes, self.settings = genes, settings
         self.evaluations = 0
 
     def _evaluate(self, X, out, *args, **kwargs):
         genes = self.genes
-        out["F"], out["G"] = objectives(genes.cm.evaluate(genes.decode(X)))
+        out["F"], out["G"] = objectives(genes.cm.evaluate(genes.decode(X)), self.settings)
         self.evaluations += len(X)
 
 
@@ -206,7 +214,7 @@ def nsga2(genes: Genes, settings: Settings,
     its operators hold the cost model, which a deep copy would duplicate for nothing.
     """
     s = settings
-    problem = MappingProblem(genes)
+    problem = MappingProblem(genes, s)
     algorithm = NSGA2(pop_size=s.pop, sampling=MappingSampling(genes),
                       crossover=TwoPointCrossover(prob=s.crossover),
                       mutation=MappingMutation(genes, prob=s.mutation), repair=MappingRepair(genes),

@@ -36,10 +36,17 @@ from .genes import ENCODINGS, Genes
 from .profile import load_profile, six_digits
 from .timing import Timing, make_timing
 
+OBJECTIVES = ("throughput", "energy", "memory")
+
 
 @dataclass(frozen=True)
 class Settings:
-    """Search settings; the defaults are the paper's."""
+    """Search settings; the defaults are the paper's.
+
+    ``objectives`` chooses what the front trades off (the paper's three by default);
+    ``max_memory`` (bytes on every device, beside each device's own ``mem``) and
+    ``min_throughput`` (frames/s) are constraints a point must meet to be on the front.
+    """
 
     pop: int = 100
     gens: int = 400
@@ -48,6 +55,9 @@ class Settings:
     mutation: float = 0.1  # probability that an offspring is mutated
     encoding: str = "layer"
     segments: int | None = None  # K for the segment encoding (default: number of resources, <=16)
+    objectives: tuple[str, ...] = OBJECTIVES
+    max_memory: float | None = None
+    min_throughput: float | None = None
 
     def check(self) -> None:
         """Raises AutodiceError naming every bad setting at once, before any work starts."""
@@ -63,21 +73,45 @@ class Settings:
                 bad.append(f"--{name} {p}: a probability, 0..1")
         if self.segments is not None and self.segments < 1:
             bad.append(f"--segments {self.segments}: needs at least 1")
+        unknown = [o for o in self.objectives if o not in OBJECTIVES]
+        if unknown or not self.objectives or len(set(self.objectives)) < len(self.objectives):
+            bad.append(f"objectives {list(self.objectives)}: some of {', '.join(OBJECTIVES)}, "
+                       "each once")
+        for name, v in (("max_memory", self.max_memory), ("min_throughput", self.min_throughput)):
+            if v is not None and not v > 0:
+                bad.append(f"{name} {v}: must be positive")
         if bad:
             raise AutodiceError(*bad)
 
 
+def only_hosts(platform: Platform, hosts) -> Platform:
+    """The platform with only ``hosts`` (all of them when None), for a search that may use those
+    boards only.
+
+    Raises:
+        AutodiceError: a host the platform does not have.
+    """
+    if hosts is None:
+        return platform
+    unknown = [h for h in hosts if h not in platform.devices]
+    if unknown or not hosts:
+        raise AutodiceError(f"hosts {', '.join(unknown) or '(none)'}: choose among "
+                            f"{', '.join(platform.devices)} of {platform.path}")
+    return Platform(platform.path, {h: d for h, d in platform.devices.items() if h in hosts})
+
+
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
-        settings: Settings = Settings(), progress=None, power=None) -> Front:
+        settings: Settings = Settings(), progress=None, power=None, hosts=None) -> Front:
     """Search, verify every front point with the split passes, write ``out``.
 
     Args:
         profile: a profile.json path or Profile, or ``{host: ...}`` (key None: the default).
+        hosts: the boards the search may use (default: all of the platform's).
     Raises:
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
-    platform_spec = parse_platform(platform)
+    platform_spec = only_hosts(parse_platform(platform), hosts)
     graph = load_model(model)
     timing = make_timing(platform_spec, profile, power)
     front = explore(graph, timing, settings, progress)
@@ -105,10 +139,15 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
     seconds = time.perf_counter() - start
     feasible = (G <= 0).all(axis=1)
     if not feasible.any():
-        s = cm.evaluate(genes.decode(X))
-        best = int(np.argmin(s.excess))
-        raise AutodiceError(f"{timing.platform.path}: no mapping found that fits the devices' "
-                            f"memory (closest: {cm.cost(genes.decode(X[best])[0]).over_capacity})")
+        best = int(np.argmin(G.max(axis=1)))
+        c = cm.cost(genes.decode(X[best])[0])
+        wanted = [*(["each device's mem"] if G[best, 0] > 0 else []),
+                  *([f"max memory {settings.max_memory / 1e6:g} MB"] if G[best, 2] > 0 else []),
+                  *([f"{settings.min_throughput:g} frames/s"] if G[best, 3] > 0 else [])]
+        raise AutodiceError(f"{timing.platform.path}: no mapping found that meets "
+                            f"{' and '.join(wanted) or 'the constraints'} (closest: "
+                            f"{c.throughput:.3g} frames/s, {c.max_memory / 1e6:.1f} MB"
+                            f"{'; ' + '; '.join(c.over_capacity) if c.over_capacity else ''})")
     X, F = X[feasible], F[feasible]
     keep = non_dominated(F)
     slots = np.unique(genes.decode(X[keep]), axis=0)

@@ -87,8 +87,9 @@ def run_chain(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
             if r.rank not in sessions:
                 sessions[r.rank] = session(out_dir / r.submodel)
             sess = sessions[r.rank]
-            while pos[r.rank] < len(r.steps) and all(t in values for t in r.steps[pos[r.rank]].wait):
-                step = r.steps[pos[r.rank]]
+            steps = r.steps
+            while pos[r.rank] < len(steps) and all(t in values for t in steps[pos[r.rank]].wait):
+                step = steps[pos[r.rank]]
                 # Inputs this step does not depend on may not exist yet: zeros stand in for them
                 # and cannot change the outputs asked for.
                 inputs = {t.name: values[t.name] if t.name in values
