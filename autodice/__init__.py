@@ -1,0 +1,34 @@
+"""autodice: split a CNN across edge devices, generate the distributed program, search mappings.
+
+The stages, each a sub-package: :mod:`autodice.frontend` (model + mapping + platform -> plan and
+sub-models), :mod:`autodice.backend` (plan -> ncnn models, one SPMD program, a package per host;
+build; run under mpirun), :mod:`autodice.deploy` (packages -> boards over ssh), and
+:mod:`autodice.dse` (profile, cost model, NSGA-II search), over :mod:`autodice.core` (the plan,
+the specs, the model, errors). :mod:`autodice.api` is the library the CLI is a thin layer over;
+its functions are here too, imported on first use so that ``import autodice`` stays cheap::
+
+    import autodice
+    front = autodice.search("model.onnx", "platform.txt", "profile.json", max_memory="1GB")
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+# (``autodice.api.deploy`` is not repeated here: ``autodice.deploy`` is the stage's package.)
+__all__ = ["AutodiceError", "build", "check", "gen", "plan", "predict", "profile", "run",
+           "search", "split"]
+
+
+def __getattr__(name: str):
+    if name == "AutodiceError":
+        from .core.errors import AutodiceError
+
+        return AutodiceError
+    if name in __all__:
+        return getattr(import_module(".api", __name__), name)
+    raise AttributeError(f"module 'autodice' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

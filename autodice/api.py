@@ -1,0 +1,174 @@
+"""The Python API: what the CLI does, as functions a script can call and compose.
+
+Every function takes paths or the objects the others return, raises
+:class:`~autodice.core.errors.AutodiceError` (one line per problem) on bad input, and leaves
+nothing half-written. A typical script::
+
+    import autodice
+
+    profile = autodice.profile("densenet121.onnx", "platform.txt")      # measured once, cached
+    front = autodice.search("densenet121.onnx", "platform.txt", profile,
+                            objectives=("throughput", "memory"), max_memory="1GB",
+                            hosts=["edge01", "edge02"], out="front")
+    best = front.points[0]                                                # fastest first
+    print(best.cost.throughput, best.cost.max_memory, best.mapping)
+    autodice.split("densenet121.onnx", "front/mappings/p0.json", "platform.txt", "out")
+    autodice.gen("out")
+    autodice.build("out")
+    result = autodice.run("out", {"data_0": "x.npy"}, frames=100)
+    print(result.stats["fps"], autodice.predict("out", profile).throughput)
+
+Nothing here is imported until used: ``import autodice`` stays cheap (the CLI starts fast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from .core.errors import AutodiceError
+
+
+def plan(model, mapping, platform, input_shapes=None):
+    """The plan of ``model`` split as ``mapping`` says onto ``platform``, without writing
+    anything (``mapping`` may be a path or a ``{key: [layers]}`` dict).
+
+    Returns:
+        :class:`~autodice.core.plan.Plan`.
+    """
+    from .core.model import load_model
+    from .core.spec import mapping_json, parse_mapping, parse_mapping_text, parse_platform
+    from .frontend.split import plan_mapping
+
+    spec = (parse_mapping_text(mapping_json(dict(mapping)), "mapping")
+            if isinstance(mapping, Mapping) else parse_mapping(mapping))
+    return plan_mapping(load_model(model, input_shapes), spec, parse_platform(platform))
+
+
+def split(model, mapping, platform, out, input_shapes=None):
+    """Split into ``out``: sub-models, rankfile, tables, plan.json (see ``autodice split``)."""
+    from .frontend.split import split as run
+
+    return run(model, mapping, platform, out, input_shapes)
+
+
+def check(out, samples: int = 1):
+    """The sub-models chained in onnxruntime against the whole model: one diff per output."""
+    from .frontend.check import check as run
+
+    return run(out, samples=samples)
+
+
+def gen(out, precision: str = "auto", verify: bool = True):
+    """Convert to ncnn, check every conversion, write the program and a package per host."""
+    from .backend.gen import gen as run
+
+    return run(out, precision=precision, verify=verify)
+
+
+def build(out):
+    """Build the program here (ncnn built once first, if needed); returns its path."""
+    from .backend.build import build as run
+
+    return run(out)
+
+
+def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool = True,
+        gpu_fallback: bool = False):
+    """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times)."""
+    from .backend.run import run as job
+
+    return job(out, {k: Path(v) for k, v in inputs.items()}, frames, pipeline=pipeline,
+               gpu_fallback=gpu_fallback)
+
+
+def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frames: int = 1,
+           run: bool = False, pipeline: bool = True):
+    """Deploy to the inventory's hosts over ssh (and run there with ``run``)."""
+    from .deploy.deploy import deploy as job
+
+    given = {k: Path(v) for k, v in inputs.items()} if inputs else None
+    return job(out, inventory, run=run, inputs=given, frames=frames, pipeline=pipeline)
+
+
+def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
+            inventory=None):
+    """Every layer's latency on this machine's ncnn (and Vulkan device), and the links
+    (measured on the inventory's hosts when given). Cached by model, engine and settings.
+
+    Returns:
+        :class:`~autodice.dse.profile.Profile`.
+    """
+    from .dse.profiler import run_profile
+
+    links = None
+    if inventory is not None:
+        from .dse.links import probe_links
+
+        links = probe_links(inventory, platform=platform)
+    return run_profile(model, platform, threads, runs=runs, links=links, gpu=gpu).profile
+
+
+def predict(out_or_model, profile, mapping=None, platform=None, power=None):
+    """Predicted throughput, memory and energy of a mapping (``Cost``), from the cost model.
+
+    Either a split output directory (its plan and platform), or a model with a ``mapping``
+    (path or dict) and a ``platform``, scored without writing anything. ``profile`` is a
+    profile.json path, a Profile, or ``{host: either}`` (key None: every other host).
+    """
+    from .core.model import load_model
+    from .dse.cost import plan_cost, predict as predict_out
+    from .dse.timing import make_timing
+
+    if mapping is None:
+        return predict_out(out_or_model, profile, power)
+    if platform is None:
+        raise AutodiceError("predict: a mapping needs its platform too")
+    the_plan = plan(out_or_model, mapping, platform)
+    return plan_cost(the_plan, make_timing(platform, profile, power),
+                     load_model(out_or_model))
+
+
+def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput", "energy",
+                                                                      "memory"),
+           max_memory: float | str | None = None, min_throughput: float | None = None,
+           hosts: Iterable[str] | None = None, pop: int = 100, gens: int = 400, seed: int = 0,
+           encoding: str = "layer", out=None, progress=None):
+    """NSGA-II over mappings: the Pareto front of the chosen objectives under the constraints.
+
+    Args:
+        objectives: some of ``throughput`` (max), ``energy`` (the largest device's J per
+            frame, min), ``memory`` (the largest device's bytes, min).
+        max_memory: bytes (or ``"1GB"``) every device may hold at most, beside its ``mem``.
+        min_throughput: frames/s a point must be predicted to reach.
+        hosts: only these boards of the platform.
+        out: also write the front there (pareto.csv/json/png, one mapping file per point).
+
+    Returns:
+        :class:`~autodice.dse.front.Front`; its points sorted fastest first, each checked
+        with the compiler's own passes.
+    """
+    from .core.model import load_model
+    from .core.spec import parse_bytes, parse_platform
+    from .dse.search import Settings, dse, explore, only_hosts, verify_point
+    from .dse.timing import make_timing
+
+    if isinstance(max_memory, str):
+        try:
+            max_memory = parse_bytes(max_memory)
+        except ValueError as e:
+            raise AutodiceError(f"max_memory {max_memory!r}: {e}") from None
+    settings = Settings(pop=pop, gens=gens, seed=seed, encoding=encoding,
+                        objectives=tuple(objectives), max_memory=max_memory,
+                        min_throughput=min_throughput)
+    hosts = list(hosts) if hosts is not None else None
+    if out is not None:
+        return dse(model, platform, profile, out, settings, progress, hosts=hosts)
+    settings.check()
+    spec = only_hosts(parse_platform(platform), hosts)
+    graph = load_model(model)
+    timing = make_timing(spec, profile)
+    front = explore(graph, timing, settings, progress)
+    for p in front.points:
+        verify_point(graph, spec, timing, p)
+    return front
