@@ -86,7 +86,9 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
     Args:
         model: the ONNX model (the one ``split`` reads).
         platform: platform.txt; chooses the thread counts (1 and each device's core count, up
-            to this machine's) and gives the host-to-host links.
+            to this machine's). Its link fields stay in the platform: the profile holds only
+            links measured (``shm`` here, host pairs with ``links``), so a platform edited
+            later (another switch, a sweep of rates) still counts.
         threads: thread counts to measure instead (each at most this machine's cores).
         input_shapes: static shapes for inputs with symbolic dimensions.
         warmup, runs: untimed and timed runs per thread count; the profile holds medians.
@@ -133,7 +135,7 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
                                  0 if device else None)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
-                      links={**platform_links(spec), **(links or {}),
+                      links={**(links or {}),
                              "shm": Link(measured["shm"]["bandwidth"],
                                          measured["shm"]["latency"])})
     notes = [f"shm: {measured['shm']['warning']}"] if measured["shm"].get("warning") else []
@@ -243,18 +245,6 @@ def write_cache(entry: Path, measured: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(measured, f, indent=1, sort_keys=True)
     os.replace(tmp, entry)
-
-
-def platform_links(spec: Platform) -> dict[str, Link]:
-    """One link per host pair where either host states a bandwidth."""
-    links = {}
-    devices = sorted(spec.devices.values(), key=lambda d: d.name)
-    for i, a in enumerate(devices):
-        for b in devices[i + 1:]:
-            rates = [d.bandwidth for d in (a, b) if d.bandwidth]
-            if rates:
-                links[f"{a.name}-{b.name}"] = Link(min(rates), (a.latency or 0) + (b.latency or 0))
-    return links
 
 
 def machine_info() -> dict:
