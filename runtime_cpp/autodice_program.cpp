@@ -274,7 +274,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   }
   timed_wait_all(sends[0], st.send_wait_s);
   timed_wait_all(sends[1], st.send_wait_s);
-  if (last_local >= 0)
+  // The model's outputs of the last frame: only the replica that took that frame writes them.
+  if (last_local >= 0 && mine(args.frames - 1))
     for (const ModelOutput& o : r.outputs)
       write_output(args, r.tensors[r.produces[o.produce].tensor], o.file,
                    produced[last_local % 2][o.produce]);
