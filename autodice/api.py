@@ -117,7 +117,8 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None):
     profile.json path, a Profile, or ``{host: either}`` (key None: every other host).
     """
     from .core.model import load_model
-    from .dse.cost import plan_cost, predict as predict_out
+    from .dse.cost import plan_cost
+    from .dse.cost import predict as predict_out
     from .dse.timing import make_timing
 
     if mapping is None:

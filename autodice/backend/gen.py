@@ -54,9 +54,10 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "a
 
     Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
     position (pnnx names a sub-model's inputs in0.. and outputs out0..). A tensor sent to several
-    ranks is one send per destination; a destination list of several ranks would mean stage
-    replicas taking turns.
+    ranks is one send per destination; a destination (or source) with copies lists them all, and
+    frame f goes to (comes from) the one whose turn it is (data parallelism).
     """
+    turns = [plan.ranks[k].turns() for k in range(len(plan.ranks))]
     in_pos = {t.name: k for k, t in enumerate(r.submodel_inputs)}
     out_pos = {t.name: k for k, t in enumerate(r.submodel_outputs)}
     specs = {t.name: t for t in (*r.submodel_inputs, *r.submodel_outputs)}
@@ -73,27 +74,30 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "a
         "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
         "gpu_index": r.gpu_index, "threads": r.threads,
         "fp16": Escaped("true" if rank_fp16(r, precision) else "false"),
-        "replica": 0, "replicas": 1, "n_layers": len(layers),
+        "replica": r.turns().index(r.rank), "replicas": len(r.turns()),
+        "n_layers": len(layers),
         "layers_note": cpp_comment(summary),
         "recv_notes": [{"tensor": cpp_comment(e.tensor), "shape": Escaped(_shape(e.shape)),
-                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes, "srcs": _ints([e.src]),
-                        "position": in_pos[e.tensor]} for e in r.recv],
+                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes, "srcs": _ints(turns[e.src]),
+                        "turns": len(turns[e.src]) > 1, "position": in_pos[e.tensor]}
+                       for e in r.recv],
         "send_notes": [{"tensor": cpp_comment(e.tensor), "shape": Escaped(_shape(e.shape)),
-                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes, "dsts": _ints(e.dst),
-                        "many": len(e.dst) > 1} for e in r.send],
+                        "dtype": Escaped(e.dtype), "nbytes": e.nbytes,
+                        "dsts": _ints(q for d in e.dst for q in turns[d]),
+                        "many": sum(len(turns[d]) for d in e.dst) > 1} for e in r.send],
         "tensors": [{"name": cpp_string(t.name), "shape": _ints(t.shape),
                      "dtype_enum": Escaped(DTYPE_ENUM.get(t.dtype, "Float32"))}
                     for t in specs.values()],
         "inputs": [{"tensor": index[t], "blob": in_pos[t], "file": cpp_string(files[t])}
                    for t in r.inputs],
-        "receives": [{"tensor": index[e.tensor], "blob": in_pos[e.tensor], "srcs": _ints([e.src]),
-                      "edge": e.tag} for e in r.recv],
+        "receives": [{"tensor": index[e.tensor], "blob": in_pos[e.tensor],
+                      "srcs": _ints(turns[e.src]), "edge": e.tag} for e in r.recv],
         "produces": [{"tensor": index[t.name], "blob": k}
                      for k, t in enumerate(r.submodel_outputs)],
         "steps": [{"wait": _ints(recv_index[t] for t in s.wait),
                    "extract": _ints(out_pos[t] for t in s.extract),
                    "note": cpp_comment(", ".join(s.wait)) if s.wait else None} for s in r.steps],
-        "sends": [{"tensor": index[e.tensor], "dsts": _ints([d]), "edge": e.tag}
+        "sends": [{"tensor": index[e.tensor], "dsts": _ints(turns[d]), "edge": e.tag}
                   for e in r.send for d in e.dst],
         "outputs": [{"produce": out_pos[t], "file": cpp_string(files[t])} for t in r.outputs],
         "bytes_sent": r.memory.send_bytes, "bytes_received": r.memory.recv_bytes,

@@ -128,7 +128,17 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         AutodiceError: unreadable file, unknown ``input_shapes`` names, cyclic or unsorted graph.
     """
     path = Path(path)
-    lazy = read_model(path)
+    return build_graph(path, read_model(path), input_shapes)
+
+
+def build_graph(path: Path, lazy: LazyModel,
+                input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
+    """The :class:`Graph` of a lazily read model (or of one a rewrite made from it).
+
+    Raises:
+        AutodiceError: unknown ``input_shapes`` names, cyclic or unsorted graph, failed shape
+            inference.
+    """
     graph = lazy.proto.graph
     names = name_layers(graph.node)
     nodes = sort_nodes(path, list(graph.node), names, lazy)

@@ -298,3 +298,48 @@ def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef]) ->
                 _copy_range(ref.path, fd, ref.offset, ref.length)
     finally:
         os.close(fd)
+
+
+def read_array(ref: TensorRef):
+    """One initializer's values as a numpy array (a weight that a rewrite must slice)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if ref.raw_offset is not None or ref.external:
+        src, offset, length = _payload_source(ref)
+        with open(src, "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ref.data_type))
+        return np.frombuffer(data, dtype=dtype).reshape(ref.dims)
+    t = TensorProto()
+    with open(ref.path, "rb") as f:
+        f.seek(ref.offset)
+        t.ParseFromString(f.read(ref.length))
+    return numpy_helper.to_array(t)
+
+
+class TensorFile:
+    """New initializers (weight slices a rewrite made) written once to a file of serialized
+    TensorProtos, so sub-models copy them by reference like the model's own."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 0
+
+    def add(self, name: str, array) -> TensorRef:
+        from onnx import numpy_helper
+
+        t = numpy_helper.from_array(array, name)
+        data = t.SerializeToString()
+        offset = self._size
+        _write_all(self._fd, data)
+        self._size += len(data)
+        # raw_data is the last field protobuf serializes here, so the payload ends the message.
+        nbytes = len(t.raw_data)
+        return TensorRef(name, tuple(t.dims), t.data_type, nbytes, self.path, offset, len(data),
+                         offset + len(data) - nbytes, False)
+
+    def close(self) -> None:
+        os.close(self._fd)

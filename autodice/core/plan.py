@@ -83,6 +83,13 @@ class Rank:
     submodel_outputs: tuple[TensorSpec, ...]  # graph outputs, in order (out0, out1...)
     steps: tuple[Step, ...]
     memory: Memory
+    # Data parallelism: the ranks of this rank's stage, in turn order (frame f goes to
+    # replicas[f % len]); empty when the stage is this rank alone.
+    replicas: tuple[int, ...] = ()
+
+    def turns(self) -> tuple[int, ...]:
+        """The ranks taking turns at this rank's stage (itself alone when not replicated)."""
+        return self.replicas or (self.rank,)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class Plan:
     ranks: tuple[Rank, ...]
     edges: tuple[Edge, ...]
     version: int = field(default=PLAN_VERSION)
+    # Layers a horizontal split made: name -> (the layer it computes part of, share of its work)
+    derived: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def hosts(self) -> list[str]:
         """Hosts in order of their first rank."""
@@ -134,6 +143,7 @@ def plan_to_json(plan: Plan) -> dict:
             "steps": [{"wait": list(s.wait), "extract": list(s.extract)} for s in r.steps],
             "memory": {"params": r.memory.params, "peak_activations": r.memory.peak_activations,
                        "recv_bytes": r.memory.recv_bytes, "send_bytes": r.memory.send_bytes},
+            **({"replicas": list(r.replicas)} if r.replicas else {}),
         })
     return {
         "version": plan.version,
@@ -142,6 +152,7 @@ def plan_to_json(plan: Plan) -> dict:
         "model_outputs": [_tensor_json(t) for t in plan.model_outputs],
         "edges": [_edge_json(e) for e in plan.edges],
         "ranks": ranks,
+        **({"derived": {k: list(v) for k, v in plan.derived.items()}} if plan.derived else {}),
     }
 
 
@@ -186,11 +197,12 @@ def plan_from_json(data: dict) -> Plan:
             tuple(_tensor(t) for t in r["submodel_inputs"]),
             tuple(_tensor(t) for t in r["submodel_outputs"]),
             tuple(Step(tuple(s["wait"]), tuple(s["extract"])) for s in r["steps"]),
-            Memory(**r["memory"]),
+            Memory(**r["memory"]), tuple(r.get("replicas", ())),
         ))
     return Plan(data["model"], tuple(_tensor(t) for t in data["model_inputs"]),
                 tuple(_tensor(t) for t in data["model_outputs"]), tuple(ranks), edges,
-                data["version"])
+                data["version"], {k: (v[0], float(v[1])) for k, v in
+                                  data.get("derived", {}).items()})
 
 
 def load_plan(out_dir: str | Path) -> Plan:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import AutodiceError, Problems, did_you_mean, read_text
@@ -148,12 +148,12 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             problems.add(f'{where}: device "{name}": arch "{parts[1]}" is not one of '
                          f'{", ".join(ARCHS)}{did_you_mean(arch, ARCHS)}')
         values: dict = {}
-        for field in fields:
-            key, eq, value = field.partition("=")
+        for entry in fields:
+            key, eq, value = entry.partition("=")
             key = key.strip()
             if not eq or key not in FIELDS:
                 known = ", ".join(f"{k} ({h})" for k, (_, h) in FIELDS.items())
-                problems.add(f'{where}: device "{name}": unknown field "{field}"'
+                problems.add(f'{where}: device "{name}": unknown field "{entry}"'
                              f"{did_you_mean(key, FIELDS)}; known fields: {known}")
                 continue
             try:
@@ -218,8 +218,21 @@ def parse_key(key: str) -> Resource:
 
 @dataclass(frozen=True)
 class Mapping:
+    """mapping.json, parsed.
+
+    A layer under one key runs there (vertical partitioning, the paper's). A layer under several
+    keys is split among them (horizontal): each item may say how, ``{"layer": "fc6", "split":
+    "channels", "share": 0.6}`` (``split``: ``channels`` or ``rows``, by default what the layer's
+    type suits; ``share``: this key's part of the work, by default equal). A key whose value is
+    ``{"replicates": "edge02_arm0"}`` runs a copy of that key's layers, and the two take turns
+    frame by frame (data parallelism).
+    """
+
     path: str
     entries: tuple[tuple[str, tuple[str, ...]], ...]  # (key, layers) in rank order
+    # (key, layer) -> (split kind or "", share or None), for items given as objects
+    split_items: dict[tuple[str, str], tuple[str, float | None]] = field(default_factory=dict)
+    replicas: dict[str, str] = field(default_factory=dict)  # replica key -> the key it copies
 
 
 def parse_mapping(path: str | Path) -> Mapping:
@@ -255,13 +268,52 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
         raise AutodiceError(f'{path}: expected a non-empty object {{"host_resource": '
                             f'["layer", ...], ...}}')
     entries = []
+    split_items: dict[tuple[str, str], tuple[str, float | None]] = {}
+    replicas: dict[str, str] = {}
     for key, layers in data:
-        if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
-            problems.add(f'{path}: key "{key}": expected a list of layer names')
+        if isinstance(layers, Pairs) and [k for k, _ in layers] == ["replicates"]:
+            target = layers[0][1]
+            if not isinstance(target, str):
+                problems.add(f'{path}: key "{key}": "replicates" names another key')
+            else:
+                replicas[key] = target
+                entries.append((key, ()))
             continue
-        entries.append((key, tuple(layers)))
+        if not isinstance(layers, list):
+            problems.add(f'{path}: key "{key}": expected a list of layer names (or '
+                         '{"replicates": "KEY"})')
+            continue
+        names = []
+        for item in layers:
+            if isinstance(item, str):
+                names.append(item)
+                continue
+            item = dict(item) if isinstance(item, Pairs) else item
+            if not isinstance(item, dict) or not isinstance(item.get("layer"), str) or \
+                    set(item) - {"layer", "split", "share"}:
+                problems.add(f'{path}: key "{key}": {json.dumps(item)[:60]} is neither a layer '
+                             'name nor {"layer": NAME, "split": "channels"|"rows", "share": F}')
+                continue
+            kind, share = item.get("split", ""), item.get("share")
+            if kind not in ("", "channels", "rows"):
+                problems.add(f'{path}: key "{key}": layer "{item["layer"]}": split "{kind}" is '
+                             'not "channels" or "rows"')
+                continue
+            if share is not None and (not isinstance(share, (int, float)) or
+                                      isinstance(share, bool) or not 0 < share):
+                problems.add(f'{path}: key "{key}": layer "{item["layer"]}": share {share!r} '
+                             "must be a positive number")
+                continue
+            names.append(item["layer"])
+            split_items[key, item["layer"]] = (kind, None if share is None else float(share))
+        entries.append((key, tuple(names)))
+    keys = [k for k, _ in entries]
+    for key, target in replicas.items():
+        if target not in keys or target in replicas:
+            problems.add(f'{path}: key "{key}": replicates "{target}", which is not a key with '
+                         f"layers{did_you_mean(target, [k for k in keys if k not in replicas])}")
     problems.raise_if_any()
-    return Mapping(path, tuple(entries))
+    return Mapping(path, tuple(entries), split_items, replicas)
 
 
 def mapping_json(entries: dict[str, list[str]]) -> str:

@@ -9,15 +9,20 @@ search runs it on every front point, so what it emits is what ``split`` accepts.
 from __future__ import annotations
 
 import shutil
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.model import Graph, load_model
+from ..core.errors import AutodiceError
+from ..core.model import Graph, build_graph, load_model
 from ..core.outdir import staged
 from ..core.plan import Plan
 from ..core.spec import Mapping, Platform, parse_mapping, parse_platform
 from .extract import write_submodels
+from .horizontal import Split, split_layers
 from .partition import build_plan, find_edges
-from .place import assign_ranks, check_resources
+from .place import assign_ranks, bind_slots, check_resources
+from .replicas import add_replicas, without_replicas
 from .tables import write_tables
 from .validate import check_plan
 
@@ -35,13 +40,23 @@ def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str
     platform_spec = parse_platform(platform)
     mapping_spec = parse_mapping(mapping)
     graph = load_model(model, input_shapes)
-    plan = plan_mapping(graph, mapping_spec, platform_spec, out)
-    with staged(out) as tmp:
-        write_submodels(graph, plan, tmp)
-        write_tables(plan, tmp)
-        shutil.copyfile(mapping, tmp / "mapping.json")
-        shutil.copyfile(platform, tmp / "platform.txt")
-    return plan
+    with tempfile.TemporaryDirectory(prefix="autodice-split-") as work:
+        done = partition_mapping(graph, mapping_spec, platform_spec, out, Path(work))
+        with staged(out) as tmp:
+            write_submodels(done.graph, done.plan, tmp)
+            write_tables(done.plan, tmp)
+            shutil.copyfile(mapping, tmp / "mapping.json")
+            shutil.copyfile(platform, tmp / "platform.txt")
+    return done.plan
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """The plan, and the model its sub-models are cut from (rewritten where layers are split
+    across keys; its sliced weights live in the ``work`` folder the passes were given)."""
+
+    graph: Graph
+    plan: Plan
 
 
 def plan_mapping(graph: Graph, mapping: Mapping, platform: Platform,
@@ -53,9 +68,70 @@ def plan_mapping(graph: Graph, mapping: Mapping, platform: Platform,
     Raises:
         AutodiceError: any problem with the mapping, all of them listed.
     """
+    with tempfile.TemporaryDirectory(prefix="autodice-plan-") as work:
+        return partition_mapping(graph, mapping, platform, out_dir, Path(work)).plan
+
+
+def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_dir: Path,
+                      work: Path) -> Partitioned:
+    """The passes, in order: check the keys, split the layers listed under several keys
+    (horizontal), place every layer, find the cut edges, build the plan, add the stage copies
+    (data parallelism), check the plan's invariants.
+
+    Raises:
+        AutodiceError: any problem with the mapping, all of them listed.
+    """
     resources = check_resources(mapping, platform)
-    placement = assign_ranks(graph, mapping, resources, platform)
+    vertical = without_replicas(mapping)
+    graph, vertical, derived = split_horizontally(graph, vertical, work)
+    kept = [k for k, _ in vertical.entries]
+    own = tuple(r for r in resources if r.key in kept)
+    placement = assign_ranks(graph, vertical, own, platform)
     edges = find_edges(graph, placement, mapping.path)
     plan = build_plan(graph, placement, edges, out_dir, graph.path)
+    plan = add_replicas(plan, mapping, resources, bind_slots(resources, platform))
+    plan = replace(plan, derived=derived)
     check_plan(plan)
-    return plan
+    return Partitioned(graph, plan)
+
+
+def split_horizontally(graph: Graph, mapping: Mapping,
+                       work: Path) -> tuple[Graph, Mapping, dict[str, tuple[str, float]]]:
+    """The model rewritten so that each layer listed under several keys is one part per key
+    (:mod:`.horizontal`), and the mapping of the rewritten model. Unchanged when no layer is.
+    """
+    listed: dict[int, list[str]] = {}
+    for key, layers in mapping.entries:
+        for layer in layers:
+            found = graph.resolve(layer)
+            if len(found) == 1 and key not in listed.get(found[0], []):
+                listed.setdefault(found[0], []).append(key)
+    splits = []
+    for i, keys in listed.items():
+        if len(keys) < 2:
+            continue
+        name = graph.names[i]
+        items = [next((v for (k, layer), v in mapping.split_items.items()
+                       if k == key and graph.resolve(layer) == (i,)), ("", None)) for key in keys]
+        kinds = {kind for kind, _ in items if kind}
+        if len(kinds) > 1:
+            raise AutodiceError(f'{mapping.path}: layer "{name}" is split as '
+                                f"{' and '.join(sorted(kinds))} under different keys: one way")
+        given = [share for _, share in items]
+        mean = sum(s for s in given if s) / max(1, sum(1 for s in given if s))
+        shares = tuple(s or mean or 1.0 for s in given)
+        splits.append(Split(name, tuple(keys), next(iter(kinds), ""),
+                            tuple(x / sum(shares) for x in shares)))
+    if not splits:
+        return graph, mapping, {}
+    key_of = {graph.names[i]: keys[0] for i, keys in listed.items() if len(keys) == 1}
+    done = split_layers(graph, splits, key_of, work, mapping.path)
+    new_graph = build_graph(graph.path, done.lazy)
+    entries = []
+    for key, layers in mapping.entries:
+        kept = [layer for layer in layers
+                if not (len(graph.resolve(layer)) == 1 and
+                        graph.names[graph.resolve(layer)[0]] in done.replaced)]
+        entries.append((key, tuple([*kept, *(n for n, k in done.assigned.items() if k == key)])))
+    derived = {n: (d.origin, d.fraction) for n, d in done.derived.items()}
+    return new_graph, replace(mapping, entries=tuple(entries), split_items={}), derived

@@ -1,7 +1,8 @@
 """The text files around the sub-models: rankfile, hostfile, sender/receiver tables, plan.json.
 
 sender.json / receiver.json follow the AutoDiCE paper exactly: every rank as a string key, then
-tensor name -> peer ranks as strings, in production order.
+tensor name -> peer ranks as strings, in production order. A peer stage with copies (data
+parallelism) lists all of them: frame f goes to, or comes from, the one whose turn it is.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ def hostfile(plan: Plan) -> str:
 
 
 def sender_table(plan: Plan) -> dict:
-    return {str(r.rank): {e.tensor: [str(d) for d in e.dst] for e in r.send} for r in plan.ranks}
+    return {str(r.rank): {e.tensor: [str(q) for d in e.dst for q in plan.ranks[d].turns()]
+                          for e in r.send} for r in plan.ranks}
 
 
 def receiver_table(plan: Plan) -> dict:
-    return {str(r.rank): {e.tensor: [str(e.src)] for e in r.recv} for r in plan.ranks}
+    return {str(r.rank): {e.tensor: [str(q) for q in plan.ranks[e.src].turns()]
+                          for e in r.recv} for r in plan.ranks}
 
 
 def write_tables(plan: Plan, out_dir: Path) -> None:

@@ -11,7 +11,10 @@ from ..core.plan import Plan
 
 
 def check_plan(plan: Plan) -> None:
-    """Raise AutodiceError listing every broken invariant (an internal error if ever raised)."""
+    """Raise AutodiceError listing every broken invariant (an internal error if ever raised).
+
+    A replicated stage counts once: its ranks are copies of its first, and edges name that one.
+    """
     bad: list[str] = []
     tags = [e.tag for e in plan.edges]
     if len(set(tags)) != len(tags):
@@ -22,20 +25,26 @@ def check_plan(plan: Plan) -> None:
             bad.append(f'rank {e.src} sends "{e.tensor}" to itself')
         if not e.dst or any(not 0 <= d < n for d in e.dst) or not 0 <= e.src < n:
             bad.append(f'edge "{e.tensor}" names a rank outside 0..{n - 1}')
-    layers = [layer for r in plan.ranks for layer in r.layers]
+    stages = [r for r in plan.ranks if r.turns()[0] == r.rank]
+    for r in plan.ranks:
+        first = plan.ranks[r.turns()[0]] if 0 <= r.turns()[0] < n else None
+        if first is None or r.rank not in first.turns() or first.layers != r.layers:
+            bad.append(f"rank {r.rank} copies a stage it does not match")
+    layers = [layer for r in stages for layer in r.layers]
     if len(set(layers)) != len(layers):
         bad.append("a layer is placed on two ranks")
-    produced_outputs = [t for r in plan.ranks for t in r.outputs]
+    produced_outputs = [t for r in stages for t in r.outputs]
     if sorted(produced_outputs) != sorted(t.name for t in plan.model_outputs):
         bad.append("model outputs are not each produced by exactly one rank")
     for r in plan.ranks:
         got = {e.tensor for e in r.recv}
+        me = r.turns()[0]
         for e in r.recv:
-            if r.rank not in e.dst:
+            if me not in e.dst:
                 bad.append(f'rank {r.rank} receives "{e.tensor}" but is not its destination')
         senders = {}
         for e in plan.edges:
-            if r.rank in e.dst:
+            if me in e.dst:
                 senders.setdefault(e.tensor, []).append(e.src)
         for t, src in senders.items():
             if len(src) != 1 or t not in got:
@@ -66,14 +75,15 @@ def _check_no_deadlock(plan: Plan, bad: list[str]) -> None:
     available = {t.name for r in plan.ranks for t in r.submodel_inputs if t.name in r.inputs}
     sent_by = {e.tensor: e for e in plan.edges}
     pos = [0] * len(plan.ranks)
+    stages = [r for r in plan.ranks if r.turns()[0] == r.rank]  # copies run the same steps
     progress = True
     while progress:
         progress = False
-        for r in plan.ranks:
+        for r in stages:
             while pos[r.rank] < len(r.steps) and set(r.steps[pos[r.rank]].wait) <= available:
                 available.update(t for t in r.steps[pos[r.rank]].extract if t in sent_by)
                 pos[r.rank] += 1
                 progress = True
-    stuck = [r.rank for r in plan.ranks if pos[r.rank] < len(r.steps)]
+    stuck = [r.rank for r in stages if pos[r.rank] < len(r.steps)]
     if stuck:
         bad.append(f"ranks {stuck} would wait forever")

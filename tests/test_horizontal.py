@@ -1,0 +1,213 @@
+"""Horizontal partitioning (a layer under several keys) and data parallelism (stage copies): every
+split rule against onnxruntime on small graphs with odd sizes, the plan saying who holds and sends
+what, the clear errors, and real runs under mpirun on ncnn."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from autodice.backend.build import build
+from autodice.backend.gen import gen
+from autodice.backend.run import run
+from autodice.core.errors import AutodiceError
+from autodice.frontend.check import check
+from autodice.frontend.split import split
+
+PLATFORM = "e1, x86, slots=0-3\ne2, x86, slots=0-3\n"
+
+
+def model(nodes, inputs, outputs, weights, opset=13):
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, weights),
+                             opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def conv_stack(h: int = 13, width: int = 11, seed: int = 0) -> onnx.ModelProto:
+    """A row-split workout::
+
+        x (1x6xHxW) -> c1: Conv 3x3 pad 1 -> r1: Relu -> c2: Conv 3x3 stride 2 dilation 2
+          pad (2,1,1,2) -> bn: BatchNormalization -> r2: Relu -> p: MaxPool 3x3 s2 ceil
+          -> g: Conv 1x1 group 2 -> dw: Conv 3x3 depthwise pad 1 -> fc: Flatten+Gemm -> y
+    """
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    weights = [w("w1", 8, 6, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("g2", 8), w("be2", 8),
+               w("m2", 8), numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "v2"),
+               w("wg", 8, 4, 1, 1), w("wd", 8, 1, 3, 3), w("wf", 5, 8 * 3 * 2), w("bf", 5)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["a1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a1"], ["a2"], name="r1"),
+        helper.make_node("Conv", ["a2", "w2"], ["a3"], name="c2", strides=[2, 2],
+                         dilations=[2, 2], pads=[2, 1, 1, 2]),
+        helper.make_node("BatchNormalization", ["a3", "g2", "be2", "m2", "v2"], ["a4"], name="bn"),
+        helper.make_node("Relu", ["a4"], ["a5"], name="r2"),
+        helper.make_node("MaxPool", ["a5"], ["a6"], name="p", kernel_shape=[3, 3],
+                         strides=[2, 2], ceil_mode=1),
+        helper.make_node("Conv", ["a6", "wg"], ["a7"], name="g", group=2),
+        helper.make_node("Conv", ["a7", "wd"], ["a8"], name="dw", group=8, pads=[1, 1, 1, 1]),
+        helper.make_node("Flatten", ["a8"], ["a9"], name="fl"),
+        helper.make_node("Gemm", ["a9", "wf", "bf"], ["y"], name="fc", transB=1),
+    ]
+    return model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, h, width])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], weights)
+
+
+ALL = ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"]
+
+
+def write(tmp_path, proto, mapping) -> None:
+    onnx.save(proto, tmp_path / "m.onnx")
+    (tmp_path / "platform.txt").write_text(PLATFORM)
+    (tmp_path / "mapping.json").write_text(json.dumps(mapping))
+
+
+def split_and_check(tmp_path, proto, mapping, rtol=1e-5):
+    write(tmp_path, proto, mapping)
+    plan = split(tmp_path / "m.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+                 tmp_path / "out")
+    for d in check(tmp_path / "out", samples=2):
+        assert d.rel < rtol, (d.name, d.rel)
+    return plan
+
+
+def one_key(layers, key="e1_x860"):
+    return {key: list(layers)}
+
+
+@pytest.mark.parametrize("shares", [None, (0.7, 0.3), (0.2, 0.3, 0.5)])
+def test_rows_fused_over_a_run_of_layers_with_odd_sizes(tmp_path, shares):
+    keys = ["e1_x860", "e1_x861", "e2_x860"][:len(shares or (1, 1))]
+    run_of = ["c1", "r1", "c2", "r2", "p"]
+    mapping = {k: [] for k in keys}
+    for j, k in enumerate(keys):
+        for layer in run_of:
+            mapping[k].append({"layer": layer, "split": "rows",
+                               **({"share": shares[j]} if shares else {})})
+    mapping[keys[0]] += ["bn"]  # bn between c2 and r2 stays whole: gather, then split again
+    mapping[keys[-1]] += ["g", "dw", "fl", "fc"]
+    plan = split_and_check(tmp_path, conv_stack(), mapping)
+    made = {n for r in plan.ranks for n in r.layers}
+    assert {f"c1/{k}" for k in range(len(keys))} <= made
+    assert all(plan.derived[f"c1/{k}"][0] == "c1" for k in range(len(keys)))
+    if shares:  # uneven: the larger share does the larger band
+        fractions = [plan.derived[f"c1/{k}"][1] for k in range(len(keys))]
+        assert np.argmax(fractions) == np.argmax(shares)
+
+
+def test_channels_for_conv_grouped_depthwise_gemm_and_their_per_channel_followers(tmp_path):
+    keys = ["e1_x860", "e2_x860"]
+    mapping = {keys[0]: ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"],
+               keys[1]: ["c1", "r1", "c2", "bn", "r2", "g", "dw", "fc"]}
+    plan = split_and_check(tmp_path, conv_stack(), mapping)
+    # Each part holds only its slice of the weights: c1's 8x6x3x3 halves.
+    held = {r.key: r.memory.params for r in plan.ranks}
+    whole = 4 * (8 * 6 * 9 + 8 + 8 * 8 * 9 + 4 * 8 + 8 * 4 + 8 * 9 + 5 * 48 + 5)
+    assert sum(held.values()) < whole * 1.1 and max(held.values()) < whole * 0.75
+
+
+def test_matmul_and_gemm_without_transpose_split_their_columns(tmp_path):
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((12, 7)).astype(np.float32), "w")
+    w2 = numpy_helper.from_array(rng.standard_normal((7, 9)).astype(np.float32), "w2")
+    c = numpy_helper.from_array(rng.standard_normal(9).astype(np.float32), "c")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+             helper.make_node("Gemm", ["hr", "w2", "c"], ["y"], name="gemm")]
+    proto = model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 9])], [w, w2, c])
+    split_and_check(tmp_path, proto, {"e1_x860": ["mm", "relu", "gemm"],
+                                      "e1_x861": ["mm", "relu", "gemm"],
+                                      "e2_x862": ["gemm"]})
+
+
+@pytest.mark.parametrize("mapping, problem", [
+    ({"e1_x860": ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"],
+      "e1_x861": [{"layer": "fl", "split": "rows"}]}, 'layer "fl" cannot be split'),
+    ({"e1_x860": ALL, "e1_x861": ["fc"], "e1_x862": ["fc"], "e1_x863": ["fc"],
+      "e2_x860": ["fc"], "e2_x861": ["fc"], "e2_x862": ["fc"]}, "a finer split than"),
+    ({"e1_x860": ALL, "e1_x861": [{"layer": "c1", "split": "diagonal"}]},
+     'split "diagonal" is not'),
+    ({"e1_x860": ALL, "e1_x861": [{"layer": "c1", "share": -1}]}, "must be a positive number"),
+    ({"e1_x860": ALL, "e1_x861": [{"layer": "c1", "split": "rows"}],
+      "e2_x860": [{"layer": "c1", "split": "channels"}]}, "split as channels and rows"),
+    ({"e1_x860": ALL, "e1_x861": {"replicates": "e9_x860"}}, 'replicates "e9_x860"'),
+])
+def test_what_cannot_be_split_is_one_line_naming_layer_and_key(tmp_path, mapping, problem):
+    write(tmp_path, conv_stack(), mapping)
+    with pytest.raises(AutodiceError) as e:
+        split(tmp_path / "m.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+              tmp_path / "out")
+    assert any(problem in p for p in e.value.problems), e.value.problems
+    assert not (tmp_path / "out").exists()
+
+
+def test_replicas_are_ranks_of_their_own_in_the_plan_and_tables(tmp_path):
+    mapping = {"e1_x860": ["c1", "r1", "c2", "bn"], "e1_x861": ["r2", "p", "g", "dw"],
+               "e2_x860": {"replicates": "e1_x861"}, "e2_x861": ["fl", "fc"]}
+    plan = split_and_check(tmp_path, conv_stack(), mapping)
+    assert [r.key for r in plan.ranks] == list(mapping)
+    assert [r.replicas for r in plan.ranks] == [(), (1, 2), (1, 2), ()]
+    assert plan.ranks[2].layers == plan.ranks[1].layers
+    assert plan.ranks[2].memory == plan.ranks[1].memory  # a copy holds all the weights
+    assert (tmp_path / "out" / "models" / "e2_x860.onnx").exists()
+    sender = json.loads((tmp_path / "out" / "sender.json").read_text())
+    receiver = json.loads((tmp_path / "out" / "receiver.json").read_text())
+    assert sender["0"] == {"a4": ["1", "2"]}  # frame by frame to one copy or the other
+    assert receiver["3"] == {"a8": ["1", "2"]} and sender["1"] == sender["2"] == {"a8": ["3"]}
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.data())
+def test_random_mappings_mixing_all_three_kinds(tmp_path_factory, data):
+    keys = ["e1_x860", "e1_x861", "e2_x860", "e2_x861"]
+    mapping: dict[str, list] = {k: [] for k in keys}
+    for layer in ALL:
+        n = data.draw(st.integers(1, 2), label=f"{layer} parts")
+        where = data.draw(st.lists(st.sampled_from(keys), min_size=n, max_size=n, unique=True))
+        kind = data.draw(st.sampled_from(["", "rows", "channels"]))
+        for k in where:
+            mapping[k].append({"layer": layer, "split": kind} if n > 1 and kind else layer)
+    used = [k for k in keys if mapping[k]]
+    free = [k for k in keys if not mapping[k]]
+    if free and data.draw(st.booleans(), label="replica"):
+        mapping[free[0]] = {"replicates": data.draw(st.sampled_from(used))}
+    mapping = {k: v for k, v in mapping.items() if v}
+    tmp = tmp_path_factory.mktemp("mix")
+    write(tmp, conv_stack(), mapping)
+    try:
+        split(tmp / "m.onnx", tmp / "mapping.json", tmp / "platform.txt", tmp / "out")
+    except AutodiceError as e:  # a rule that does not apply is refused, never wrongly split
+        assert all("cannot be split" in p or "split as" in p for p in e.problems), e.problems
+        return
+    for d in check(tmp / "out"):
+        assert d.rel < 1e-5, (mapping, d)
+
+
+@pytest.mark.cpp
+def test_split_layers_and_a_replicated_stage_run_on_ncnn_like_onnxruntime(tmp_path):
+    mapping = {"e1_x860": [{"layer": x, "split": "rows"} for x in ("c1", "r1", "c2")],
+               "e1_x861": [{"layer": x, "split": "rows"} for x in ("c1", "r1", "c2")] + [
+                   "bn", "r2", "p"],
+               "e2_x860": ["g", "dw", "fl", "fc"], "e2_x861": {"replicates": "e2_x860"}}
+    plan = split_and_check(tmp_path, conv_stack(), mapping)
+    gen(tmp_path / "out")
+    build(tmp_path / "out")
+    x = np.random.default_rng(5).standard_normal((1, 6, 13, 11)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = run(tmp_path / "out", {"x": tmp_path / "x.npy"}, frames=5)
+    import onnxruntime as ort
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(res.outputs["y"], want, rtol=1e-4, atol=1e-4)
+    frames = [r["frames"] for r in res.stats["ranks"]]
+    assert frames == [5, 5, 3, 2]  # the copies took turns: frames 0, 2, 4 and 1, 3
+    assert len(plan.ranks) == 4
