@@ -133,8 +133,8 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None):
 def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput", "energy",
                                                                       "memory"),
            max_memory: float | str | None = None, min_throughput: float | None = None,
-           hosts: Iterable[str] | None = None, pop: int = 100, gens: int = 400, seed: int = 0,
-           encoding: str = "layer", out=None, progress=None):
+           hosts: Iterable[str] | None = None, parallel: Iterable[str] = (), pop: int = 100,
+           gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None):
     """NSGA-II over mappings: the Pareto front of the chosen objectives under the constraints.
 
     Args:
@@ -143,6 +143,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         max_memory: bytes (or ``"1GB"``) every device may hold at most, beside its ``mem``.
         min_throughput: frames/s a point must be predicted to reach.
         hosts: only these boards of the platform.
+        parallel: also propose stage copies (``data``) and layers split across resources
+            (``horizontal``) on top of the searched vertical mappings.
         out: also write the front there (pareto.csv/json/png, one mapping file per point).
 
     Returns:
@@ -161,7 +163,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
             raise AutodiceError(f"max_memory {max_memory!r}: {e}") from None
     settings = Settings(pop=pop, gens=gens, seed=seed, encoding=encoding,
                         objectives=tuple(objectives), max_memory=max_memory,
-                        min_throughput=min_throughput)
+                        min_throughput=min_throughput, parallel=tuple(parallel))
     hosts = list(hosts) if hosts is not None else None
     if out is not None:
         return dse(model, platform, profile, out, settings, progress, hosts=hosts)

@@ -409,8 +409,12 @@ def _links_table(links, inventory) -> None:
               help="Only mappings predicted to reach this many frames/s.")
 @click.option("--hosts", default=None, metavar="HOST,HOST,...",
               help="Only these boards of the platform.")
+@click.option("--parallel", default="", metavar="data,horizontal",
+              help="Also propose stage copies (data) and layers split across resources "
+                   "(horizontal) on top of the searched mappings.")
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
-        segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts):
+        segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts,
+        parallel):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.progress import Progress
 
@@ -425,7 +429,8 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     except ValueError as e:
         raise AutodiceError(f"--max-memory {max_memory}: {e}") from None
     settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments,
-                        tuple(o.strip() for o in objectives.split(",")), cap, min_fps)
+                        tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
+                        tuple(k.strip() for k in parallel.split(",") if k.strip()))
     settings.check()
     if measure_k < 0 or frames < 1 or rounds < 1:
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "

@@ -211,3 +211,60 @@ def test_split_layers_and_a_replicated_stage_run_on_ncnn_like_onnxruntime(tmp_pa
     frames = [r["frames"] for r in res.stats["ranks"]]
     assert frames == [5, 5, 3, 2]  # the copies took turns: frames 0, 2, 4 and 1, 3
     assert len(plan.ranks) == 4
+
+
+def test_the_cost_model_prices_parts_and_copies(tmp_path):
+    """A part costs its share of the layer; a stage with two copies handles half the frames
+    on each, so a bottleneck stage copied onto idle cores nearly doubles the throughput."""
+    from test_cost import fixture_profile
+
+    from autodice.core.model import load_model
+    from autodice.core.spec import parse_mapping_text, parse_platform_text
+    from autodice.dse.cost import plan_cost
+    from autodice.dse.timing import Timing
+    from autodice.frontend.split import partition_mapping
+
+    onnx.save(conv_stack(h=64, width=64), tmp_path / "m.onnx")
+    graph = load_model(tmp_path / "m.onnx")
+    platform = parse_platform_text(PLATFORM)
+    timing = Timing(platform, fixture_profile(graph))
+
+    def cost(mapping):
+        done = partition_mapping(graph, parse_mapping_text(json.dumps(mapping)), platform,
+                                 tmp_path)
+        return plan_cost(done.plan, timing, done.graph)
+
+    heavy = ["c1", "r1", "c2", "bn", "r2"]
+    light = ["p", "g", "dw", "fl", "fc"]
+    alone = cost({"e1_x860": heavy, "e2_x860": light})
+    copied = cost({"e1_x860": heavy, "e1_x861": {"replicates": "e1_x860"}, "e2_x860": light})
+    assert 1.6 < copied.throughput / alone.throughput <= 2.0
+    assert copied.ranks[1].memory == copied.ranks[0].memory  # each copy holds the weights
+    halves = cost({"e1_x860": heavy, "e1_x861": ["c1", "c2"], "e2_x860": light})
+    c1 = {r.key: r.compute_s for r in halves.ranks}
+    assert c1["e1_x861"] < c1["e1_x860"] and halves.throughput > alone.throughput
+
+
+def test_the_search_proposes_copies_and_split_layers_that_pay(tmp_path):
+    """With idle resources, copying the bottleneck stage or splitting its heaviest layer beats
+    every vertical mapping on throughput; each proposal is a mapping split accepts."""
+    from test_cost import fixture_profile
+
+    import autodice
+    from autodice.core.model import load_model
+
+    onnx.save(conv_stack(h=96, width=96), tmp_path / "m.onnx")
+    (tmp_path / "platform.txt").write_text(
+        "e1, x86, slots=0-1, bandwidth=10gbit\ne2, x86, slots=0-1, bandwidth=10gbit\n")
+    profile = fixture_profile(load_model(tmp_path / "m.onnx"))
+    plain = autodice.search(tmp_path / "m.onnx", tmp_path / "platform.txt", profile,
+                            objectives=("throughput", "memory"), pop=12, gens=6)
+    more = autodice.search(tmp_path / "m.onnx", tmp_path / "platform.txt", profile,
+                           objectives=("throughput", "memory"), pop=12, gens=6,
+                           parallel=("data", "horizontal"), out=tmp_path / "front")
+    proposed = [p for p in more.points if p.proposed]
+    assert proposed and more.points[0].cost.throughput > plain.points[0].cost.throughput
+    for p in proposed:  # written as mappings split takes, and planned the same
+        mapping = tmp_path / "front" / "mappings" / f"{p.name}.json"
+        got = split(tmp_path / "m.onnx", mapping, tmp_path / "platform.txt", tmp_path / p.name)
+        assert len(got.ranks) == len(p.cost.ranks)

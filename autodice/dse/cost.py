@@ -79,6 +79,8 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.model import Graph, load_model
 from ..core.plan import Plan, load_plan
+from ..core.spec import parse_mapping, parse_platform
+from ..frontend.split import partition_mapping
 from .spans import frame_spans, has_round_trip, layer_edges
 from .timing import Timing, make_timing
 
@@ -299,7 +301,13 @@ def report(timing: Timing, s: Scores, i: int, order: list[int], keys: list[str],
 def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
     """The predicted numbers of a split output, straight from its plan (``split``/``run`` can
     print them). Compute from the profile, transfers from the plan's edges, memory from the plan's
-    static memory table; ``graph`` (the whole model) gives the layer order for round trips.
+    static memory table; ``graph`` (the model the plan was made of: rewritten where layers are
+    split across keys) gives the layer order for round trips.
+
+    A part of a split layer costs its share of the layer's profiled time (its channels or rows);
+    the Slices and Concats that move data cost only their transfers. A stage with R copies takes
+    every R-th frame on each: per frame, each copy computes 1/R of the time, and each of the
+    stage's messages goes to (comes from) one copy, 1/R of them each.
 
     Raises:
         AutodiceError: a host of the plan not in the timing's platform, layers not profiled.
@@ -318,27 +326,38 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
     lg = np.zeros((1, len(names)), dtype=np.int64)
     d = np.zeros((1, len(names)))
     compute = np.zeros((1, R))
+    share = np.array([[1.0 / len(r.turns()) for r in plan.ranks]])
     for r in plan.ranks:
-        t = timing.seconds(r.host, r.layers, None if r.device == "gpu" else r.threads)
-        compute[0, r.rank] = t.sum()
-        idx = [at[n] for n in r.layers]
-        lg[0, idx] = r.rank
-        d[0, idx] = t
+        origins = [plan.derived.get(n, (n, 1.0)) for n in r.layers]
+        timed = [k for k, (_, f) in enumerate(origins) if f > 0]  # Slices, Concats: transfers
+        full = np.zeros(len(origins))
+        if timed:
+            full[timed] = timing.seconds(r.host, [origins[k][0] for k in timed],
+                                         None if r.device == "gpu" else r.threads) * np.array(
+                [origins[k][1] for k in timed])
+        compute[0, r.rank] = full.sum() * share[0, r.rank]
+        if r.turns()[0] == r.rank:  # the layer graph knows a stage once
+            idx = [at[n] for n in r.layers]
+            lg[0, idx] = r.rank
+            d[0, idx] = full
     comm = np.zeros((1, R))
     H = len(hosts)
     nic = np.zeros((1, 2 * H))
     adjacency = np.zeros((1, R, R))
     for e in plan.edges:
-        a = plan.ranks[e.src].host
         for dst in e.dst:
-            b = plan.ranks[dst].host
-            t = float(timing.transfer(a, b, e.nbytes))
-            comm[0, e.src] += t
-            comm[0, dst] += t
-            adjacency[0, e.src, dst] = 1
-            if a != b:
-                nic[0, hosts.index(a)] += t
-                nic[0, H + hosts.index(b)] += t
+            senders, receivers = plan.ranks[e.src].turns(), plan.ranks[dst].turns()
+            often = 1.0 / (len(senders) * len(receivers))  # this pair's share of the frames
+            for s_ in senders:
+                for q in receivers:
+                    a, b = plan.ranks[s_].host, plan.ranks[q].host
+                    t = float(timing.transfer(a, b, e.nbytes)) * often
+                    comm[0, s_] += t
+                    comm[0, q] += t
+                    adjacency[0, s_, q] = 1
+                    if a != b:
+                        nic[0, hosts.index(a)] += t
+                        nic[0, H + hosts.index(b)] += t
     span = compute.copy()
     if has_round_trip(adjacency)[0]:
         src, dst, nbytes = layer_edges(graph)
@@ -347,6 +366,8 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
                                                                plan.ranks[y].host, n))
                       for x, y, n in zip(ra, rb, nbytes)])[None, :]
         span = frame_spans(lg, d, src, dst, w, R)
+        for r in plan.ranks:  # a copy waits as its stage's first rank does, every R-th frame
+            span[0, r.rank] = span[0, r.turns()[0]] * share[0, r.rank]
     mem = [r.memory for r in plan.ranks]
     arr = lambda f: np.array([[float(getattr(m, f)) for m in mem]])
     s = combine(timing, cols, compute, comm, span, nic, arr("params"), arr("peak_activations"),
@@ -360,4 +381,7 @@ def predict(out_dir: str | Path, profile, power=None) -> Cost:
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     graph = load_model(out_dir / plan.model)
+    if plan.derived:  # the plan's layers are those of the model as the split rewrote it
+        graph = partition_mapping(graph, parse_mapping(out_dir / "mapping.json"),
+                                  parse_platform(out_dir / "platform.txt"), out_dir).graph
     return plan_cost(plan, make_timing(out_dir / "platform.txt", profile, power), graph)

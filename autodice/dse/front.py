@@ -33,6 +33,7 @@ class Point:
     name: str
     mapping: dict[str, list[str]]
     cost: Cost
+    proposed: bool = False  # grown on top of the search (copies, split layers): see expand
 
     @property
     def devices(self) -> int:

@@ -58,6 +58,7 @@ class Settings:
     objectives: tuple[str, ...] = OBJECTIVES
     max_memory: float | None = None
     min_throughput: float | None = None
+    parallel: tuple[str, ...] = ()  # also propose stage copies ("data") and split layers
 
     def check(self) -> None:
         """Raises AutodiceError naming every bad setting at once, before any work starts."""
@@ -77,6 +78,8 @@ class Settings:
         if unknown or not self.objectives or len(set(self.objectives)) < len(self.objectives):
             bad.append(f"objectives {list(self.objectives)}: some of {', '.join(OBJECTIVES)}, "
                        "each once")
+        if set(self.parallel) - {"data", "horizontal"}:
+            bad.append(f"--parallel {','.join(self.parallel)}: some of data, horizontal")
         for name, v in (("max_memory", self.max_memory), ("min_throughput", self.min_throughput)):
             if v is not None and not v > 0:
                 bad.append(f"{name} {v}: must be positive")
@@ -166,7 +169,31 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
     points = distinct
     width = len(str(len(points) - 1))
     front = tuple(Point(f"p{k:0{width}d}", cm.mapping(g), c) for k, (c, g) in enumerate(points))
+    if settings.parallel:
+        front = with_parallelism(front, graph, timing, settings)
     return Front(front, references(cm), settings, evaluations, seconds, cm.notes)
+
+
+def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
+                     settings: Settings) -> tuple[Point, ...]:
+    """The front with stage copies and split layers proposed on top (:mod:`.expand`): the
+    non-dominated points of both, under the same objectives and constraints."""
+    from .expand import expand
+
+    grown = expand(front, graph, timing.platform, timing, settings.parallel)
+    everyone = [*front, *(p for p in grown if _meets(p.cost, settings))]
+    F = np.array([[(-p.cost.throughput, p.cost.max_energy_j, p.cost.max_memory)[
+        OBJECTIVES.index(o)] for o in settings.objectives] for p in everyone])
+    dominated = [any((F[j] <= F[i]).all() and (F[j] < F[i]).any() for j in range(len(F)))
+                 for i in range(len(F))]
+    kept = [p for p, d in zip(everyone, dominated) if not d]
+    return tuple(sorted(kept, key=lambda p: (-p.cost.throughput, p.cost.max_memory, p.name)))
+
+
+def _meets(cost, settings: Settings) -> bool:
+    return (not cost.over_capacity
+            and (settings.max_memory is None or cost.max_memory <= settings.max_memory)
+            and (settings.min_throughput is None or cost.throughput >= settings.min_throughput))
 
 
 def references(cm: CostModel) -> tuple[Point, ...]:
@@ -196,6 +223,8 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
         AutodiceError: the mapping is not one ``split`` accepts, or the two costs differ (an
             internal error: the fast path and the compiler disagree).
     """
+    if point.proposed:  # planned and priced from its plan already; the fast path never saw it
+        return
     mapping = parse_mapping_text(mapping_json(point.mapping), f"mappings/{point.name}.json")
     plan = plan_mapping(graph, mapping, platform)
     slow, fast = plan_cost(plan, timing, graph), point.cost

@@ -64,6 +64,40 @@ class Derived:
     fraction: float  # 0 for the Slice and Concat nodes that move data
 
 
+class _View:
+    """A weight and the part of it a split takes, read from the file only when needed."""
+
+    def __init__(self, ref: TensorRef, index: tuple = ()):
+        self.ref, self.index = ref, index
+
+    @property
+    def tensor(self) -> str:
+        return self.ref.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        # The shape of the indexed array without reading (or allocating) it.
+        probe = np.lib.stride_tricks.as_strided(np.zeros(1), self.ref.dims,
+                                                (0,) * len(self.ref.dims))
+        return tuple(probe[self.index].shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __getitem__(self, index) -> _View:
+        if self.index:
+            raise TypeError("a weight view is sliced once")
+        return _View(self.ref, index if isinstance(index, tuple) else (index,))
+
+    def values(self) -> np.ndarray:
+        return read_array(self.ref)[self.index] if self.index else read_array(self.ref)
+
+
 @dataclass
 class Rewrite:
     """What splitting made: the new model, which key runs each new node, what each one is."""
@@ -78,13 +112,14 @@ def default_kind(op: str) -> str:
     return "channels" if op in CHANNEL_LAYERS else "rows"
 
 
-def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work: Path,
+def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work: Path | None,
                  where: str = "mapping.json") -> Rewrite:
     """Rewrite ``graph``'s model so each split layer becomes its parts.
 
     Args:
         key_of: the key of every layer the mapping lists under one key (Slices go there).
-        work: a folder for the sliced weights (copied into sub-models by reference later).
+        work: a folder for the sliced weights (copied into sub-models by reference later);
+            None plans only (shapes, no weights written: what the search needs).
 
     Raises:
         AutodiceError: a layer type with no rule for the split asked, or a split finer than
@@ -92,7 +127,7 @@ def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work
     """
     by_layer = {s.layer: s for s in splits}
     problems = Problems()
-    weights = TensorFile(work / "slices.bin")
+    weights = TensorFile(work / "slices.bin") if work is not None else None
     state = _State(graph, key_of, weights, problems, where)
     try:
         out_nodes: list[onnx.NodeProto] = []
@@ -108,7 +143,8 @@ def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work
             out_nodes.extend(rule(i, name, node, split))
         out_nodes.extend(state.gather_outputs())
     finally:
-        weights.close()
+        if weights is not None:
+            weights.close()
     problems.raise_if_any()
     proto = onnx.ModelProto()
     proto.CopyFrom(graph.lazy.proto)
@@ -122,7 +158,7 @@ def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work
 class _State:
     """The rewrite's bookkeeping while it walks the graph in order."""
 
-    def __init__(self, graph: Graph, key_of: dict[str, str], weights: TensorFile,
+    def __init__(self, graph: Graph, key_of: dict[str, str], weights: TensorFile | None,
                  problems: Problems, where: str):
         self.graph, self.key_of, self.weights = graph, key_of, weights
         self.problems, self.where = problems, where
@@ -154,21 +190,36 @@ class _State:
 
     def const(self, base: str, values: list[int]) -> str:
         name = self.fresh(base)
-        t = numpy_helper.from_array(np.array(values, np.int64), name)
-        self.new_small[name] = t
-        self.new_tensors[name] = self.weights.add(name, np.array(values, np.int64))
+        array = np.array(values, np.int64)
+        self.new_small[name] = numpy_helper.from_array(array, name)
+        self.new_tensors[name] = (self.weights.add(name, array) if self.weights is not None else
+                                  TensorRef(name, array.shape, 7, array.nbytes, Path(), 0, 0,
+                                            None, False))
         return name
 
-    def weight(self, base: str, array: np.ndarray) -> str:
+    def weight(self, base: str, view: _View) -> str:
+        """A new initializer: a slice of a weight, written once when the rewrite is for real,
+        only described (name, shape, type) when it is for planning (the search scores many)."""
         name = self.fresh(base)
-        ref = self.weights.add(name, np.ascontiguousarray(array))
-        self.new_tensors[name] = ref
-        if ref.nbytes <= 4096:
-            self.new_small[name] = numpy_helper.from_array(np.ascontiguousarray(array), name)
+        ref = self.graph.tensors[view.tensor]
+        if self.weights is None:
+            shape = view.shape
+            nbytes = int(np.prod(shape, dtype=np.int64)) * (ref.nbytes // max(1, int(np.prod(
+                ref.dims, dtype=np.int64))))
+            self.new_tensors[name] = TensorRef(name, shape, ref.data_type, nbytes, Path(),
+                                               0, 0, None, False)
+            if nbytes <= 4096:  # shape inference and folding may read small values
+                self.new_small[name] = numpy_helper.from_array(np.ascontiguousarray(
+                    view.values()), name)
+            return name
+        values = np.ascontiguousarray(view.values())
+        self.new_tensors[name] = self.weights.add(name, values)
+        if values.nbytes <= 4096:
+            self.new_small[name] = numpy_helper.from_array(values, name)
         return name
 
-    def array(self, tensor: str) -> np.ndarray:
-        return read_array(self.graph.tensors[tensor])
+    def array(self, tensor: str) -> _View:
+        return _View(self.graph.tensors[tensor])
 
     def producer_key(self, tensor: str, fallback: str) -> str:
         """Where a tensor is made (a Slice of it runs there, so only the slice travels)."""

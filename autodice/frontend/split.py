@@ -68,15 +68,18 @@ def plan_mapping(graph: Graph, mapping: Mapping, platform: Platform,
     Raises:
         AutodiceError: any problem with the mapping, all of them listed.
     """
-    with tempfile.TemporaryDirectory(prefix="autodice-plan-") as work:
-        return partition_mapping(graph, mapping, platform, out_dir, Path(work)).plan
+    return partition_mapping(graph, mapping, platform, out_dir).plan
 
 
 def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_dir: Path,
-                      work: Path) -> Partitioned:
+                      work: Path | None = None) -> Partitioned:
     """The passes, in order: check the keys, split the layers listed under several keys
     (horizontal), place every layer, find the cut edges, build the plan, add the stage copies
     (data parallelism), check the plan's invariants.
+
+    Args:
+        work: where split layers' weight slices are written, for sub-models to copy; None
+            plans only (the search scores many mappings and writes none).
 
     Raises:
         AutodiceError: any problem with the mapping, all of them listed.
@@ -96,7 +99,7 @@ def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_di
 
 
 def split_horizontally(graph: Graph, mapping: Mapping,
-                       work: Path) -> tuple[Graph, Mapping, dict[str, tuple[str, float]]]:
+                       work: Path | None) -> tuple[Graph, Mapping, dict[str, tuple[str, float]]]:
     """The model rewritten so that each layer listed under several keys is one part per key
     (:mod:`.horizontal`), and the mapping of the rewritten model. Unchanged when no layer is.
     """
