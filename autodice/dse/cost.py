@@ -77,10 +77,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
-from ..core.model import Graph, load_model
+from ..core.model import Graph
 from ..core.plan import Plan, load_plan
-from ..core.spec import parse_mapping, parse_platform
-from ..frontend.split import partition_mapping
+from ..frontend.split import plan_graph
 from .spans import frame_spans, has_round_trip, layer_edges
 from .timing import Timing, make_timing
 
@@ -380,8 +379,5 @@ def predict(out_dir: str | Path, profile, power=None) -> Cost:
     """:func:`plan_cost` of the split in ``out_dir`` (its plan.json and platform.txt)."""
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
-    graph = load_model(out_dir / plan.model)
-    if plan.derived:  # the plan's layers are those of the model as the split rewrote it
-        graph = partition_mapping(graph, parse_mapping(out_dir / "mapping.json"),
-                                  parse_platform(out_dir / "platform.txt"), out_dir).graph
+    graph = plan_graph(out_dir, plan)  # rewritten where layers are split across keys
     return plan_cost(plan, make_timing(out_dir / "platform.txt", profile, power), graph)

@@ -98,6 +98,17 @@ def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_di
     return Partitioned(graph, plan)
 
 
+def plan_graph(out_dir: Path, plan: Plan, model: Path | None = None) -> Graph:
+    """The model a split output's plan was made of: the model itself, or, when layers were
+    split across keys, the model as the split rewrote it (re-planned from the output's
+    mapping.json and platform.txt)."""
+    graph = load_model(model or out_dir / plan.model, {t.name: t.shape for t in plan.model_inputs})
+    if not plan.derived:
+        return graph
+    return partition_mapping(graph, parse_mapping(out_dir / "mapping.json"),
+                             parse_platform(out_dir / "platform.txt"), out_dir).graph
+
+
 def split_horizontally(graph: Graph, mapping: Mapping,
                        work: Path | None) -> tuple[Graph, Mapping, dict[str, tuple[str, float]]]:
     """The model rewritten so that each layer listed under several keys is one part per key

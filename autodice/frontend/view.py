@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import AutodiceError
-from ..core.model import load_model
 from ..core.plan import human_bytes as _human
 from ..core.plan import load_plan
+from .split import plan_graph
 
 
 def render(out_dir: str | Path, image: str | Path, model: str | Path | None = None) -> None:
@@ -25,9 +25,9 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
     if image.suffix.lower() not in (".svg", ".png", ".pdf"):
         raise AutodiceError(f"{image}: the picture must be .svg, .png or .pdf")
     plan = load_plan(out_dir)
-    graph = load_model(Path(model) if model else out_dir / plan.model,
-                       {t.name: t.shape for t in plan.model_inputs})
-    rank_of = {layer: r.rank for r in plan.ranks for layer in r.layers}
+    graph = plan_graph(out_dir, plan, Path(model) if model else None)
+    stages = [r for r in plan.ranks if r.turns()[0] == r.rank]  # copies share their layers
+    rank_of = {layer: r.rank for r in stages for layer in r.layers}
     shown = [i for i in range(len(graph.nodes)) if graph.names[i] in rank_of]
     depth: dict[str, int] = {t: 0 for t in graph.inputs}
     pos = {}
@@ -45,12 +45,13 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
     colors = plt.get_cmap("tab10" if len(plan.ranks) <= 10 else "tab20")
     cut = {e.tensor: e for e in plan.edges}
     producer_pos = {t: pos[i] for i in shown for t in graph.nodes[i].output}
+    producer_rank = {t: rank_of[graph.names[i]] for i in shown for t in graph.nodes[i].output}
     for i in shown:
         x, y = pos[i]
         for t in graph.nodes[i].input:
             if t in producer_pos:
                 px, py = producer_pos[t]
-                is_cut = t in cut
+                is_cut = t in cut and producer_rank[t] != rank_of[graph.names[i]]
                 ax.plot([px, x], [py, y], color="crimson" if is_cut else "0.6",
                         lw=2.0 if is_cut else 0.8, zorder=1)
                 if is_cut:
@@ -65,8 +66,10 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
         if labels:
             ax.annotate(f"{graph.names[i]}\n{graph.nodes[i].op_type}", (x, y), fontsize=7,
                         ha="left", va="center", xytext=(9, 0), textcoords="offset points")
-    for r in plan.ranks:
-        ax.scatter([], [], color=colors(r.rank % colors.N), label=f"rank {r.rank}: {r.key}")
+    for r in stages:
+        copies = [plan.ranks[k].key for k in r.turns()[1:]]
+        ax.scatter([], [], color=colors(r.rank % colors.N), label=f"rank {r.rank}: {r.key}"
+                   + (f" + copies on {', '.join(copies)}" if copies else ""))
     ax.legend(loc="upper right", fontsize=8, frameon=True)
     total = sum(e.nbytes * len(e.dst) for e in plan.edges)
     ax.set_title(f"{Path(plan.model).name}: {len(plan.ranks)} ranks, {len(plan.edges)} cut "
