@@ -100,6 +100,25 @@ def test_figure2_on_three_hosts(fig2_three_hosts, emu):
         "rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.12 slots=0\nrank 2=10.77.0.14 slots=0\n")
 
 
+def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2, emu):
+    """All three kinds through deploy: Conv1's rows on edge01 and edge02, Relu1's stage on
+    edge04 with a copy on edge03 taking every other frame."""
+    (fig2 / "mapping.json").write_text(json.dumps({
+        "edge01_arm1": ["MaxPool1", {"layer": "Conv1", "split": "rows"}, "Add1"],
+        "edge02_arm1": [{"layer": "Conv1", "split": "rows"}, "FC1"],
+        "edge04_x861": ["Relu1"], "edge03_arm1": {"replicates": "edge04_x861"}}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    x = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    write_inventory(emu, fig2, HOSTS)
+    res = deploy(fig2 / "out", fig2 / "inventory.toml", run=True, inputs={"input": fig2 / "x.npy"},
+                 frames=5)
+    want = ort.InferenceSession(str(fig2 / "model.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(res.run.outputs["output"], want, rtol=1e-5, atol=1e-6)
+    assert [r["frames"] for r in res.run.stats["ranks"]] == [5, 5, 3, 2]
+
+
 def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
     d = fig2_three_hosts
     for host in ("edge01", "edge02", "edge04"):
