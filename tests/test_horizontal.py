@@ -129,6 +129,64 @@ def test_matmul_and_gemm_without_transpose_split_their_columns(tmp_path):
                                       "e2_x862": ["gemm"]})
 
 
+def residual_block(h: int = 11, seed: int = 2) -> onnx.ModelProto:
+    """A bottleneck's shape: one tensor read by two branches, joined by an Add::
+
+        x -> c0: Conv 3x3 pad 1 -> r0: Relu = a0
+        a0 -> c1: Conv 3x3 pad 1 -> r1: Relu -> c2: Conv 1x1 = b
+        a0 -> cs: Conv 1x1 stride 1 (shortcut) = s
+        b + s -> add -> ra: Relu -> sc: Mul by a 1x6x1x1 constant -> cat: Concat with a0
+          over channels (a dense block's join) -> p: MaxPool 2x2 s2 -> y
+    """
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="c0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["a0"], name="r0"),
+        helper.make_node("Conv", ["a0", "w1"], ["b1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b1"], ["b2"], name="r1"),
+        helper.make_node("Conv", ["b2", "w2"], ["b"], name="c2"),
+        helper.make_node("Conv", ["a0", "ws"], ["s"], name="cs"),
+        helper.make_node("Add", ["b", "s"], ["t"], name="add"),
+        helper.make_node("Relu", ["t"], ["u"], name="ra"),
+        helper.make_node("Mul", ["u", "scale"], ["v"], name="sc"),
+        helper.make_node("Concat", ["v", "a0"], ["z"], name="cat", axis=1),
+        helper.make_node("MaxPool", ["z"], ["y"], name="p", kernel_shape=[2, 2], strides=[2, 2]),
+    ]
+    weights = [w("w0", 6, 3, 3, 3), w("w1", 6, 6, 3, 3), w("w2", 6, 6, 1, 1), w("ws", 6, 6, 1, 1),
+               w("scale", 1, 6, 1, 1)]
+    return model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, h])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, h // 2, h // 2])],
+                 weights)
+
+
+BLOCK = ["c0", "r0", "c1", "r1", "c2", "cs", "add", "ra", "sc", "cat", "p"]
+
+
+@pytest.mark.parametrize("whole", [(), ("cs",), ("add",), ("c1", "r1"), ("cat",)])
+def test_rows_through_a_residual_block_a_tensor_read_twice(tmp_path, whole):
+    """Both branches keep their bands and the Add adds band to band; a layer left whole between
+    split ones gathers what it reads without taking the bands from the other branch."""
+    keys = ["e1_x860", "e1_x861", "e2_x860"]
+    mapping = {k: [] for k in keys}
+    for layer in BLOCK:
+        if layer in whole:
+            mapping[keys[0]].append(layer)
+        else:
+            for k in keys:
+                mapping[k].append({"layer": layer, "split": "rows"})
+    plan = split_and_check(tmp_path, residual_block(), mapping)
+    made = {n for r in plan.ranks for n in r.layers}
+    for layer in ("add", "cat"):
+        if layer not in whole:
+            assert {f"{layer}/0", f"{layer}/1", f"{layer}/2"} <= made
+    if not whole:  # bands all the way: the whole of a0 is never made
+        assert not any(n.startswith("a0/gather") for n in made)
+
+
 @pytest.mark.parametrize("mapping, problem", [
     ({"e1_x860": ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"],
       "e1_x861": [{"layer": "fl", "split": "rows"}]}, 'layer "fl" cannot be split'),
