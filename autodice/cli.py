@@ -19,7 +19,12 @@ out = Console(width=None if sys.stdout.isatty() else 130)
 
 
 class Main(click.Group):
-    """Turns AutodiceError into one ``error:`` line per problem and exit code 2."""
+    """Turns AutodiceError into one ``error:`` line per problem and exit code 2.
+
+    click's own complaints about the command line (an unknown option, a value that is not a
+    number, a file that is a directory) get the same one-line form, and so does an error of
+    the machine (a full disk, a folder autodice may not write) that no check foresaw.
+    """
 
     def invoke(self, ctx):
         try:
@@ -28,6 +33,34 @@ class Main(click.Group):
             for line in e.problems:
                 click.echo(f"error: {line}", err=True)
             sys.exit(2)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
+
+
+def progress(*columns, **kwargs):
+    """A ``rich.progress.Progress`` that appears with its first step, not on entering ``with``:
+    the checks that run before any work then print their errors as the first lines."""
+    from rich.progress import Progress
+
+    class Lazy(Progress):
+        def __enter__(self):
+            return self
+
+        def update(self, *args, **kw):
+            self.start()
+            super().update(*args, **kw)
+
+        def advance(self, *args, **kw):
+            self.start()
+            super().advance(*args, **kw)
+
+    return Lazy(*columns, console=console, transient=True, **kwargs)
 
 
 @click.group(cls=Main)
@@ -157,13 +190,11 @@ def view(output, image, model):
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
 def gen(output, fp16, verify):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
-    from rich.progress import Progress
-
     from .backend.gen import gen as run_gen
     from .core.plan import load_plan
 
     n = len(load_plan(output).ranks)
-    with Progress(console=console, transient=True) as bar:
+    with progress() as bar:
         task = bar.add_task("converting sub-models with pnnx, then checking them in ncnn",
                             total=n)
         plan = run_gen(output, fp16=fp16, progress=lambda r: bar.advance(task), verify=verify,
@@ -365,8 +396,6 @@ def _links_table(links, inventory) -> None:
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
         segments, measure_k, frames, rounds, inventory):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
-    from rich.progress import Progress
-
     from .dse.front import table_rows
     from .dse.measure import measure
     from .dse.search import Settings, profile_arg
@@ -378,7 +407,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
                             f"--measure >= 0, --frames >= 1 and --rounds >= 1")
     profile = profile_arg(profiles, model, platform)
-    with Progress(console=console, transient=True) as bar:
+    with progress() as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
         front = run_dse(model, platform, profile, output, settings,
                         progress=lambda g, n: bar.update(task, completed=g))
@@ -399,7 +428,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     for note in front.notes:
         out.print(f"note: {note}", soft_wrap=True)
     if measure_k:
-        with Progress(console=console, transient=True) as bar:
+        with progress() as bar:
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
                               inventory,
@@ -506,7 +535,7 @@ def _cluster_table(c) -> None:
 def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, timeout):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .core.plan import load_plan
     from .deploy.deploy import deploy as run_deploy
@@ -514,9 +543,8 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
 
     plan = load_plan(output)
     given = _inputs(plan, inputs)
-    with Progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
-                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
+    with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
         res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
                          frames=frames, pipeline=not no_pipeline, timeout_s=timeout,
