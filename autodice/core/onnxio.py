@@ -366,7 +366,8 @@ def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef]) ->
         for ref in tensors:
             if ref.external or all_external:
                 if data_fd is None:
-                    data_fd = os.open(path.parent / data_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    data_fd = os.open(path.parent / data_name,
+                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 src, off, length = _payload_source(ref)
                 _copy_range(src, data_fd, off, length)
                 msg = _external_tensor(ref, data_name, data_offset)
