@@ -49,8 +49,19 @@ def progress(*columns, **kwargs):
     from rich.progress import Progress
 
     class Lazy(Progress):
+        started = False
+
         def __enter__(self):
             return self
+
+        def start(self):
+            if not self.started:
+                self.started = True
+                super().start()
+
+        def stop(self):  # rich prints a blank line on stopping, started or not
+            if self.started:
+                super().stop()
 
         def update(self, *args, **kw):
             self.start()
@@ -312,9 +323,11 @@ def _thread_list(ctx, param, value):
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     from .core.model import parse_input_shapes
+    from .core.outdir import check_writable_file
     from .dse.profile import save_profile
     from .dse.profiler import op_summary, run_profile
 
+    check_writable_file(Path(output))
     links = None
     if inventory:
         from .dse.links import probe_links

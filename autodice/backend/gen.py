@@ -19,8 +19,9 @@ from pathlib import Path
 
 import jinja2
 
+from ..core.errors import Problems
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
-from ..core.outdir import staged, tensor_files
+from ..core.outdir import claim, staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
@@ -121,6 +122,21 @@ RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_progr
                    "autodice_program.cpp")
 
 
+def check_submodels(plan: Plan, out_dir: Path) -> None:
+    """Every rank's sub-model is where the plan says, before pnnx is asked to read one.
+
+    Raises:
+        AutodiceError: one line per missing sub-model.
+    """
+    problems = Problems()
+    for r in plan.ranks:
+        path = out_dir / r.submodel
+        if not path.is_file():
+            problems.add(f'{path}: no such file (rank {r.rank}, key "{r.key}"); the split is '
+                         "incomplete: run `autodice split` again")
+    problems.raise_if_any()
+
+
 def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = True,
         console=None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
@@ -137,6 +153,8 @@ def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = T
     """
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
+    check_submodels(plan, out_dir)
+    claim(out_dir, "ncnn/", "packages/")
     ncnn_dir = out_dir / "ncnn"
     convert_all(plan, out_dir, ncnn_dir, fp16, progress)
     if verify:

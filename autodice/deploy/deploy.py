@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend.run import RunResult, stage_inputs
+from ..backend.run import RunResult, check_inputs, stage_inputs
 from ..core.errors import AutodiceError
+from ..core.outdir import claim
 from ..core.plan import load_plan
 from .check import check_all
 from .inventory import load_inventory
@@ -104,12 +105,14 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     if problems:
         raise AutodiceError(*problems)
     if run:
+        if inputs is None:
+            raise AutodiceError("deploy --run needs --input")
+        check_inputs(plan, inputs)
         check_launchable(inv)
+    claim(out_dir, "deploy/", "results/")
     work = out_dir / "deploy"
     work.mkdir(exist_ok=True)
     if run:
-        if inputs is None:
-            raise AutodiceError("deploy --run needs --input")
         stage_inputs(plan, inputs, work / "inputs")
     hosts = [Host(inv.targets[name]) for name in hosts_of_plan]
     ssh = Ssh(inv, work)

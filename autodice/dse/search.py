@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.model import Graph, load_model
+from ..core.outdir import check_replaceable
 from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platform
 from ..frontend.split import plan_mapping
 from .cost import plan_cost
@@ -77,6 +78,7 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
+    check_replaceable(Path(out))  # before the search, not after it
     platform_spec = parse_platform(platform)
     graph = load_model(model)
     timing = make_timing(platform_spec, profile, power)
