@@ -101,6 +101,8 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
     from .core.model import parse_input_shapes
     from .frontend.split import split as run_split
 
+    if check and samples < 1:
+        raise AutodiceError(f"--samples {samples}: need at least 1")
     with console.status("splitting"):
         plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
     table = Table(title=f"{len(plan.ranks)} ranks, {len(plan.edges)} cut tensors -> {output}")
@@ -162,7 +164,8 @@ def layers(model, input_shapes, as_json, balance):
 
     graph = load_model(model, parse_input_shapes(input_shapes))
     if balance:
-        click.echo(mapping_json(balanced_mapping(graph, balance.split(","))), nl=False)
+        keys = balance.split(",")
+        click.echo(mapping_json(balanced_mapping(graph, keys, "--balance")), nl=False)
         return
     rows = layer_table(graph)
     if as_json:

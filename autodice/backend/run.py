@@ -84,8 +84,13 @@ def check_inputs(plan: Plan, inputs: dict[str, Path]) -> dict[str, np.ndarray]:
             raise AutodiceError(f'no input given for model input "{t.name}" '
                                 f"(shape {'x'.join(map(str, t.shape))} {t.dtype})")
         try:
+            with open(path, "rb") as f:
+                if f.read(6) != b"\x93NUMPY":
+                    raise ValueError("no .npy header; write it with numpy.save")
             array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise AutodiceError(f"{path}: not a .npy array ({e.strerror})") from None
+        except ValueError as e:
             raise AutodiceError(f"{path}: not a .npy array ({e})") from None
         if array.shape != t.shape or array.dtype != np.dtype(t.dtype):
             raise AutodiceError(f'{path}: model input "{t.name}" must be '

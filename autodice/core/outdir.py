@@ -169,7 +169,10 @@ def staged(out: Path, owned: bool = False) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 p.rmdir()
         if isinstance(e, OSError):
-            name = str(e.filename or "").replace(str(tmp), str(out)) if tmp else e.filename
+            if tmp is None:  # no folder could be made beside it
+                raise AutodiceError(f"{out}: cannot write in {out.parent} "
+                                    f"({e.strerror or e})") from None
+            name = str(e.filename or "").replace(str(tmp), str(out))
             where = f": {name}" if name and name != str(out) else ""
             raise AutodiceError(f"{out}: cannot write ({e.strerror or e}{where})") from None
         raise

@@ -162,8 +162,8 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
         AutodiceError: not root, tools missing and not installable, a bad argument, or a step that
             failed (everything created so far is removed again).
     """
+    want = plan_cluster(hosts, bandwidth, cores, subnet)  # bad options first, root or not
     require_root("cluster up")
-    want = plan_cluster(hosts, bandwidth, cores, subnet)
     have = load_state()
     if have is not None and (have != want or not all(_netns_exists(h.netns) for h in have.hosts)):
         down()  # other settings, or a namespace went missing: start over

@@ -87,7 +87,8 @@ def run_chain(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
             if r.rank not in sessions:
                 sessions[r.rank] = session(out_dir / r.submodel)
             sess = sessions[r.rank]
-            while pos[r.rank] < len(r.steps) and all(t in values for t in r.steps[pos[r.rank]].wait):
+            while (pos[r.rank] < len(r.steps)
+                   and all(t in values for t in r.steps[pos[r.rank]].wait)):
                 step = r.steps[pos[r.rank]]
                 # Inputs this step does not depend on may not exist yet: zeros stand in for them
                 # and cannot change the outputs asked for.
@@ -132,8 +133,10 @@ def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Pat
     Returns:
         Per model output, the worst max-abs and relative difference over all samples.
     Raises:
-        AutodiceError: no plan, or a model onnxruntime cannot load.
+        AutodiceError: fewer than one sample, no plan, or a model onnxruntime cannot load.
     """
+    if samples < 1:
+        raise AutodiceError(f"--samples {samples}: need at least 1")
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     whole = session(_whole_model(plan, out_dir, model))
