@@ -31,7 +31,7 @@ class Main(click.Group):
             return super().invoke(ctx)
         except AutodiceError as e:
             for line in e.problems:
-                click.echo(f"error: {line}", err=True)
+                click.echo(f"error: {visible(line)}", err=True)
             sys.exit(2)
         except click.UsageError as e:
             hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
@@ -41,6 +41,13 @@ class Main(click.Group):
             where = f"{e.filename}: " if e.filename else ""
             click.echo(f"error: {where}{e.strerror or e}", err=True)
             sys.exit(2)
+
+
+def visible(line: str) -> str:
+    """``line`` with control characters spelled out (``\\n``, ``\\x1b``): a name from a model
+    or a mapping key is data, and must neither start a line of its own nor drive the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in line)
 
 
 def progress(*columns, **kwargs):

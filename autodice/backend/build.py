@@ -18,8 +18,8 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         f.flush()
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-15:])
-        raise AutodiceError(f"{what} failed (log: {log}):\n{tail}")
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise AutodiceError(f"{what} failed (log: {log}):", *tail)
 
 
 def build(out_dir: str | Path, console=None) -> Path:

@@ -70,17 +70,31 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f' (did you mean "{close[0]}"?)' if close else ""
 
 
+# The largest spec file read: a plan for 100,000 layers is a few MB; /dev/zero never ends.
+MAX_TEXT_BYTES = 64 * 2**20
+
+
 def read_text(path: str | Path) -> str:
     """The text of a file the user named; one line naming the file when it cannot be read.
 
+    A UTF-8 byte-order mark (Windows editors write one) is dropped, not taken for part of the
+    first name.
+
     Raises:
-        AutodiceError: ``PATH: cannot read (REASON)``, or ``PATH: not UTF-8 text`` (a binary
-            file given for a text one, or text saved in another encoding).
+        AutodiceError: ``PATH: cannot read (REASON)``, ``PATH: not UTF-8 text`` (a binary
+            file given for a text one, or text saved in another encoding), or a file past
+            :data:`MAX_TEXT_BYTES`.
     """
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
     except OSError as e:
         raise AutodiceError(f"{path}: cannot read ({e.strerror})") from None
+    if len(data) > MAX_TEXT_BYTES:
+        raise AutodiceError(f"{path}: larger than {MAX_TEXT_BYTES >> 20} MiB; not a file "
+                            "autodice reads")
+    try:
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise AutodiceError(f"{path}: not UTF-8 text (byte {e.start} is "
                             f"0x{e.object[e.start]:02x}); save it as UTF-8") from None
@@ -88,12 +102,17 @@ def read_text(path: str | Path) -> str:
 
 def parse_nested(parse, text: str, path: str | Path):
     """``parse(text)`` for a JSON or TOML parser, which recurse once per level of nesting: a
-    file nested thousands deep would end in RecursionError instead of a line naming it.
+    file nested thousands deep would end in RecursionError instead of a line naming it (and a
+    number of thousands of digits in ValueError).
 
     Raises:
-        AutodiceError: ``PATH: nested too deeply``.
+        AutodiceError: ``PATH: nested too deeply``, ``PATH: holds a number too long to read``.
     """
     try:
         return parse(text)
     except RecursionError:
         raise AutodiceError(f"{path}: nested too deeply to be a file autodice reads") from None
+    except ValueError as e:  # Python refuses to read integers of more than 4300 digits
+        if "digits" not in str(e) or type(e).__name__.endswith("DecodeError"):
+            raise
+        raise AutodiceError(f"{path}: holds a number too long to read") from None

@@ -116,7 +116,12 @@ def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[in
         if not m:
             problems.add(f'--input-shape "{spec}": expected NAME=DxDx... such as data=1x3x224x224')
             continue
-        name, shape = m.group(1), tuple(int(d) for d in m.group(2).split("x"))
+        name = m.group(1)
+        if max(len(d) for d in m.group(2).split("x")) > 100:  # Python reads 4300 digits at most
+            problems.add(f'--input-shape {name}=...: tensor "{name}" has a dimension past 2^31 '
+                         "(the most autodice handles in one tensor)")
+            continue
+        shape = tuple(int(d) for d in m.group(2).split("x"))
         if name in shapes:
             problems.add(f"--input-shape {name}: given twice")
         elif min(shape) < 1:
@@ -392,12 +397,18 @@ def check_types(path: Path, nodes, names: list[str], types: dict[str, TensorType
         AutodiceError: one line per offending tensor or node.
     """
     problems = Problems()
-    for name, t in types.items():
-        if t.static and elements(t.shape) > MAX_ELEMENTS:
-            source = f' (output of node "{names[producer[name]]}")' if name in producer else ""
-            problems.add(f'{path}: tensor "{name}"{source} would hold {elements(t.shape)} '
-                         f"elements ({t.shape_str()}), past 2^31 (the most autodice handles in "
-                         "one tensor)", f"{path}: and {{n}} more tensors past 2^31 elements")
+    over: set[str] = set()  # reported where a tensor first grows past, not downstream of it
+    for name in sorted(types, key=lambda t: producer.get(t, -1)):
+        t = types[name]
+        if not (t.static and elements(t.shape) > MAX_ELEMENTS):
+            continue
+        over.add(name)
+        if name in producer and over & set(nodes[producer[name]].input):
+            continue
+        source = f' (output of node "{names[producer[name]]}")' if name in producer else ""
+        problems.add(f'{path}: tensor "{name}"{source} would hold {elements(t.shape)} '
+                     f"elements ({t.shape_str()}), past 2^31 (the most autodice handles in "
+                     "one tensor)", f"{path}: and {{n}} more tensors past 2^31 elements")
     for i, n in enumerate(nodes):
         if n.op_type in ("Conv", "ConvTranspose") and len(n.input) >= 2:
             _check_conv(path, n, names[i], types, problems)

@@ -77,10 +77,12 @@ def parse_cores(text: str) -> tuple[int, ...]:
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not m:
             raise ValueError(f'"{text}" is not a core list such as 0-5 or 1,3,5')
+        for number in m.groups():
+            if number and (len(number) > 6 or int(number) > MAX_CORE):
+                shown = number if len(number) <= 30 else number[:27] + "..."
+                raise ValueError(f"core {shown} is past {MAX_CORE} (cores are numbered from 0; "
+                                 f"autodice handles up to {MAX_CORE + 1} per host)")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if max(lo, hi) > MAX_CORE:
-            raise ValueError(f"core {max(lo, hi)} is past {MAX_CORE} (cores are numbered from 0; "
-                             f"autodice handles up to {MAX_CORE + 1} per host)")
         if hi < lo:
             raise ValueError(f'range "{part.strip()}" runs backwards')
         cores.extend(range(lo, hi + 1))
@@ -242,6 +244,8 @@ def parse_key(key: str) -> Resource:
         raise ValueError("expected <host>_<resource> such as edge01_arm123 or edge01_gpu")
     m = re.fullmatch(r"gpu(\d*)", res)
     if m:
+        if len(m.group(1)) > 3:
+            raise ValueError(f'"{res}": no host has that many GPUs')
         return Resource(key, host, "gpu", "gpu", gpu_index=int(m.group(1) or 0))
     m = re.fullmatch(r"(cpu|arm|x86)([0-9,;-]+)", res)
     if not m:

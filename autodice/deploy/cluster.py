@@ -112,6 +112,8 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
     if bandwidth:
         try:
             rate = f"{round(_number(bandwidth, _RATE_UNITS, '') * 8)}bit"
+            if rate == "0bit":  # tc would refuse it after the namespaces exist
+                raise ValueError("must be more than 0")
         except ValueError as e:
             problems.add(f"--bandwidth {bandwidth}: {e} (e.g. 1gbit, 100mbit, 50MB/s)")
     cores = dict(cores or {})

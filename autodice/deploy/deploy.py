@@ -91,6 +91,9 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     """
     out_dir = Path(out_dir)
     progress = progress or (lambda host, step: None)
+    if run and (frames < 1 or not timeout_s > 0):
+        raise AutodiceError(f"--frames {frames} --timeout {timeout_s:g}: need at least 1 frame "
+                            "and a timeout above 0 s")
     plan = load_plan(out_dir)
     hosts_of_plan = plan.hosts()
     problems = []

@@ -37,6 +37,10 @@ from .genes import ENCODINGS, Genes
 from .profile import load_profile, six_digits
 from .timing import Timing, make_timing
 
+# Far past the paper's 100 x 400, and short of a population that fills the memory or a search
+# that outlives its user: a typo, not a setting.
+MAX_POP, MAX_GENS = 100_000, 1_000_000
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -55,8 +59,12 @@ class Settings:
         bad = []
         if self.pop < 4:
             bad.append(f"--pop {self.pop}: needs at least 4")
+        elif self.pop > MAX_POP:
+            bad.append(f"--pop {self.pop}: at most {MAX_POP}")
         if self.gens < 1:
             bad.append(f"--gens {self.gens}: needs at least 1")
+        elif self.gens > MAX_GENS:
+            bad.append(f"--gens {self.gens}: at most {MAX_GENS}")
         if self.encoding not in ENCODINGS:
             bad.append(f'--encoding "{self.encoding}": one of {", ".join(ENCODINGS)}')
         for name, p in (("crossover", self.crossover), ("mutation", self.mutation)):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..core.errors import AutodiceError
 from ..core.model import load_model
+from ..core.outdir import check_writable_file
 from ..core.plan import human_bytes as _human
 from ..core.plan import load_plan
 
@@ -24,6 +25,7 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
     out_dir, image = Path(out_dir), Path(image)
     if image.suffix.lower() not in (".svg", ".png", ".pdf"):
         raise AutodiceError(f"{image}: the picture must be .svg, .png or .pdf")
+    check_writable_file(image)
     plan = load_plan(out_dir)
     graph = load_model(Path(model) if model else out_dir / plan.model,
                        {t.name: t.shape for t in plan.model_inputs})
