@@ -851,3 +851,12 @@ def test_ten_thousand_bad_keys_are_a_short_report(fig2):
     assert r.exit_code == 2 and len(lines) == 21, len(lines)
     assert lines[-1].endswith("and 9980 more keys whose host is not in "
                               f"{fig2 / 'platform.txt'}"), lines[-1]
+
+
+def test_a_byte_order_mark_and_crlf_lines_are_fine(fig2):
+    """Windows editors save specs with a BOM and CRLF line ends; neither is part of a name."""
+    for name in ("platform.txt", "mapping.json"):
+        text = (fig2 / name).read_text()
+        (fig2 / name).write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    r = CliRunner().invoke(main, SPLIT.format(d=fig2).split())
+    assert r.exit_code == 0, r.output
