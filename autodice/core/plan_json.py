@@ -27,7 +27,7 @@ def check_plan_json(data, where: str) -> list[str]:
     if not isinstance(data, dict):
         return [f"{where}: expected an object (the plan `autodice split` writes)"]
     c = _Checker(where, p)
-    c.text(data, "model", "")
+    c.text(data, "model", "", path=True)
     for key in ("model_inputs", "model_outputs"):
         for i, t in c.items(data, key, ""):
             c.tensor(t, f"{key}[{i}]")
@@ -87,10 +87,12 @@ class _Checker:
             return []
         return list(enumerate(value))
 
-    def text(self, obj: dict, key: str, at: str):
+    def text(self, obj: dict, key: str, at: str, path: bool = False):
+        """A non-empty string; a ``path`` also without NUL (names are data: any byte goes)."""
         value = self.field(obj, key, at)
-        if value is not _MISSING and (not isinstance(value, str) or not value or "\0" in value):
-            self._bad(at, key, "a non-empty string", value)
+        if value is not _MISSING and (not isinstance(value, str) or not value
+                                      or (path and "\0" in value)):
+            self._bad(at, key, "a non-empty path" if path else "a non-empty string", value)
             return _MISSING
         return value
 
@@ -181,7 +183,7 @@ class _Checker:
         self.whole(r, "gpu_index", at, 0, 63)
         self.wholes(r, "slots", at, 0, MAX_CORE)
         self.whole(r, "threads", at, 1, MAX_THREADS)
-        sub = self.text(r, "submodel", at)
+        sub = self.text(r, "submodel", at, path=True)
         if isinstance(sub, str):
             path = PurePosixPath(sub)
             if (path.is_absolute() or ".." in path.parts or "\\" in sub
