@@ -66,9 +66,9 @@ def progress(*columns, **kwargs):
                 self.started = True
                 super().start()
 
-        def stop(self):  # rich prints a blank line on stopping, started or not
+        def stop(self):  # rich ends with a blank line where no terminal is; errors come next
             if self.started:
-                super().stop()
+                self.live.stop()
 
         def update(self, *args, **kw):
             self.start()

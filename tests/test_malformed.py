@@ -497,6 +497,8 @@ CASES = [
     ("gen-submodel-missing", "split", {"out/models/edge04_gpu.onnx": None}, "gen {d}/out",
      "models/edge04_gpu.onnx: no such file"),
     ("gen-no-plan", "fig2", {}, "gen {d}", "no plan here"),
+    ("gen-submodel-garbage", "split", {"out/models/edge04_gpu.onnx": b"garbage"},
+     "gen {d}/out", 'key "edge04_gpu"'),
     ("build-no-packages", "split", {}, "build {d}/out", "no packages"),
     ("run-input-name", "split", {"x.npy": npy((1, 4, 8, 8))}, "run {d}/out --input nope={d}/x.npy",
      "--input nope="),
@@ -860,3 +862,20 @@ def test_a_byte_order_mark_and_crlf_lines_are_fine(fig2):
         (fig2 / name).write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
     r = CliRunner().invoke(main, SPLIT.format(d=fig2).split())
     assert r.exit_code == 0, r.output
+
+
+def test_a_failed_gen_leaves_no_half_of_ncnn(split_of_fig2, tmp_path, monkeypatch):
+    """gen converts aside and renames ncnn/ in only when every conversion checks out."""
+    from autodice.backend import gen as gen_module
+    from autodice.core.errors import AutodiceError
+
+    def wrong(*args, **kwargs):
+        raise AutodiceError('rank 0 (key "edge01_arm123"): ncnn computes "Buff4" off by 1')
+
+    monkeypatch.setattr(gen_module, "verify_conversions", wrong)
+    d = tmp_path / "w"
+    shutil.copytree(split_of_fig2, d)
+    before = snapshot(d)
+    r = CliRunner().invoke(main, ["gen", str(d / "out")])
+    assert r.exit_code == 2 and r.output.startswith("error: rank 0"), r.output
+    assert snapshot(d) == before

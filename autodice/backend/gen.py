@@ -19,8 +19,9 @@ from pathlib import Path
 
 import jinja2
 
-from ..core.errors import Problems
+from ..core.errors import AutodiceError, Problems
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
+from ..core.onnxio import read_model
 from ..core.outdir import claim, staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.tables import hostfile, rankfile
@@ -123,10 +124,11 @@ RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_progr
 
 
 def check_submodels(plan: Plan, out_dir: Path) -> None:
-    """Every rank's sub-model is where the plan says, before pnnx is asked to read one.
+    """Every rank's sub-model is where the plan says and an ONNX model, before pnnx is asked to
+    read one (its complaint would not name the file).
 
     Raises:
-        AutodiceError: one line per missing sub-model.
+        AutodiceError: one line per missing or unreadable sub-model.
     """
     problems = Problems()
     for r in plan.ranks:
@@ -134,6 +136,12 @@ def check_submodels(plan: Plan, out_dir: Path) -> None:
         if not path.is_file():
             problems.add(f'{path}: no such file (rank {r.rank}, key "{r.key}"); the split is '
                          "incomplete: run `autodice split` again")
+            continue
+        try:
+            read_model(path)
+        except AutodiceError as e:
+            for line in e.problems:
+                problems.add(f'{line} (rank {r.rank}, key "{r.key}")')
     problems.raise_if_any()
 
 
@@ -154,11 +162,14 @@ def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = T
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     check_submodels(plan, out_dir)
-    claim(out_dir, "ncnn/", "packages/")
+    claim(out_dir)  # an autodice output, or nothing is written into it
+    # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
+    with staged(out_dir / "ncnn", owned=True) as converting:
+        convert_all(plan, out_dir, converting, fp16, progress)
+        if verify:
+            verify_conversions(plan, out_dir, converting, fp16, console)
+        claim(out_dir, "ncnn/")
     ncnn_dir = out_dir / "ncnn"
-    convert_all(plan, out_dir, ncnn_dir, fp16, progress)
-    if verify:
-        verify_conversions(plan, out_dir, ncnn_dir, fp16, console)
     program = render_program(plan, fp16)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
@@ -180,4 +191,5 @@ def gen(out_dir: str | Path, fp16: bool = False, progress=None, verify: bool = T
                     for suffix in ("param", "bin"):
                         src = ncnn_dir / f"{r.key}.ncnn.{suffix}"
                         shutil.copyfile(src, pkg / "models" / src.name)
+        claim(out_dir, "packages/")
     return plan

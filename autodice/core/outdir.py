@@ -113,7 +113,7 @@ def check_writable_file(path: Path) -> None:
 def claim(out: Path, *entries: str) -> None:
     """Record in the manifest of the autodice output ``out`` that autodice writes ``entries``
     inside it (``"packages/"``: a folder, ``"measure.json"``: a file), so the next run may
-    replace them with the rest.
+    replace them with the rest. With no entries, only checks that ``out`` is an output.
 
     Raises:
         AutodiceError: ``out`` is not an autodice output (writing there would mix autodice's
