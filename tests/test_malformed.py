@@ -121,6 +121,12 @@ def huge_initializer(m):
     t.dims[:] = [2**40, 2**40]
 
 
+def many_dangling(m):
+    """100 nodes that each read a tensor nothing provides."""
+    m.graph.node.extend(helper.make_node("Relu", [f"ghost{k}"], [f"g{k}"], name=f"G{k}")
+                        for k in range(100))
+
+
 def huge_declared_input(m):
     """The model itself says its input is 1x4x2147483648x8 (2^36 elements)."""
     dims = m.graph.input[0].type.tensor_type.shape.dim
@@ -328,6 +334,9 @@ CASES = [
     ("platform-slots-digits", "fig2",
      {"platform.txt": PLATFORM + "edge06, arm, slots=0-" + "9" * 5000 + "\n"}, SPLIT,
      "is past 4095"),
+    ("mapping-many-twice", "fig2",
+     {"mapping.json": "{" + ", ".join(['"edge01_gpu": ["FC1"]'] * 1000) + "}"}, SPLIT,
+     "mapping.json: and 979 more keys that appear twice"),
     ("mapping-missing-dir", "fig2", {"mapping.json": lambda d: (d / "mapping.json").unlink()},
      SPLIT.replace("-m {d}/mapping.json", "-m {d}/nowhere/mapping.json"),
      "nowhere/mapping.json: cannot read"),
@@ -382,6 +391,8 @@ CASES = [
      SPLIT, 'op "Foo\\nBar" is unknown to ONNX'),
     ("model-huge-declared-input", "fig2", {"model.onnx": fig2_with(huge_declared_input)}, SPLIT,
      'tensor "input" would hold 68719476736 elements'),
+    ("model-many-dangling", "fig2", {"model.onnx": fig2_with(many_dangling)}, SPLIT,
+     "model.onnx: and 80 more tensors read but never provided"),
     ("model-empty-file", "fig2", {"model.onnx": b""}, SPLIT, "model.onnx: not an ONNX model"),
     ("model-truncated", "fig2", {"model.onnx": lambda d: (d / "model.onnx").write_bytes(
         figure2().SerializeToString()[:150])}, SPLIT, "model.onnx: not an ONNX model"),

@@ -220,19 +220,23 @@ def sort_nodes(path: Path, nodes: list, names: list[str], lazy: LazyModel):
         for t in n.output:
             if t and t in produced_by:
                 problems.add(f'{path}: tensor "{t}" is the output of both node '
-                             f'"{names[produced_by[t]]}" and node "{names[i]}"')
+                             f'"{names[produced_by[t]]}" and node "{names[i]}"',
+                             f"{path}: and {{n}} more tensors with two producers")
             elif t in available and t:
                 problems.add(f'{path}: node "{names[i]}" writes "{t}", which is a model input '
-                             "or initializer")
+                             "or initializer", f"{path}: and {{n}} more nodes that write an "
+                             "input or initializer")
             produced_by.setdefault(t, i)
     for o in lazy.proto.graph.output:
         if o.name not in produced_by:
-            problems.add(f'{path}: output "{o.name}" is not produced by any node')
+            problems.add(f'{path}: output "{o.name}" is not produced by any node',
+                         f"{path}: and {{n}} more outputs no node produces")
     for i, n in enumerate(nodes):
         for t in n.input:
             if t not in available and t not in produced_by:
                 problems.add(f'{path}: node "{names[i]}" reads tensor "{t}" that no node, input '
-                             f"or initializer provides")
+                             f"or initializer provides",
+                             f"{path}: and {{n}} more tensors read but never provided")
     problems.raise_if_any()
     done = set(available)
     if all(_ready(n, done) for n in nodes):

@@ -286,7 +286,8 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
         seen = set()
         for k, _ in items:
             if k in seen:
-                problems.add(f'{path}: key "{k}" appears twice')
+                problems.add(f'{path}: key "{k}" appears twice',
+                             f"{path}: and {{n}} more keys that appear twice")
             seen.add(k)
         return Pairs(items)
 
