@@ -19,15 +19,66 @@ out = Console(width=None if sys.stdout.isatty() else 130)
 
 
 class Main(click.Group):
-    """Turns AutodiceError into one ``error:`` line per problem and exit code 2."""
+    """Turns AutodiceError into one ``error:`` line per problem and exit code 2.
+
+    click's own complaints about the command line (an unknown option, a value that is not a
+    number, a file that is a directory) get the same one-line form, and so does an error of
+    the machine (a full disk, a folder autodice may not write) that no check foresaw.
+    """
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except AutodiceError as e:
             for line in e.problems:
-                click.echo(f"error: {line}", err=True)
+                click.echo(f"error: {visible(line)}", err=True)
             sys.exit(2)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
+
+
+def visible(line: str) -> str:
+    """``line`` with control characters spelled out (``\\n``, ``\\x1b``): a name from a model
+    or a mapping key is data, and must neither start a line of its own nor drive the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in line)
+
+
+def progress(*columns, **kwargs):
+    """A ``rich.progress.Progress`` that appears with its first step, not on entering ``with``:
+    the checks that run before any work then print their errors as the first lines."""
+    from rich.progress import Progress
+
+    class Lazy(Progress):
+        started = False
+
+        def __enter__(self):
+            return self
+
+        def start(self):
+            if not self.started:
+                self.started = True
+                super().start()
+
+        def stop(self):  # rich ends with a blank line where no terminal is; errors come next
+            if self.started:
+                self.live.stop()
+
+        def update(self, *args, **kw):
+            self.start()
+            super().update(*args, **kw)
+
+        def advance(self, *args, **kw):
+            self.start()
+            super().advance(*args, **kw)
+
+    return Lazy(*columns, console=console, transient=True, **kwargs)
 
 
 @click.group(cls=Main)
@@ -57,6 +108,8 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
     from .core.model import parse_input_shapes
     from .frontend.split import split as run_split
 
+    if check and samples < 1:
+        raise AutodiceError(f"--samples {samples}: need at least 1")
     with console.status("splitting"):
         plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
     table = Table(title=f"{len(plan.ranks)} ranks, {len(plan.edges)} cut tensors -> {output}")
@@ -118,7 +171,8 @@ def layers(model, input_shapes, as_json, balance):
 
     graph = load_model(model, parse_input_shapes(input_shapes))
     if balance:
-        click.echo(mapping_json(balanced_mapping(graph, balance.split(","))), nl=False)
+        keys = balance.split(",")
+        click.echo(mapping_json(balanced_mapping(graph, keys, "--balance")), nl=False)
         return
     rows = layer_table(graph)
     if as_json:
@@ -160,13 +214,11 @@ def view(output, image, model):
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
 def gen(output, precision, verify):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
-    from rich.progress import Progress
-
     from .backend.gen import gen as run_gen
     from .core.plan import load_plan
 
     n = len(load_plan(output).ranks)
-    with Progress(console=console, transient=True) as bar:
+    with progress() as bar:
         task = bar.add_task("converting sub-models with pnnx, then checking them in ncnn",
                             total=n)
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
@@ -312,9 +364,11 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
             gpu):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     from .core.model import parse_input_shapes
+    from .core.outdir import check_writable_file
     from .dse.profile import save_profile
     from .dse.profiler import op_summary, run_profile
 
+    check_writable_file(Path(output))
     links = None
     if inventory:
         from .dse.links import probe_links
@@ -416,8 +470,6 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts,
         parallel):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
-    from rich.progress import Progress
-
     from .core.spec import parse_bytes
     from .dse.front import table_rows
     from .dse.measure import measure
@@ -436,7 +488,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
                             f"--measure >= 0, --frames >= 1 and --rounds >= 1")
     profile = profile_arg(profiles, model, platform)
-    with Progress(console=console, transient=True) as bar:
+    with progress() as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
         front = run_dse(model, platform, profile, output, settings,
                         progress=lambda g, n: bar.update(task, completed=g),
@@ -458,7 +510,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     for note in front.notes:
         out.print(f"note: {note}", soft_wrap=True)
     if measure_k:
-        with Progress(console=console, transient=True) as bar:
+        with progress() as bar:
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
                               inventory,
@@ -570,7 +622,7 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
            timeout):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from .core.plan import load_plan
     from .deploy.deploy import deploy as run_deploy
@@ -578,9 +630,8 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
 
     plan = load_plan(output)
     given = _inputs(plan, inputs)
-    with Progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
-                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
+    with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
         res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
                          frames=frames, pipeline=not no_pipeline, timeout_s=timeout,

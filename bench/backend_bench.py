@@ -168,8 +168,9 @@ def main() -> None:
           "independent single-thread ncnn processes reach together over one")
     print(f"\n{'tensor':<16} {'MB':>7} {'wire GB/s':>9} {'memcpy GB/s':>11} {'wire/memcpy':>11}")
     for w in wire_rows:
-        print(f"{w['shape']:<16} {w['bytes'] / 1e6:7.2f} {w['bytes'] / w['transfer_us'] / 1e3:9.2f} "
-              f"{w['bytes'] / w['memcpy_us'] / 1e3:11.2f} {w['memcpy_us'] / w['transfer_us']:11.2f}")
+        mb, t_wire, t_copy = w["bytes"] / 1e6, w["transfer_us"], w["memcpy_us"]
+        print(f"{w['shape']:<16} {mb:7.2f} {mb * 1e3 / t_wire:9.2f} {mb * 1e3 / t_copy:11.2f} "
+              f"{t_copy / t_wire:11.2f}")
     print("\nSqueezeNet, 1 rank: " + ", ".join(
         f"{k} {v['fps']:.1f} frames/s, rel error {v['rel_error']:.2g}, same top-1 {v['top1_same']}"
         for k, v in fp16.items()))

@@ -78,7 +78,8 @@ def main() -> None:
             work = Path(tmp)
             platform, mapping = platform_and_mapping(model, work)
             ours = median_time(lambda: split(model, mapping, platform, work / "out"), args.repeat)
-            base = median_time(lambda: protobuf_split(model, work / "out"), max(1, args.repeat // 2))
+            base = median_time(lambda: protobuf_split(model, work / "out"),
+                               max(1, args.repeat // 2))
             n_nodes = len(load_model(model).nodes)
         row = {"model": name, "nodes": n_nodes, "bytes": model.stat().st_size, "submodels": 24,
                "median_s": ours, "protobuf_median_s": base, "speedup": base / ours,

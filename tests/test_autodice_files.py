@@ -47,7 +47,8 @@ def exported_cnn(seed: int = 0) -> onnx.ModelProto:
         nodes.append(helper.make_node(op, [prev, *extra], [out], name=name, **attrs))
         prev = out
     graph = helper.make_graph(nodes, "exported",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                             [1, 3, 16, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 1, 1])],
                               [w1, w2])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)

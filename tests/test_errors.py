@@ -60,8 +60,8 @@ CASES = [
      "Relu_1"]})}, [], 'did you mean "Relu1"'),
     ("unmapped-layer", {"mapping.json": json.dumps({"edge01_arm123": ["MaxPool1", "Add1"],
      "edge01_gpu": ["FC1"], "edge04_gpu": ["Conv1"]})}, [], '"Relu1"'),
-    ("layer-under-two-keys", {"mapping.json": json.dumps({**FIG2_MAPPING, "edge02_gpu":
-     ["Add1"]})}, [], "horizontal partitioning"),
+    ("layer-split-no-rule", {"mapping.json": json.dumps({**FIG2_MAPPING, "edge02_gpu":
+     [{"layer": "FC1", "split": "rows"}]})}, [], 'layer "FC1" cannot be split'),
     ("layer-twice-in-key", {"mapping.json": json.dumps({**FIG2_MAPPING, "edge01_gpu":
      ["FC1", "FC1"]})}, [], 'layer "FC1" is listed twice'),
     ("key-no-underscore", {"mapping.json": mapping(edge01_gpu="edge01gpu")}, [], '"edge01gpu"'),
@@ -101,7 +101,8 @@ CASES = [
      "runs backwards"),
     ("platform-bad-mem", {"platform.txt": PLATFORM + "edge06, arm, slots=0, mem=lots\n"}, [],
      "mem=lots"),
-    ("platform-short-line", {"platform.txt": PLATFORM + "edge06, arm\n"}, [], 'expected "name, arch'),
+    ("platform-short-line", {"platform.txt": PLATFORM + "edge06, arm\n"}, [],
+     'expected "name, arch'),
     ("model-missing", {"model.onnx": None}, [], "model.onnx: no such file"),
     ("model-garbage", {"model.onnx": b"\xff\xfe not a model"}, [], "not an ONNX model"),
     ("model-dangling-input", {"model.onnx": dangling_model(), "mapping.json":

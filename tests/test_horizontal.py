@@ -40,9 +40,14 @@ def conv_stack(h: int = 13, width: int = 11, seed: int = 0) -> onnx.ModelProto:
     def w(name, *shape):
         return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
 
+    def pooled(n, pad):  # c2 (stride 2, dilation 2, pads summing to 3), then p (ceil mode)
+        n = (n + pad - 5) // 2 + 1
+        return -(-(n - 3) // 2) + 1
+
     weights = [w("w1", 8, 6, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("g2", 8), w("be2", 8),
                w("m2", 8), numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "v2"),
-               w("wg", 8, 4, 1, 1), w("wd", 8, 1, 3, 3), w("wf", 5, 8 * 3 * 2), w("bf", 5)]
+               w("wg", 8, 4, 1, 1), w("wd", 8, 1, 3, 3),
+               w("wf", 5, 8 * pooled(h, 3) * pooled(width, 3)), w("bf", 5)]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["a1"], name="c1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["a1"], ["a2"], name="r1"),

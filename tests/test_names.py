@@ -46,7 +46,8 @@ def compile_and_run(tmp_path, source: str) -> str:
                           check=True).stdout
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(names, min_size=40, max_size=40))
 def test_string_literals_keep_every_byte_and_comments_end_nothing(tmp_path, drawn):
     texts = EVIL + drawn

@@ -75,7 +75,8 @@ def test_old_style_initializers_listed_as_inputs(tmp_path, zoo_model, fig2):
 
 
 def test_layer_names_unnamed_and_duplicates():
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"], name="r"),
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Relu", ["a"], ["b"], name="r"),
              helper.make_node("Relu", ["b"], ["c"], name="r"),
              helper.make_node("Relu", ["c"], ["d"], name="r_1"),
              helper.make_node("Relu", ["d"], ["e"], name="r")]
@@ -87,7 +88,8 @@ def test_unsorted_graph_is_sorted(tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
     nodes = [helper.make_node("Relu", ["a"], ["y"], name="second"),
              helper.make_node("Neg", ["x"], ["a"], name="first")]
-    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8), tmp_path / "m.onnx")
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8),
+              tmp_path / "m.onnx")
     assert load_model(tmp_path / "m.onnx").names == ["first", "second"]
 
 

@@ -90,6 +90,7 @@ def test_random_dag_random_mapping(tmp_path_factory, model, data):
     mapping = {k: [] for k in keys}
     for layer in layers:
         mapping[data.draw(st.sampled_from(keys))].append(layer)
+    mapping = {k: v for k, v in mapping.items() if v}  # split refuses a key with no layers
     (tmp / "mapping.json").write_text(json.dumps(mapping))
     (tmp / "platform.txt").write_text(PLATFORM)
     plan = split(tmp / "m.onnx", tmp / "mapping.json", tmp / "platform.txt", tmp / "out")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from ..core.errors import AutodiceError
+from ..core.outdir import claim
 from ..core.plan import load_plan
 from .engine import cmake_args, ensure_ncnn
 
@@ -17,8 +18,8 @@ def _run(cmd: list[str], log: Path, what: str) -> None:
         f.flush()
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-15:])
-        raise AutodiceError(f"{what} failed (log: {log}):\n{tail}")
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise AutodiceError(f"{what} failed (log: {log}):", *tail)
 
 
 def build(out_dir: str | Path, console=None) -> Path:
@@ -34,6 +35,7 @@ def build(out_dir: str | Path, console=None) -> Path:
     packages = out_dir / "packages"
     if not (packages / plan.ranks[0].host / "program.cpp").exists():
         raise AutodiceError(f"{packages}: no packages; run `autodice gen {out_dir}` first")
+    claim(out_dir, "build/")
     ncnn = ensure_ncnn(console=console)
     # Built here, the program runs here, whatever the platform says the hosts are: one build
     # serves every package (a board builds its own natively through `autodice deploy`).

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import jinja2
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, Problems
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
-from ..core.outdir import staged, tensor_files
+from ..core.onnxio import read_model
+from ..core.outdir import claim, staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
@@ -134,6 +135,28 @@ RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_progr
                    "autodice_program.cpp")
 
 
+def check_submodels(plan: Plan, out_dir: Path) -> None:
+    """Every rank's sub-model is where the plan says and an ONNX model, before pnnx is asked to
+    read one (its complaint would not name the file).
+
+    Raises:
+        AutodiceError: one line per missing or unreadable sub-model.
+    """
+    problems = Problems()
+    for r in plan.ranks:
+        path = out_dir / r.submodel
+        if not path.is_file():
+            problems.add(f'{path}: no such file (rank {r.rank}, key "{r.key}"); the split is '
+                         "incomplete: run `autodice split` again")
+            continue
+        try:
+            read_model(path)
+        except AutodiceError as e:
+            for line in e.problems:
+                problems.add(f'{line} (rank {r.rank}, key "{r.key}")')
+    problems.raise_if_any()
+
+
 def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: bool = True,
         console=None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
@@ -153,11 +176,16 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
         raise AutodiceError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
-    ncnn_dir = out_dir / "ncnn"
+    check_submodels(plan, out_dir)
+    claim(out_dir)  # an autodice output, or nothing is written into it
     fp16_weights = precision == "fp16"
-    convert_all(plan, out_dir, ncnn_dir, fp16_weights, progress)
-    if verify:
-        verify_conversions(plan, out_dir, ncnn_dir, fp16_weights, console)
+    # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
+    with staged(out_dir / "ncnn", owned=True) as converting:
+        convert_all(plan, out_dir, converting, fp16_weights, progress)
+        if verify:
+            verify_conversions(plan, out_dir, converting, fp16_weights, console)
+        claim(out_dir, "ncnn/")
+    ncnn_dir = out_dir / "ncnn"
     program = render_program(plan, precision)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
@@ -179,4 +207,5 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
                     for suffix in ("param", "bin"):
                         src = ncnn_dir / f"{r.key}.ncnn.{suffix}"
                         shutil.copyfile(src, pkg / "models" / src.name)
+        claim(out_dir, "packages/")
     return plan

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
-from ..core.outdir import tensor_files
+from ..core.outdir import claim, tensor_files
 from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
 from .failure import explain_failure
@@ -72,28 +72,48 @@ def omp_wait_policy(plan: Plan, n_cpus: int) -> dict[str, str]:
     return {"OMP_WAIT_POLICY": "passive"}
 
 
-def stage_inputs(plan: Plan, inputs: dict[str, Path], dest: Path) -> None:
-    """Check each input .npy against the plan and copy it where the program reads it.
+def check_inputs(plan: Plan, inputs: dict[str, Path]) -> dict[str, np.ndarray]:
+    """Each model input's array, read from its .npy and checked against the plan.
 
     Raises:
-        AutodiceError: a missing input, or an array of the wrong shape or dtype.
+        AutodiceError: a missing input, a file that is not a .npy array, or an array of the
+            wrong shape or dtype.
     """
-    dest.mkdir(parents=True, exist_ok=True)
-    files = tensor_files(plan)
+    arrays = {}
     for t in plan.model_inputs:
         path = inputs.get(t.name)
         if path is None:
             raise AutodiceError(f'no input given for model input "{t.name}" '
                                 f"(shape {'x'.join(map(str, t.shape))} {t.dtype})")
         try:
+            with open(path, "rb") as f:
+                if f.read(6) != b"\x93NUMPY":
+                    raise ValueError("no .npy header; write it with numpy.save")
             array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
+        except OSError as e:
+            raise AutodiceError(f"{path}: not a .npy array ({e.strerror})") from None
+        except ValueError as e:
             raise AutodiceError(f"{path}: not a .npy array ({e})") from None
         if array.shape != t.shape or array.dtype != np.dtype(t.dtype):
             raise AutodiceError(f'{path}: model input "{t.name}" must be '
                                 f"{'x'.join(map(str, t.shape))} {t.dtype}, got "
                                 f"{'x'.join(map(str, array.shape))} {array.dtype}")
-        np.save(dest / files[t.name], np.ascontiguousarray(array))
+        arrays[t.name] = array
+    return arrays
+
+
+def stage_inputs(plan: Plan, inputs: dict[str, Path], dest: Path) -> None:
+    """Check each input .npy against the plan (all of them first), then copy them where the
+    program reads them.
+
+    Raises:
+        AutodiceError: as :func:`check_inputs`.
+    """
+    arrays = check_inputs(plan, inputs)
+    dest.mkdir(parents=True, exist_ok=True)
+    files = tensor_files(plan)
+    for name, array in arrays.items():
+        np.save(dest / files[name], np.ascontiguousarray(array))
 
 
 def program_flags(frames: int, pipeline: bool = True, gpu_fallback: bool = False) -> list[str]:
@@ -131,15 +151,26 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
             says so in stats.json) instead of failing.
 
     Raises:
-        AutodiceError: not built, bad inputs, or the job failed (the ranks' last lines shown).
+        AutodiceError: fewer than one frame, not built, bad inputs, a results folder that cannot
+            be written, or the job failed (the ranks' last lines shown). All but the last before
+            anything is written.
     """
     out_dir = Path(out_dir)
+    if frames < 1:
+        raise AutodiceError(f"--frames {frames}: need at least 1")
     plan = load_plan(out_dir)
     program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
     if not program.exists():
         raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")
-    results = Path(results) if results else out_dir / "results"
-    results.mkdir(parents=True, exist_ok=True)
+    check_inputs(plan, inputs)
+    if results is None:
+        results = out_dir / "results"
+        claim(out_dir, "results/")
+    results = Path(results)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AutodiceError(f"{results}: cannot write the results there ({e.strerror})") from None
     stage_inputs(plan, inputs, results / "inputs")
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
     cmd = [mpirun, "-np", str(len(plan.ranks))]

@@ -64,8 +64,8 @@ def build_tools(ncnn: Path) -> Path:
             with open(log, "a") as f:
                 proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
             if proc.returncode != 0:
-                tail = "\n".join(log.read_text().splitlines()[-15:])
-                raise AutodiceError(f"{what} autodice's C++ tools failed:\n{tail}")
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                raise AutodiceError(f"{what} autodice's C++ tools failed:", *tail)
         out = tmp / "bin"
         out.mkdir()
         for tool in TOOLS:

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import AutodiceError, Problems
-from .onnxio import LazyModel, TensorRef, element_size, read_model
+from .onnxio import MAX_ELEMENTS, LazyModel, TensorRef, element_size, elements, read_model
 
 # Ops whose output is a function of shapes only; with static shapes they become constants.
 SHAPE_OPS = frozenset({"Shape", "Size"})
@@ -116,7 +116,20 @@ def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[in
         if not m:
             problems.add(f'--input-shape "{spec}": expected NAME=DxDx... such as data=1x3x224x224')
             continue
-        shapes[m.group(1)] = tuple(int(d) for d in m.group(2).split("x"))
+        name = m.group(1)
+        if max(len(d) for d in m.group(2).split("x")) > 100:  # Python reads 4300 digits at most
+            problems.add(f'--input-shape {name}=...: tensor "{name}" has a dimension past 2^31 '
+                         "(the most autodice handles in one tensor)")
+            continue
+        shape = tuple(int(d) for d in m.group(2).split("x"))
+        if name in shapes:
+            problems.add(f"--input-shape {name}: given twice")
+        elif min(shape) < 1:
+            problems.add(f'--input-shape "{spec}": dimensions must be at least 1')
+        elif elements(shape) > MAX_ELEMENTS:
+            problems.add(f'--input-shape {spec}: tensor "{name}" would hold {elements(shape)} '
+                         "elements, past 2^31 (the most autodice handles in one tensor)")
+        shapes[name] = shape
     problems.raise_if_any()
     return shapes
 
@@ -140,7 +153,10 @@ def build_graph(path: Path, lazy: LazyModel,
             inference.
     """
     graph = lazy.proto.graph
+    if not graph.node:
+        raise AutodiceError(f"{path}: the graph has no nodes; there is nothing to split")
     names = name_layers(graph.node)
+    check_ops(path, graph.node, names, lazy)
     nodes = sort_nodes(path, list(graph.node), names, lazy)
     if nodes is not graph.node:
         order = {id(n): i for i, n in enumerate(graph.node)}
@@ -157,7 +173,8 @@ def build_graph(path: Path, lazy: LazyModel,
         for t in node.input:
             if t:
                 consumers.setdefault(t, []).append(i)
-    types = infer_types(path, lazy, nodes, inputs, input_shapes or {})
+    types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, names=names)
+    check_types(path, nodes, names, types, producer)
     followers = find_followers(nodes, types, weights)
     # Exporters compute Reshape targets from Shape/Gather/Concat chains that ONNX's data
     # propagation does not follow; evaluating the followers settles them. Each round can make
@@ -166,7 +183,7 @@ def build_graph(path: Path, lazy: LazyModel,
         constants = fold_followers(nodes, followers, types, lazy)
         if not constants:
             break
-        types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, constants)
+        types = infer_types(path, lazy, nodes, inputs, input_shapes or {}, constants, names)
         grown = find_followers(nodes, types, weights)
         if grown == followers:
             break
@@ -203,16 +220,33 @@ def sort_nodes(path: Path, nodes: list, names: list[str], lazy: LazyModel):
     """``nodes`` in topological order (the same list when already sorted, as ONNX requires).
 
     Raises:
-        AutodiceError: a node reads a tensor nothing produces, or the graph has a cycle.
+        AutodiceError: a node reads a tensor nothing produces, a tensor with two producers
+            (ONNX graphs are single-assignment), an output no node produces, or a cycle.
     """
     available = {i.name for i in lazy.proto.graph.input} | set(lazy.tensors) | {""}
-    produced_by = {t: i for i, n in enumerate(nodes) for t in n.output}
     problems = Problems()
+    produced_by: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for t in n.output:
+            if t and t in produced_by:
+                problems.add(f'{path}: tensor "{t}" is the output of both node '
+                             f'"{names[produced_by[t]]}" and node "{names[i]}"',
+                             f"{path}: and {{n}} more tensors with two producers")
+            elif t in available and t:
+                problems.add(f'{path}: node "{names[i]}" writes "{t}", which is a model input '
+                             "or initializer", f"{path}: and {{n}} more nodes that write an "
+                             "input or initializer")
+            produced_by.setdefault(t, i)
+    for o in lazy.proto.graph.output:
+        if o.name not in produced_by:
+            problems.add(f'{path}: output "{o.name}" is not produced by any node',
+                         f"{path}: and {{n}} more outputs no node produces")
     for i, n in enumerate(nodes):
         for t in n.input:
             if t not in available and t not in produced_by:
                 problems.add(f'{path}: node "{names[i]}" reads tensor "{t}" that no node, input '
-                             f"or initializer provides")
+                             f"or initializer provides",
+                             f"{path}: and {{n}} more tensors read but never provided")
     problems.raise_if_any()
     done = set(available)
     if all(_ready(n, done) for n in nodes):
@@ -259,13 +293,18 @@ def _type_of(value_info) -> TensorType | None:
 
 def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
                 input_shapes: dict[str, tuple[int, ...]],
-                constants: dict[str, TensorProto] | None = None) -> dict[str, TensorType]:
+                constants: dict[str, TensorProto] | None = None,
+                names: list[str] | None = None) -> dict[str, TensorType]:
     """Shapes and element types of every tensor, for batch 1.
 
     Inference runs on a model whose large weights are replaced by typed graph inputs, so a
     548 MB model costs what its graph costs. A symbolic leading dimension is taken as batch 1;
     other symbolic dimensions need ``input_shapes``. ``constants`` (folded follower outputs)
     replace the nodes that produce them.
+
+    Inference is strict: a node whose inputs contradict it (MatMul of 8 by 5 columns, a
+    kernel_shape longer than the input) is an error naming the node, not a tensor left without
+    a type for a later pass to trip over.
     """
     constants = constants or {}
     graph = lazy.proto.graph
@@ -307,9 +346,13 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
             g.input.append(helper.make_tensor_value_info(name, ref.data_type, ref.dims))
     g.output.extend(graph.output)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as e:  # onnx raises several C++-bound error types
-        raise AutodiceError(f"{path}: shape inference failed: {str(e).splitlines()[0]}") from None
+        causes = inference_errors(path, str(e), nodes, names)
+        if causes:
+            raise AutodiceError(*causes) from None
+        # Only ops ncnn cannot run failed (a Loop's body): the mapping check names them better.
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     types: dict[str, TensorType] = {
         name: TensorType(tuple(c.dims), c.data_type) for name, c in constants.items()}
     for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
@@ -319,6 +362,91 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
     for name, ref in lazy.tensors.items():
         types[name] = TensorType(ref.dims, ref.data_type)
     return types
+
+
+def inference_errors(path: Path, said: str, nodes, names: list[str] | None) -> list[str]:
+    """onnx's strict inference complaint as one line per node, by the node's layer name.
+
+    A node that fails leaves its outputs untyped, so every node after it complains that an
+    input has no type: those echoes are not causes. Nor are ops ncnn cannot run anyway
+    (``UNSUPPORTED_OPS``), which the mapping check reports by key. Empty: no cause left.
+    """
+    layer = {n.name: names[i] for i, n in enumerate(nodes)} if names else {}
+    found = re.findall(r"\(op_type:([^,]*), node name: ([^)]*)\): (?:\[\w+\] )?(.*)", said)
+    if not found:
+        return [f"{path}: shape inference failed: {said.splitlines()[0]}"]
+    return [f'{path}: node "{layer.get(name, name)}" ({op}): {what.strip()}'
+            for op, name, what in found
+            if "but instead is null" not in what and op not in UNSUPPORTED_OPS][:20]
+
+
+def check_ops(path: Path, nodes, names: list[str], lazy: LazyModel) -> None:
+    """Every node's op must be one ONNX defines or a function the model brings: anything else
+    has no shape inference (its outputs would be reported as shapeless much later) and no
+    converter.
+
+    Raises:
+        AutodiceError: one line per unknown op, naming the node.
+    """
+    functions = {(f.domain, f.name) for f in lazy.proto.functions}
+    problems = Problems()
+    for i, n in enumerate(nodes):
+        domain = "" if n.domain in ("", "ai.onnx") else n.domain
+        if (n.domain, n.op_type) in functions or onnx.defs.has(n.op_type, domain):
+            continue
+        problems.add(f'{path}: node "{names[i]}": op "{n.op_type}" is unknown to ONNX (domain '
+                     f'"{n.domain or "ai.onnx"}") and not a function of the model, so nothing '
+                     "can infer its shapes or convert it",
+                     f"{path}: and {{n}} more nodes of unknown ops")
+    problems.raise_if_any()
+
+
+def check_types(path: Path, nodes, names: list[str], types: dict[str, TensorType],
+                producer: dict[str, int]) -> None:
+    """What shape inference accepts but no engine would run: tensors past 2^31 elements (a typo
+    in --input-shape), and Conv weights that do not fit their input (onnx infers the output
+    from the weights alone).
+
+    Raises:
+        AutodiceError: one line per offending tensor or node.
+    """
+    problems = Problems()
+    over: set[str] = set()  # reported where a tensor first grows past, not downstream of it
+    for name in sorted(types, key=lambda t: producer.get(t, -1)):
+        t = types[name]
+        if not (t.static and elements(t.shape) > MAX_ELEMENTS):
+            continue
+        over.add(name)
+        if name in producer and over & set(nodes[producer[name]].input):
+            continue
+        source = f' (output of node "{names[producer[name]]}")' if name in producer else ""
+        problems.add(f'{path}: tensor "{name}"{source} would hold {elements(t.shape)} '
+                     f"elements ({t.shape_str()}), past 2^31 (the most autodice handles in "
+                     "one tensor)", f"{path}: and {{n}} more tensors past 2^31 elements")
+    for i, n in enumerate(nodes):
+        if n.op_type in ("Conv", "ConvTranspose") and len(n.input) >= 2:
+            _check_conv(path, n, names[i], types, problems)
+    problems.raise_if_any()
+
+
+def _check_conv(path: Path, node, layer: str, types: dict[str, TensorType],
+                problems: Problems) -> None:
+    x, w = types.get(node.input[0]), types.get(node.input[1])
+    if x is None or w is None or len(x.shape) < 2 or len(w.shape) < 2:
+        return
+    group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
+    # Conv: W is M x C/group x k...; ConvTranspose: W is C x M/group x k...
+    channels, per_group = x.shape[1], w.shape[1] if node.op_type == "Conv" else w.shape[0]
+    takes = per_group * group if node.op_type == "Conv" else per_group
+    if isinstance(channels, int) and isinstance(takes, int) and channels != takes:
+        problems.add(f'{path}: node "{layer}" ({node.op_type}): input "{node.input[0]}" has '
+                     f'{channels} channels, weight "{node.input[1]}" ({w.shape_str()}, group '
+                     f"{group}) takes {takes}")
+    if len(node.input) >= 3 and node.input[2] and node.input[2] in types:
+        b, m = types[node.input[2]], w.shape[0] if node.op_type == "Conv" else w.shape[1] * group
+        if b.static and isinstance(m, int) and b.shape != (m,):
+            problems.add(f'{path}: node "{layer}" ({node.op_type}): bias "{node.input[2]}" is '
+                         f"{b.shape_str()}, the weight makes {m} channels")
 
 
 def find_followers(nodes, types: dict[str, TensorType], weights) -> frozenset[int]:

@@ -10,10 +10,13 @@ file by the kernel (``os.copy_file_range``). Each weight is written once and nev
 
 Tensors stored as external data stay external: their bytes are copied into a data file beside the
 sub-model. Sub-models that would pass protobuf's 2 GB limit move all their weights to such a file.
+External data must lie inside the model's folder, as onnx's checker requires: a location is data
+from the file, and ``../../etc/passwd`` would otherwise be copied into the output.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from .errors import AutodiceError
+from .errors import AutodiceError, Problems
 
 # Protobuf wire types and the field numbers of onnx.proto that this module reads by hand.
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -36,6 +39,9 @@ _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
 SMALL_TENSOR_BYTES = 4096
 # Protobuf refuses messages of 2 GiB and more; stay clear of it.
 PROTOBUF_LIMIT = 1_800_000_000
+# The most elements one tensor may have. ncnn indexes blobs with int; past this a shape is a typo
+# (or --input-shape 1x3x1099511627776x...), and the plan's byte counts would be fiction.
+MAX_ELEMENTS = 2**31
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class TensorRef:
     length: int  # ... of this many bytes
     raw_offset: int | None  # absolute offset of raw_data in ``path`` (None: not raw_data)
     external: bool  # data lives in an external file named by the TensorProto
+    source: tuple[Path, int] | None = None  # external: (data file, offset), checked on reading
 
 
 @dataclass
@@ -148,12 +155,93 @@ def _scan_tensor(buf, start: int, end: int, path: Path) -> TensorRef:
             raw_offset, raw_len = vstart, vend - vstart
         elif number == _TENSOR_DATA_LOCATION:
             external = _varint(buf, vstart)[0] == TensorProto.EXTERNAL
+    dims = [d - 2**64 if d >= 2**63 else d for d in dims]  # int64 on the wire
+    nbytes = raw_len if raw_len is not None else elements(dims) * element_size(data_type)
+    return TensorRef(name, tuple(dims), data_type, nbytes, path, start, end - start,
+                     raw_offset, external)
+
+
+def elements(dims) -> int:
+    """How many elements a tensor of shape ``dims`` holds."""
     count = 1
     for d in dims:
         count *= d
-    nbytes = raw_len if raw_len is not None else count * element_size(data_type)
-    return TensorRef(name, tuple(dims), data_type, nbytes, path, start, end - start,
-                     raw_offset, external)
+    return count
+
+
+def _check_tensor(buf, ref: TensorRef, problems: Problems) -> TensorRef:
+    """Problems of one initializer's shape and bytes; the ref with its external source found.
+
+    The dims are the truth shape inference and the plan use, so the bytes must agree with
+    them: a short ``raw_data`` or external range would make a sub-model that pnnx reads past.
+    """
+    where = f'{ref.path}: initializer "{ref.name}"'
+    shape = "x".join(map(str, ref.dims)) or "scalar"
+    group = f"{ref.path}: and {{n}} more initializers with a bad shape or bytes"
+    if any(d < 0 for d in ref.dims):
+        problems.add(f"{where}: shape {shape} has a negative dimension", group)
+        return ref
+    count = elements(ref.dims)
+    if count > MAX_ELEMENTS:
+        problems.add(f"{where}: shape {shape} has {count} elements, past 2^31 (the most "
+                     f"autodice handles in one tensor)", group)
+        return ref
+    size = _ELEM_SIZE.get(ref.data_type)
+    want = None if size is None else count * size
+    if ref.external:
+        return _check_external(buf, ref, want, where, problems)
+    if ref.raw_offset is not None and want is not None and ref.nbytes != want:
+        problems.add(f"{where} holds {ref.nbytes} bytes of raw_data; its shape {shape} of "
+                     f"{TensorProto.DataType.Name(ref.data_type).lower()} needs {want}", group)
+    return ref
+
+
+def _check_external(buf, ref: TensorRef, want: int | None, where: str,
+                    problems: Problems) -> TensorRef:
+    """The external data of ``ref``: a regular file inside the model's folder (no ``..``, no
+    absolute path, no symbolic link out of it), holding the whole range the tensor needs."""
+    t = TensorProto()
+    t.ParseFromString(bytes(buf[ref.offset:ref.offset + ref.length]))
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location")
+    if not location:
+        problems.add(f"{where}: external data has no location")
+        return ref
+    numbers = {}
+    for key, default in (("offset", "0"), ("length", None)):
+        text = info.get(key, default)
+        if text is None:
+            continue
+        if not text.isdigit():
+            problems.add(f'{where}: external data {key} "{text}" is not a whole number')
+            return ref
+        numbers[key] = int(text)
+    folder = ref.path.parent.resolve()
+    file = (folder / location).resolve()
+    if (Path(location).is_absolute() or ".." in Path(location).parts
+            or not file.is_relative_to(folder)):
+        problems.add(f'{where}: external data "{location}" is outside the model\'s folder '
+                     f"({folder}); onnx requires it there")
+        return ref
+    if not file.exists():
+        problems.add(f'{where}: external data "{location}": no such file in {folder}')
+        return ref
+    if not file.is_file():
+        problems.add(f'{where}: external data "{location}" is not a file')
+        return ref
+    offset = numbers["offset"]
+    length = numbers.get("length", want if want is not None else ref.nbytes)
+    if want is not None and length != want:
+        problems.add(f'{where}: external data "{location}" gives length {length}; the '
+                     f"shape {'x'.join(map(str, ref.dims))} needs {want} bytes")
+        return ref
+    size = file.stat().st_size
+    if offset + length > size:
+        problems.add(f'{where}: external data "{location}" holds {size} bytes; the tensor needs '
+                     f"bytes {offset} to {offset + length}")
+        return ref
+    return TensorRef(ref.name, ref.dims, ref.data_type, length, ref.path, ref.offset,
+                     ref.length, ref.raw_offset, True, (file, offset))
 
 
 def read_model(path: str | os.PathLike) -> LazyModel:
@@ -180,6 +268,7 @@ def _read(buf, path: Path) -> LazyModel:
     model_parts, graph_parts = [], []
     tensors: dict[str, TensorRef] = {}
     small: dict[str, TensorProto] = {}
+    problems = Problems()
     saw_graph = False
     for number, _, vstart, vend, fstart in _fields(buf, 0, len(buf)):
         if number != _MODEL_GRAPH:
@@ -190,7 +279,7 @@ def _read(buf, path: Path) -> LazyModel:
             if gnum != _GRAPH_INITIALIZER:
                 graph_parts.append(buf[gfstart:gend])
                 continue
-            ref = _scan_tensor(buf, gstart, gend, path)
+            ref = _check_tensor(buf, _scan_tensor(buf, gstart, gend, path), problems)
             tensors[ref.name] = ref
             if ref.length <= SMALL_TENSOR_BYTES:
                 t = TensorProto()
@@ -203,30 +292,36 @@ def _read(buf, path: Path) -> LazyModel:
     proto.graph.ParseFromString(b"".join(graph_parts))
     if not proto.opset_import:
         raise ValueError("no opset_import")
+    problems.raise_if_any()
     return LazyModel(path, proto, tensors, small)
 
 
-def _external_location(ref: TensorRef) -> tuple[Path, int, int]:
-    """(data file, offset, length) of an external tensor, read from its small TensorProto."""
-    t = TensorProto()
-    with open(ref.path, "rb") as f:
-        f.seek(ref.offset)
-        t.ParseFromString(f.read(ref.length))
-    info = {e.key: e.value for e in t.external_data}
-    offset = int(info.get("offset", 0))
-    length = int(info["length"]) if "length" in info else ref.nbytes
-    return ref.path.parent / info["location"], offset, length
-
-
 def _copy_range(src: Path, dst_fd: int, offset: int, length: int) -> None:
+    """Copy ``length`` bytes at ``offset`` of ``src`` to the end of ``dst_fd``, in the kernel
+    where it can; across filesystems (``EXDEV``: an output on /dev/shm, a model on NFS) and
+    where the kernel or filesystem has no such copy, by reading and writing."""
     with open(src, "rb") as f:
         fd = f.fileno()
         while length:
-            n = os.copy_file_range(fd, dst_fd, length, offset)
+            try:
+                n = os.copy_file_range(fd, dst_fd, length, offset)
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL,
+                                   errno.EBADF, errno.EPERM):
+                    raise
+                n = _read_write(fd, dst_fd, length, offset)
             if n == 0:
                 raise AutodiceError(f"{src}: file ends before byte {offset + length}")
             offset += n
             length -= n
+
+
+def _read_write(src_fd: int, dst_fd: int, length: int, offset: int) -> int:
+    """Up to ``length`` bytes at ``offset`` of ``src_fd`` appended to ``dst_fd``: the copy for
+    when ``copy_file_range`` cannot. Returns how many (0 at the end of the file)."""
+    data = os.pread(src_fd, min(length, 1 << 24), offset)
+    _write_all(dst_fd, data)
+    return len(data)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -247,8 +342,8 @@ def _external_tensor(ref: TensorRef, location: str, offset: int) -> bytes:
 
 
 def _payload_source(ref: TensorRef) -> tuple[Path, int, int]:
-    if ref.external:
-        return _external_location(ref)
+    if ref.source is not None:  # external: the file and range read_model checked
+        return ref.source[0], ref.source[1], ref.nbytes
     if ref.raw_offset is not None:
         return ref.path, ref.raw_offset, ref.nbytes
     raise AutodiceError(f'{ref.path}: initializer "{ref.name}" stores typed data, not raw_data, '

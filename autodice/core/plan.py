@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import AutodiceError
+from .errors import AutodiceError, parse_nested, read_text
 
 PLAN_VERSION = 1
 
@@ -206,19 +206,30 @@ def plan_from_json(data: dict) -> Plan:
 
 
 def load_plan(out_dir: str | Path) -> Plan:
-    """The plan in ``out_dir/plan.json``.
+    """The plan in ``out_dir/plan.json``, checked like any input: anyone may have edited it, and
+    its paths, host names and tables become files, rankfiles, ssh arguments and C++.
 
     Raises:
-        AutodiceError: no plan there, or one written by an incompatible version.
+        AutodiceError: no plan there, one written by an incompatible version, or every field
+            that is of the wrong type or range, leaves the output, or contradicts another.
     """
+    from ..frontend.validate import check_plan  # the invariants; frontend builds on core
+    from .plan_json import check_plan_json
+
     path = Path(out_dir) / "plan.json"
+    if not path.exists():
+        raise AutodiceError(f"{path}: no plan here; run `autodice split` first")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AutodiceError(f"{path}: no plan here; run `autodice split` first") from None
+        data = parse_nested(json.loads, read_text(path), path)
     except json.JSONDecodeError as e:
         raise AutodiceError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-    if data.get("version") != PLAN_VERSION:
-        raise AutodiceError(f"{path}: plan version {data.get('version')} is not "
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and version != PLAN_VERSION:
+        raise AutodiceError(f"{path}: plan version {version} is not "
                             f"{PLAN_VERSION}; re-run `autodice split`")
-    return plan_from_json(data)
+    problems = check_plan_json(data, str(path))
+    if problems:
+        raise AutodiceError(*problems)
+    plan = plan_from_json(data)
+    check_plan(plan, str(path))
+    return plan

@@ -22,11 +22,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import AutodiceError, Problems, did_you_mean, read_text
+from .errors import AutodiceError, Problems, did_you_mean, parse_nested, read_text
 
 ARCHS = ("arm", "x86", "cpu")  # cpu: the host's own, resolved where it is built
 _ARCH_SPELLINGS = {"aarch64": "arm", "arm64": "arm", "armv7l": "arm", "x86_64": "x86",
                    "amd64": "x86"}  # what uname -m says
+
+# Host names: what platform.txt accepts, and all that plan.json, rankfiles and ssh may carry.
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -55,13 +58,39 @@ def _watts(value: str) -> float:
     return _number(value, {"w": 1.0, "mw": 1e-3}, "w")
 
 
+def _positive(parse):
+    """``parse``, refusing 0: a board with no memory or a link with no bandwidth is a typo, and
+    the cost model would divide by it."""
+    def checked(value: str) -> float:
+        number = parse(value)
+        if not number > 0:
+            raise ValueError("must be more than 0")
+        return number
+    return checked
+
+
+# Core numbers past this are a typo or an attack, not a board: a range such as 0-9999999999 would
+# otherwise become a list of ten billion numbers (MemoryError) before anything could refuse it.
+MAX_CORE = 4095
+
+
 def parse_cores(text: str) -> tuple[int, ...]:
-    """``"0-5"`` / ``"1,3,5"`` / ``"0-3;6"`` -> cores in order; duplicates are an error."""
+    """``"0-5"`` / ``"1,3,5"`` / ``"0-3;6"`` -> cores in order; duplicates are an error.
+
+    Raises:
+        ValueError: not a core list, a range that runs backwards, a core named twice, or a core
+            number past :data:`MAX_CORE`.
+    """
     cores: list[int] = []
     for part in re.split(r"[,;]", text):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not m:
             raise ValueError(f'"{text}" is not a core list such as 0-5 or 1,3,5')
+        for number in m.groups():
+            if number and (len(number) > 6 or int(number) > MAX_CORE):
+                shown = number if len(number) <= 30 else number[:27] + "..."
+                raise ValueError(f"core {shown} is past {MAX_CORE} (cores are numbered from 0; "
+                                 f"autodice handles up to {MAX_CORE + 1} per host)")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise ValueError(f'range "{part.strip()}" runs backwards')
@@ -93,12 +122,14 @@ class Device:
 FIELDS = {
     "slots": (parse_cores, "cores, e.g. 0-5"),
     "gpu": (str, 'model and API, e.g. "NVIDIAVolta (CUDA)"'),
-    "mem": (lambda v: _number(v, _SIZE_UNITS, "b"), "RAM, e.g. 8GB"),
-    "gpu_mem": (lambda v: _number(v, _SIZE_UNITS, "b"), "dedicated GPU memory, e.g. 16GB"),
+    "mem": (_positive(lambda v: _number(v, _SIZE_UNITS, "b")), "RAM, e.g. 8GB"),
+    "gpu_mem": (_positive(lambda v: _number(v, _SIZE_UNITS, "b")),
+                "dedicated GPU memory, e.g. 16GB"),
     "power_idle": (_watts, "idle board power, e.g. 2.5W"),
     "power_cpu": (_watts, "extra power per busy core, e.g. 1.2W"),
     "power_gpu": (_watts, "extra power of a busy GPU, e.g. 10W"),
-    "bandwidth": (lambda v: _number(v, _RATE_UNITS, ""), "link rate, e.g. 1gbit or 100MB/s"),
+    "bandwidth": (_positive(lambda v: _number(v, _RATE_UNITS, "")),
+                  "link rate, e.g. 1gbit or 100MB/s"),
     "latency": (lambda v: _number(v, _TIME_UNITS, "s"), "one-way link latency, e.g. 0.2ms"),
 }
 
@@ -126,8 +157,8 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
         if not line:
             continue
         where = f"{path}:{lineno}"
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 1 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", line):
+        parts = _split_fields(line)
+        if len(parts) == 1 and HOST_NAME.fullmatch(line):
             if line in devices:  # AutoDiCE's own platform.txt: one host name per line
                 problems.add(f'{where}: device "{line}" is defined twice')
             else:
@@ -138,7 +169,7 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             continue
         name, arch, fields = parts[0], parts[1].lower(), parts[2:]
         arch = _ARCH_SPELLINGS.get(arch, arch)
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        if not HOST_NAME.fullmatch(name):
             problems.add(f'{where}: device name "{name}" must be letters, digits, "_", "." or "-"')
             continue
         if name in devices:
@@ -148,9 +179,14 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             problems.add(f'{where}: device "{name}": arch "{parts[1]}" is not one of '
                          f'{", ".join(ARCHS)}{did_you_mean(arch, ARCHS)}')
         values: dict = {}
+        given: set[str] = set()
         for entry in fields:
             key, eq, value = entry.partition("=")
             key = key.strip()
+            if eq and key in given:
+                problems.add(f'{where}: device "{name}": field "{key}" is given twice')
+                continue
+            given.add(key)
             if not eq or key not in FIELDS:
                 known = ", ".join(f"{k} ({h})" for k, (_, h) in FIELDS.items())
                 problems.add(f'{where}: device "{name}": unknown field "{entry}"'
@@ -178,6 +214,22 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
     return Platform(path, devices)
 
 
+def _split_fields(line: str) -> list[str]:
+    """A platform line's comma-separated parts, where a value may hold commas itself.
+
+    ``slots=1,3,5`` is a core list: a part of digits (``3``, ``6-7``) right after the ``slots``
+    field continues it. Anything else stays a field of its own, and an unknown one is reported.
+    """
+    parts: list[str] = []
+    for part in (p.strip() for p in line.split(",")):
+        if (len(parts) > 2 and re.fullmatch(r"\d[\d\s-]*", part)
+                and parts[-1].partition("=")[0].strip() == "slots"):
+            parts[-1] += "," + part
+        else:
+            parts.append(part)
+    return parts
+
+
 @dataclass(frozen=True)
 class Resource:
     """A mapping key, parsed: the host and what of it a rank uses."""
@@ -201,6 +253,8 @@ def parse_key(key: str) -> Resource:
         raise ValueError("expected <host>_<resource> such as edge01_arm123 or edge01_gpu")
     m = re.fullmatch(r"gpu(\d*)", res)
     if m:
+        if len(m.group(1)) > 3:
+            raise ValueError(f'"{res}": no host has that many GPUs')
         return Resource(key, host, "gpu", "gpu", gpu_index=int(m.group(1) or 0))
     m = re.fullmatch(r"(cpu|arm|x86)([0-9,;-]+)", res)
     if not m:
@@ -254,12 +308,13 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
         seen = set()
         for k, _ in items:
             if k in seen:
-                problems.add(f'{path}: key "{k}" appears twice')
+                problems.add(f'{path}: key "{k}" appears twice',
+                             f"{path}: and {{n}} more keys that appear twice")
             seen.add(k)
         return Pairs(items)
 
     try:
-        data = json.loads(text, object_pairs_hook=pairs)
+        data = parse_nested(lambda t: json.loads(t, object_pairs_hook=pairs), text, path)
     except json.JSONDecodeError as e:
         raise AutodiceError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} "
                             f"column {e.colno}") from None
@@ -281,7 +336,12 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
             continue
         if not isinstance(layers, list):
             problems.add(f'{path}: key "{key}": expected a list of layer names (or '
-                         '{"replicates": "KEY"})')
+                         '{"replicates": "KEY"})',
+                         f"{path}: and {{n}} more keys that are not lists of layer names")
+            continue
+        if not layers:  # a rank with nothing to run would only wait for its peers
+            problems.add(f'{path}: key "{key}": lists no layers; give it some or leave it out',
+                         f"{path}: and {{n}} more keys that list no layers")
             continue
         names = []
         for item in layers:

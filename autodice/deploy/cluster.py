@@ -112,6 +112,8 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
     if bandwidth:
         try:
             rate = f"{round(_number(bandwidth, _RATE_UNITS, '') * 8)}bit"
+            if rate == "0bit":  # tc would refuse it after the namespaces exist
+                raise ValueError("must be more than 0")
         except ValueError as e:
             problems.add(f"--bandwidth {bandwidth}: {e} (e.g. 1gbit, 100mbit, 50MB/s)")
     cores = dict(cores or {})
@@ -162,8 +164,8 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
         AutodiceError: not root, tools missing and not installable, a bad argument, or a step that
             failed (everything created so far is removed again).
     """
+    want = plan_cluster(hosts, bandwidth, cores, subnet)  # bad options first, root or not
     require_root("cluster up")
-    want = plan_cluster(hosts, bandwidth, cores, subnet)
     have = load_state()
     if have is not None and (have != want or not all(_netns_exists(h.netns) for h in have.hosts)):
         down()  # other settings, or a namespace went missing: start over

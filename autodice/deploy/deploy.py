@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backend.run import RunResult, program_flags, stage_inputs
+from ..backend.run import RunResult, check_inputs, program_flags, stage_inputs
 from ..core.errors import AutodiceError
+from ..core.outdir import claim
 from ..core.plan import load_plan
 from .check import check_all
 from .inventory import load_inventory
@@ -91,6 +92,9 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     """
     out_dir = Path(out_dir)
     progress = progress or (lambda host, step: None)
+    if run and (frames < 1 or not timeout_s > 0):
+        raise AutodiceError(f"--frames {frames} --timeout {timeout_s:g}: need at least 1 frame "
+                            "and a timeout above 0 s")
     plan = load_plan(out_dir)
     hosts_of_plan = plan.hosts()
     problems = []
@@ -105,13 +109,15 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     if problems:
         raise AutodiceError(*problems)
     if run:
+        if inputs is None:
+            raise AutodiceError("deploy --run needs --input")
+        check_inputs(plan, inputs)
         check_launchable(inv)
+    claim(out_dir, "deploy/", "results/")
     work = out_dir / "deploy"
     work.mkdir(exist_ok=True)
     flags = program_flags(frames, pipeline, gpu_fallback)
     if run:
-        if inputs is None:
-            raise AutodiceError("deploy --run needs --input")
         stage_inputs(plan, inputs, work / "inputs")
     hosts = [Host(inv.targets[name]) for name in hosts_of_plan]
     ssh = Ssh(inv, work)

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import AutodiceError, Problems, did_you_mean, read_text
+from ..core.errors import AutodiceError, Problems, did_you_mean, parse_nested, read_text
 
 try:
     import tomllib
@@ -89,7 +89,7 @@ def load_inventory(path: str | Path, plan_hosts: list[str] | None = None) -> Inv
     path = Path(path)
     where = str(path)
     try:
-        data = tomllib.loads(read_text(path))
+        data = parse_nested(tomllib.loads, read_text(path), path)
     except tomllib.TOMLDecodeError as e:
         raise AutodiceError(f"{where}: not valid TOML ({e})") from None
     problems = Problems()

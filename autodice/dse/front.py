@@ -77,12 +77,7 @@ def point_json(p: Point, mapping_file: str | None) -> dict:
 def write_front(front: Front, out: Path, model: str, platform: str) -> None:
     """``OUT/pareto.csv``, ``pareto.json``, ``mappings/<point>.json``, ``pareto.png`` (written to
     a temporary directory, then renamed)."""
-    out = Path(out)
-    if out.exists() and (out / "pareto.json").exists():
-        owned = True
-    else:
-        owned = False
-    with staged(out, owned=owned) as tmp:
+    with staged(Path(out)) as tmp:
         (tmp / "mappings").mkdir()
         for p in front.points:
             (tmp / "mappings" / f"{p.name}.json").write_text(mapping_json(p.mapping))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.model import load_model
+from ..core.outdir import claim
 from .cost import plan_cost
 from .profile import six_digits
 from .timing import make_timing
@@ -82,6 +83,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     except (OSError, json.JSONDecodeError):
         raise AutodiceError(f"{out}/pareto.json: no front here; run `autodice dse` first") from None
     names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
+    claim(out, "measure/", "measure.json")
     timing = make_timing(platform, profile, power)
     graph = load_model(model)
     steps = len(names) * (rounds + 1)

@@ -43,12 +43,13 @@ that ran the whole model, minus the whole model's table.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError, read_text
+from ..core.errors import AutodiceError, Problems, parse_nested, read_text
 
 PROFILE_VERSION = 1
 
@@ -188,11 +189,20 @@ def profile_to_json(p: Profile) -> dict:
 
 
 def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
+    """The profile in the document ``d`` (read from ``where``), every figure checked: a negative
+    or NaN time, a zero bandwidth or thread count would make the search divide by it or prefer
+    an impossible mapping.
+
+    Raises:
+        AutodiceError: another version, missing fields, or figures out of range (all listed).
+    """
+    if not isinstance(d, dict):
+        raise AutodiceError(f"{where}: not a profile (expected an object)")
     if d.get("version") != PROFILE_VERSION:
         raise AutodiceError(f"{where}: profile version {d.get('version')!r}, this autodice reads "
                             f"{PROFILE_VERSION}; profile the model again")
     try:
-        return Profile(
+        profile = Profile(
             model=d["model"], model_sha256=d["model_sha256"], engine=d["engine"],
             machine=d["machine"], threads=tuple(int(t) for t in d["threads"]),
             layers=tuple(LayerCost(x["name"], x["op"],
@@ -209,8 +219,48 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                               float(d["gpu"]["upload"]["latency"])),
                 Link(float(d["gpu"]["download"]["bandwidth"]),
                      float(d["gpu"]["download"]["latency"]))))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
+    problems = check_profile(profile, where)
+    if problems:
+        raise AutodiceError(*problems)
+    return profile
+
+
+def check_profile(p: Profile, where: str) -> list[str]:
+    """Figures of ``p`` out of range, one line each (the first 20 of a kind, then a count)."""
+    problems = Problems()
+
+    def time(value) -> bool:
+        return math.isfinite(value) and value >= 0
+
+    threads_ok = bool(p.threads) and all(1 <= t <= 4096 for t in p.threads)
+    if not threads_ok:
+        problems.add(f"{where}: threads {list(p.threads)}: thread counts are 1 to 4096")
+    for lc in p.layers:
+        for t, ms in sorted(lc.cpu_ms.items()):
+            if not time(ms):
+                problems.add(f'{where}: layer "{lc.name}": cpu_ms "{t}" is {ms}; times are '
+                             "numbers of 0 or more",
+                             f"{where}: and {{n}} more layers with impossible times")
+            elif threads_ok and t not in p.threads:
+                problems.add(f'{where}: layer "{lc.name}": cpu_ms "{t}": {t} threads is not one '
+                             f"of the profile's threads {list(p.threads)}",
+                             f"{where}: and {{n}} more layers timed at other thread counts")
+        if lc.gpu_ms is not None and not time(lc.gpu_ms):
+            problems.add(f'{where}: layer "{lc.name}": gpu_ms is {lc.gpu_ms}; times are numbers '
+                         "of 0 or more", f"{where}: and {{n}} more layers with impossible times")
+    for name, link in sorted(p.links.items()):
+        if not (math.isfinite(link.bandwidth) and link.bandwidth > 0):
+            problems.add(f'{where}: link "{name}": bandwidth {link.bandwidth} must be more than 0')
+        if not time(link.latency):
+            problems.add(f'{where}: link "{name}": latency {link.latency} must be 0 or more')
+    if p.corun is not None and not (p.corun.cores >= 1 and math.isfinite(p.corun.slowdown)
+                                    and p.corun.slowdown > 0):
+        problems.add(f"{where}: corun {p.corun}: needs cores >= 1 and a slowdown above 0")
+    if p.runtime_bytes is not None and p.runtime_bytes < 0:
+        problems.add(f"{where}: runtime_bytes {p.runtime_bytes} must be 0 or more")
+    return problems.lines()
 
 
 def save_profile(p: Profile, path: str | Path) -> None:
@@ -220,7 +270,7 @@ def save_profile(p: Profile, path: str | Path) -> None:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        d = json.loads(read_text(path))
+        d = parse_nested(json.loads, read_text(path), path)
     except json.JSONDecodeError as e:
         raise AutodiceError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
     return profile_from_json(d, str(path))

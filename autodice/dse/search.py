@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.model import Graph, load_model
+from ..core.outdir import check_replaceable
 from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platform
 from ..frontend.split import plan_mapping
 from .cost import plan_cost
@@ -37,6 +38,9 @@ from .profile import load_profile, six_digits
 from .timing import Timing, make_timing
 
 OBJECTIVES = ("throughput", "energy", "memory")
+# Far past the paper's 100 x 400, and short of a population that fills the memory or a search
+# that outlives its user: a typo, not a setting.
+MAX_POP, MAX_GENS = 100_000, 1_000_000
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ class Settings:
         bad = []
         if self.pop < 4:
             bad.append(f"--pop {self.pop}: needs at least 4")
+        elif self.pop > MAX_POP:
+            bad.append(f"--pop {self.pop}: at most {MAX_POP}")
         if self.gens < 1:
             bad.append(f"--gens {self.gens}: needs at least 1")
+        elif self.gens > MAX_GENS:
+            bad.append(f"--gens {self.gens}: at most {MAX_GENS}")
         if self.encoding not in ENCODINGS:
             bad.append(f'--encoding "{self.encoding}": one of {", ".join(ENCODINGS)}')
         for name, p in (("crossover", self.crossover), ("mutation", self.mutation)):
@@ -114,6 +122,7 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
+    check_replaceable(Path(out))  # before the search, not after it
     platform_spec = only_hosts(parse_platform(platform), hosts)
     graph = load_model(model)
     timing = make_timing(platform_spec, profile, power)

@@ -113,17 +113,27 @@ def compare_with_model(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
                        outputs: dict[str, np.ndarray], model: str | Path | None = None,
                        ) -> list[OutputDiff]:
     """Differences between ``outputs`` and onnxruntime's whole model on ``feeds``."""
-    whole = session(_whole_model(plan, out_dir, model))
+    whole = _whole_session(plan, out_dir, model)
     names = [t.name for t in plan.model_outputs]
     return [OutputDiff(n, *compare(outputs[n], want))
             for n, want in zip(names, whole.run(names, feeds))]
 
 
-def _whole_model(plan: Plan, out_dir: Path, model: str | Path | None) -> Path:
+def _whole_session(plan: Plan, out_dir: Path, model: str | Path | None):
+    """onnxruntime's session of the model that was split, checked to be that model by its
+    interface (``--model`` may name another one)."""
     path = Path(model) if model else out_dir / plan.model
     if not path.exists():
         raise AutodiceError(f"{path}: the whole model is not there (moved?); pass --model PATH")
-    return path
+    whole = session(path)
+    have = ({i.name for i in whole.get_inputs()}, {o.name for o in whole.get_outputs()})
+    want = ({t.name for t in plan.model_inputs}, {t.name for t in plan.model_outputs})
+    if have[0] != want[0] or not want[1] <= have[1]:
+        raise AutodiceError(f"{path}: not the model that was split: it reads "
+                            f"{', '.join(sorted(have[0]))} and makes {', '.join(sorted(have[1]))}"
+                            f"; the plan's reads {', '.join(sorted(want[0]))} and makes "
+                            f"{', '.join(sorted(want[1]))}")
+    return whole
 
 
 def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Path | None = None,
@@ -133,11 +143,13 @@ def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Pat
     Returns:
         Per model output, the worst max-abs and relative difference over all samples.
     Raises:
-        AutodiceError: no plan, or a model onnxruntime cannot load.
+        AutodiceError: fewer than one sample, no plan, or a model onnxruntime cannot load.
     """
+    if samples < 1:
+        raise AutodiceError(f"--samples {samples}: need at least 1")
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
-    whole = session(_whole_model(plan, out_dir, model))
+    whole = _whole_session(plan, out_dir, model)
     names = [t.name for t in plan.model_outputs]
     worst = {n: (0.0, 0.0) for n in names}
     sessions: dict = {}

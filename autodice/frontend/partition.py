@@ -67,7 +67,8 @@ def find_edges(graph: Graph, placement: Placement, mapping_path: str) -> tuple[E
             shape = ty.shape_str() if ty else "unknown"
             problems.add(f'{mapping_path}: tensor "{t}" from key "{keys[src]}" to '
                          f'{", ".join(chr(34) + keys[d] + chr(34) for d in dst)} has no static '
-                         f"shape ({shape}); give the input shape with --input-shape NAME=1x3x...")
+                         f"shape ({shape}); give the input shape with --input-shape NAME=1x3x...",
+                         f"{mapping_path}: and {{n}} more cut tensors without a static shape")
     problems.raise_if_any()
     specs = [tensor_spec(graph, t) for t, *_ in cuts]
     return tuple(Edge(t, src, dst, spec.shape, spec.dtype, spec.nbytes, tag=k, kind=kind)

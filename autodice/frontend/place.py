@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import Problems, did_you_mean
+from ..core.errors import SHOWN, Problems, did_you_mean
 from ..core.model import UNSUPPORTED_OPS, Graph
 from ..core.spec import Mapping, Platform, Resource, parse_key
-
-SHOWN = 20  # offenders listed one by one before a count
 
 
 @dataclass(frozen=True)
@@ -44,38 +42,45 @@ def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...
         try:
             res = parse_key(key)
         except ValueError as e:
-            problems.add(f'{where}: key "{key}": {e}')
+            problems.add(f'{where}: key "{key}": {e}', f"{where}: and {{n}} more malformed keys")
             continue
         dev = platform.devices.get(res.host)
         if dev is None:
-            listing = ", ".join(hosts)
+            listing = ", ".join(hosts[:SHOWN]) + (", ..." if len(hosts) > SHOWN else "")
             problems.add(f'{where}: key "{key}": host "{res.host}" is not in {platform.path}'
-                         f"{did_you_mean(res.host, hosts)} (hosts: {listing})")
+                         f"{did_you_mean(res.host, hosts)} (hosts: {listing})",
+                         f"{where}: and {{n}} more keys whose host is not in {platform.path}")
             continue
         if res.kind == "gpu":
             if dev.gpu is None:
                 problems.add(f'{where}: key "{key}": host "{res.host}" has no GPU in '
-                             f"{platform.path} (add gpu=MODEL (API) to its line)")
+                             f"{platform.path} (add gpu=MODEL (API) to its line)",
+                             f"{where}: and {{n}} more keys for a GPU their host lacks")
             elif res.gpu_index != 0:
-                problems.add(f'{where}: key "{key}": host "{res.host}" has one GPU, gpu0')
+                problems.add(f'{where}: key "{key}": host "{res.host}" has one GPU, gpu0',
+                             f"{where}: and {{n}} more keys for a GPU other than gpu0")
             elif (res.host, res.gpu_index) in gpus:
                 problems.add(f'{where}: key "{key}": GPU {res.gpu_index} of "{res.host}" is '
-                             f'already used by key "{gpus[(res.host, res.gpu_index)]}"')
+                             f'already used by key "{gpus[(res.host, res.gpu_index)]}"',
+                             f"{where}: and {{n}} more keys for a GPU another key uses")
             gpus[(res.host, res.gpu_index)] = key
         else:
             if res.family != "cpu" and dev.arch != "cpu" and res.family != dev.arch:
                 problems.add(f'{where}: key "{key}": "{res.family}" cores on host "{res.host}", '
-                             f"which is {dev.arch} in {platform.path}")
+                             f"which is {dev.arch} in {platform.path}",
+                             f"{where}: and {{n}} more keys of the wrong architecture")
             outside = [c for c in res.cores if dev.slots is not None and c not in dev.slots]
             if outside:
                 problems.add(f'{where}: key "{key}": core{"s" if len(outside) > 1 else ""} '
                              f'{",".join(map(str, outside))} not in the slots of "{res.host}" '
-                             f"({_ranges(dev.slots)})")
+                             f"({_ranges(dev.slots)})",
+                             f"{where}: and {{n}} more keys with cores outside their host's slots")
             for c in res.cores:
                 other = claimed.get((res.host, c))
                 if other is not None:
                     problems.add(f'{where}: key "{key}": core {c} of "{res.host}" is already '
-                                 f'claimed by key "{other}"')
+                                 f'claimed by key "{other}"',
+                                 f"{where}: and {{n}} more cores claimed twice")
                 claimed[(res.host, c)] = key
         resources.append(res)
     problems.raise_if_any()
@@ -130,27 +135,31 @@ def assign_ranks(graph: Graph, mapping: Mapping, resources: tuple[Resource, ...]
             if len(found) > 1:
                 listing = ", ".join(f'"{graph.names[i]}"' for i in found)
                 problems.add(f'{where}: key "{key}": layer "{layer}" is ambiguous: it names the '
-                             f"first output of {listing}; use one of those names")
+                             f"first output of {listing}; use one of those names",
+                             f"{where}: and {{n}} more ambiguous layer names")
                 continue
             if not found:
                 unknown.append((key, layer))
                 continue
             (i,) = found
             if i in seen_here:
-                problems.add(f'{where}: key "{key}": layer "{layer}" is listed twice')
+                problems.add(f'{where}: key "{key}": layer "{layer}" is listed twice',
+                             f"{where}: and {{n}} more layers listed twice under one key")
                 continue
             seen_here.add(i)
             if i in explicit:
                 problems.add(f'{where}: layer "{layer}" is mapped to both "{first_key[i]}" and '
                              f'"{key}"; splitting one layer across ranks (horizontal '
-                             f"partitioning) is not supported yet")
+                             f"partitioning) is not supported yet",
+                             f"{where}: and {{n}} more layers mapped to two keys")
                 continue
             explicit[i] = rank
             first_key[i] = key
             op = graph.nodes[i].op_type
             if op in UNSUPPORTED_OPS:
                 problems.add(f'{where}: key "{key}" (rank {rank}): layer "{layer}" is a {op}, '
-                             f"which ncnn/pnnx cannot convert")
+                             f"which ncnn/pnnx cannot convert",
+                             f"{where}: and {{n}} more layers ncnn/pnnx cannot convert")
     # Did-you-mean costs a string comparison with every layer: the first few offenders get it,
     # the rest a count (a mapping for another model can name hundreds).
     spellings = [*graph.names, *(n.output[0] for n in graph.nodes if n.output)]

@@ -1,7 +1,8 @@
 """Invariants every plan must hold, checked apart from the passes that build it.
 
 The passes are written to produce valid plans; this checker is how we know. ``split`` runs it
-before writing anything, and the tests run it on every plan they make.
+before writing anything, the tests run it on every plan they make, and ``load_plan`` runs it on
+every plan.json it reads back (which anyone may have edited).
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from ..core.errors import AutodiceError
 from ..core.plan import Plan
 
 
-def check_plan(plan: Plan) -> None:
-    """Raise AutodiceError listing every broken invariant (an internal error if ever raised).
+def check_plan(plan: Plan, where: str | None = None) -> None:
+    """Raise AutodiceError listing every broken invariant.
 
     A replicated stage counts once: its ranks are copies of its first, and edges name that one.
+
+    Args:
+        where: the plan.json the plan was read from; None for a plan the passes just made, where
+            a broken invariant is an internal error.
     """
     bad: list[str] = []
     tags = [e.tag for e in plan.edges]
@@ -36,7 +41,16 @@ def check_plan(plan: Plan) -> None:
     produced_outputs = [t for r in stages for t in r.outputs]
     if sorted(produced_outputs) != sorted(t.name for t in plan.model_outputs):
         bad.append("model outputs are not each produced by exactly one rank")
+    model_inputs = {t.name for t in plan.model_inputs}
     for r in plan.ranks:
+        if not set(r.inputs) <= model_inputs:
+            bad.append(f"rank {r.rank} reads inputs that are not the model's")
+        specs = {t.name: t for t in (*r.submodel_inputs, *r.submodel_outputs)}
+        for e in (*r.recv, *r.send):
+            spec = specs.get(e.tensor)
+            if spec is not None and (spec.shape, spec.dtype) != (e.shape, e.dtype):
+                bad.append(f'rank {r.rank}: "{e.tensor}" is {spec.dtype} {spec.shape} in its '
+                           f"sub-model but {e.dtype} {e.shape} on the wire")
         got = {e.tensor for e in r.recv}
         me = r.turns()[0]
         for e in r.recv:
@@ -67,7 +81,8 @@ def check_plan(plan: Plan) -> None:
     if not bad:
         _check_no_deadlock(plan, bad)
     if bad:
-        raise AutodiceError(*(f"internal error: invalid plan: {b}" for b in bad))
+        prefix = f"{where}: " if where else "internal error: invalid plan: "
+        raise AutodiceError(*(prefix + b for b in bad))
 
 
 def _check_no_deadlock(plan: Plan, bad: list[str]) -> None:

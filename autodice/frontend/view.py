@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import AutodiceError
+from ..core.outdir import check_writable_file
 from ..core.plan import human_bytes as _human
 from ..core.plan import load_plan
 from .split import plan_graph
@@ -24,6 +25,7 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
     out_dir, image = Path(out_dir), Path(image)
     if image.suffix.lower() not in (".svg", ".png", ".pdf"):
         raise AutodiceError(f"{image}: the picture must be .svg, .png or .pdf")
+    check_writable_file(image)
     plan = load_plan(out_dir)
     graph = plan_graph(out_dir, plan, Path(model) if model else None)
     stages = [r for r in plan.ranks if r.turns()[0] == r.rank]  # copies share their layers
