@@ -32,3 +32,13 @@ def figure2(seed: int = 0) -> onnx.ModelProto:
         [w_conv, w_fc])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
                              producer_name="autodice-tests")
+
+
+def symbolic_model() -> onnx.ModelProto:
+    """Two Relus on a 1x4xHxW input: shapes only with --input-shape."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu1"),
+             helper.make_node("Relu", ["r"], ["y"], name="relu2")]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 13)])

@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from graphs import symbolic_model
 from onnx import TensorProto, helper, numpy_helper
 
 from autodice.cli import main
@@ -32,15 +33,6 @@ def unsupported_model():
              helper.make_node("Loop", ["", "", "r"], ["y"], name="loop",
                               body=helper.make_graph([], "b", [], []))]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
-
-
-def symbolic_model():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu1"),
-             helper.make_node("Relu", ["r"], ["y"], name="relu2")]
-    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
-                             opset_imports=[helper.make_opsetid("", 13)])
 
 
 def dangling_model():

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from graphs import figure2
+from graphs import figure2, symbolic_model
 from onnx import TensorProto, helper, numpy_helper
 from test_cost import fixture_profile
 
@@ -132,15 +132,6 @@ def huge_declared_input(m):
     dims = m.graph.input[0].type.tensor_type.shape.dim
     dims[2].dim_value = 2**31
     m.graph.output[0].type.tensor_type.ClearField("shape")
-
-
-def symbolic():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu1"),
-             helper.make_node("Relu", ["r"], ["y"], name="relu2")]
-    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
-                             opset_imports=[helper.make_opsetid("", 13)])
 
 
 SYMBOLIC_MAPPING = '{"edge01_arm1": ["relu1"], "edge01_arm2": ["relu2"]}'
@@ -403,7 +394,7 @@ CASES = [
     # -- --input-shape --------------------------------------------------------------------------
     ("input-shape-huge", "fig2", {}, SPLIT + " --input-shape input=1x4x1099511627776x1099511627776",
      'tensor "input"'),
-    ("input-shape-huge-symbolic", "fig2", {"model.onnx": symbolic(),
+    ("input-shape-huge-symbolic", "fig2", {"model.onnx": symbolic_model(),
                                            "mapping.json": SYMBOLIC_MAPPING},
      SPLIT + " --input-shape x=1x4x1099511627776x1099511627776", 'tensor "x"'),
     ("input-shape-past-int64", "fig2", {}, SPLIT + " --input-shape "
@@ -416,7 +407,7 @@ CASES = [
      "input=1x4x4x4", '--input-shape input: given twice'),
     ("input-shape-empty-name", "fig2", {}, SPLIT + " --input-shape =1x4x8x8",
      'expected NAME=DxDx'),
-    ("input-shape-symbolic-huge-one", "fig2", {"model.onnx": symbolic(),
+    ("input-shape-symbolic-huge-one", "fig2", {"model.onnx": symbolic_model(),
                                                "mapping.json": SYMBOLIC_MAPPING},
      SPLIT + " --input-shape x=1x4x65536x65536", 'tensor "x"'),
     # -- the output directory -------------------------------------------------------------------
@@ -537,7 +528,7 @@ CASES = [
     ("check-samples-zero", "split", {}, "check {d}/out --samples 0", "--samples 0"),
     ("check-model-missing", "split", {}, "check {d}/out --model {d}/nope.onnx",
      "nope.onnx: the whole model is not there"),
-    ("check-other-model", "split", {"other.onnx": symbolic()},
+    ("check-other-model", "split", {"other.onnx": symbolic_model()},
      "check {d}/out --model {d}/other.onnx", "other.onnx: not the model that was split"),
     ("check-submodel-garbage", "split", {"out/models/edge04_gpu.onnx": b"garbage"},
      "check {d}/out", "edge04_gpu.onnx"),
