@@ -39,7 +39,7 @@ from autodice.core.plan import load_plan
 from autodice.core.spec import mapping_json
 from autodice.deploy import cluster
 from autodice.deploy.deploy import deploy
-from autodice.deploy.inventory import load_inventory
+from autodice.deploy.inventory import inventory_toml, load_inventory
 from autodice.deploy.ssh import ssh_config
 from autodice.frontend import zoo
 from autodice.frontend.split import split
@@ -62,7 +62,7 @@ def prepare(model: Path, hosts: list[str], work: Path, c: cluster.Cluster) -> tu
     mapping = balanced_mapping(load_model(model), keys)
     split_gen(model, mapping, work)
     inventory = work / "inventory.toml"
-    inventory.write_text(cluster.inventory_toml(c, hosts, ncnn_dir=ensure_ncnn()))
+    inventory.write_text(inventory_toml(c, hosts, ncnn_dir=ensure_ncnn()))
     return mapping, inventory
 
 

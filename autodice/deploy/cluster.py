@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -32,12 +31,13 @@ from pathlib import Path
 
 from ..core.errors import AutodiceError, Problems
 from ..core.spec import _RATE_UNITS, _number, parse_cores
+from . import sshd
+from .inventory import inventory_toml
 
 NETNS_PREFIX = "adc-"
 BRIDGE = "adcbr0"
 VETH_PREFIX = "adcv"
 DEFAULT_SUBNET = "10.77.0.0/24"
-FILESYSTEM = "autodice-cluster"  # the inventory's label for "these hosts share one filesystem"
 SSH_PACKAGES = ("openssh-server", "rsync")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 
@@ -179,12 +179,12 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
             _conflicts(want)
             _save_state(want)  # first: `down` must know what to remove if anything below fails
             _create_network(want)
-            _create_keys(want)
+            sshd.create_keys(want)
         for host in want.hosts:
-            if _sshd_pid(want, host) is None:
-                _start_sshd(want, host)
+            if sshd.alive_pid(want, host) is None:
+                sshd.start(want, host)
         for host in want.hosts:
-            _wait_for_sshd(want, host)
+            sshd.wait(want, host)
     except BaseException:
         if have is None:
             down()
@@ -277,91 +277,6 @@ def _create_network(c: Cluster) -> None:
         (Path(h.remote_dir)).mkdir(parents=True, exist_ok=True)
 
 
-def _create_keys(c: Cluster) -> None:
-    root = Path(c.state_dir)
-    root.chmod(0o700)
-    _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "autodice-cluster",
-         "-f", str(c.identity))
-    client = c.identity.with_suffix(".pub").read_text().strip()
-    # Only from the cluster's subnet: the key lets in nobody from elsewhere.
-    (root / "authorized_keys").write_text(f'from="{c.subnet}" {client}\n')
-    known = []
-    for h in c.hosts:
-        key = root / "hosts" / h.name / "ssh_host_ed25519_key"
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(key))
-        kind, blob = key.with_suffix(".pub").read_text().split()[:2]
-        known.append(f"{h.name},{h.address} {kind} {blob}\n")
-    c.known_hosts.write_text("".join(known))
-    for h in c.hosts:
-        folder = root / "hosts" / h.name
-        (folder / "sshd_config").write_text(_sshd_config(c, h, folder))
-
-
-def _sshd_config(c: Cluster, h: Host, folder: Path) -> str:
-    return "\n".join([
-        f"# sshd of emulated host {h.name} (autodice cluster)",
-        f"ListenAddress {h.address}",
-        "Port 22",
-        f"HostKey {folder / 'ssh_host_ed25519_key'}",
-        f"PidFile {folder / 'sshd.pid'}",
-        f"AuthorizedKeysFile {Path(c.state_dir) / 'authorized_keys'}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "PrintMotd no",
-        "X11Forwarding no",
-        "MaxStartups 200",  # mpirun and a deploy open many sessions at once
-        "MaxSessions 200",
-        "Subsystem sftp internal-sftp",
-        "",
-    ])
-
-
-def _start_sshd(c: Cluster, h: Host) -> None:
-    folder = Path(c.state_dir) / "hosts" / h.name
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-    (folder / "sshd.pid").unlink(missing_ok=True)
-    pin = ["taskset", "-c", h.cores] if h.cores else []
-    # setsid -f: sshd is nobody's child here (init reaps it), so no zombies after `down`.
-    # The shell is a constant; the host name reaches it as "$1", never inside the script.
-    cmd = ["setsid", "-f", "ip", "netns", "exec", h.netns, "unshare", "--uts", "--",
-           "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", h.name, *pin,
-           "/usr/sbin/sshd", "-D", "-f", str(folder / "sshd_config"),
-           "-E", str(folder / "sshd.log")]
-    subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True)
-
-
-def _wait_for_sshd(c: Cluster, h: Host, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((h.address, 22), timeout=1):
-                if _sshd_pid(c, h) is not None:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    log = Path(c.state_dir) / "hosts" / h.name / "sshd.log"
-    tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
-    raise AutodiceError(f"cluster: sshd of {h.name} ({h.address}) did not come up", *tail)
-
-
-def _sshd_pid(c: Cluster, h: Host) -> int | None:
-    """The pid of this host's sshd if it is alive (checked against its command line)."""
-    pid_file = Path(c.state_dir) / "hosts" / h.name / "sshd.pid"
-    try:
-        pid = int(pid_file.read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return None
-    # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -f CONFIG ... [listener]"), so search.
-    config = str(Path(c.state_dir) / "hosts" / h.name / "sshd_config").encode()
-    return pid if config in cmdline and _state_of(pid) != "Z" else None
-
-
 def _netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
@@ -414,7 +329,7 @@ def down() -> list[str]:
                     pass
             deadline = time.monotonic() + 2
             while (pids := [p for p in pids if Path(f"/proc/{p}").exists()
-                            and _state_of(p) != "Z"]) and time.monotonic() < deadline:
+                            and sshd.process_state(p) != "Z"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not pids:
                 break
@@ -444,13 +359,6 @@ def down() -> list[str]:
     return removed
 
 
-def _state_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
-
-
 def _our_namespaces() -> list[str]:
     listed = _run("ip", "netns", "list", check=False).stdout.splitlines()
     return [line.split()[0] for line in listed if line.startswith(NETNS_PREFIX)]
@@ -465,7 +373,7 @@ def status() -> tuple[Cluster | None, list[HostStatus]]:
     c = load_state()
     if c is None:
         return None, []
-    return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), _sshd_pid(c, h))
+    return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), sshd.alive_pid(c, h))
                for h in c.hosts]
 
 
@@ -475,55 +383,9 @@ def stop_sshd(name: str) -> None:
     host = next((h for h in c.hosts if h.name == name), None) if c else None
     if host is None:
         raise AutodiceError(f"cluster: no host {name} (run `autodice cluster status`)")
-    pid = _sshd_pid(c, host)
+    pid = sshd.alive_pid(c, host)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while _sshd_pid(c, host) is not None and time.monotonic() < deadline:
+        while sshd.alive_pid(c, host) is not None and time.monotonic() < deadline:
             time.sleep(0.02)
-
-
-# --- inventory --------------------------------------------------------------------------------
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value)  # a JSON string of printable text is a TOML basic string
-
-
-def find_ncnn() -> Path | None:
-    """An ncnn install this machine already has (no build): the override, else the cached one."""
-    from ..backend.engine import CONFIG, cache_key, cache_root, ncnn_flags
-
-    override = os.environ.get("AUTODICE_NCNN_DIR")
-    if override:
-        return Path(override)
-    prefix = cache_root() / "ncnn" / cache_key(ncnn_flags(vulkan=True)) / "install"
-    return prefix if (prefix / CONFIG).is_file() else None
-
-
-def inventory_toml(c: Cluster, hosts: list[str] | None = None,
-                   ncnn_dir: str | Path | None = None) -> str:
-    """The inventory for ``autodice deploy`` to reach ``hosts`` (default: all) of ``c``."""
-    from ..backend.engine import mpi_prefix
-
-    ncnn = Path(ncnn_dir) if ncnn_dir else find_ncnn()
-    lines = [
-        "# Inventory for `autodice deploy`, written by `autodice cluster up` (emulated hosts).",
-        f"network = {_toml_str(c.subnet)}  # MPI traffic stays on this subnet",
-        "",
-        "[defaults]",
-        'user = "root"',
-        "port = 22",
-        f"identity = {_toml_str(str(c.identity))}",
-        f"known_hosts = {_toml_str(str(c.known_hosts))}",
-        f"filesystem = {_toml_str(FILESYSTEM)}  # shared: one build per architecture",
-        f"mpi_prefix = {_toml_str(str(mpi_prefix()))}",
-    ]
-    if ncnn:
-        lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
-    for h in c.hosts:
-        if hosts is not None and h.name not in hosts:
-            continue
-        lines += ["", f"[hosts.{h.name}]", f"address = {_toml_str(h.address)}",
-                  f"remote_dir = {_toml_str(h.remote_dir)}"]
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,145 @@
+"""The command's frame: the group, its one-line errors, lazy progress bars, and the reports
+several verbs print (check results, the per-rank run table)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..core.errors import AutodiceError
+from ..core.plan import human_bytes
+
+console = Console(stderr=True)
+# Tables stay readable when piped (rich would squeeze them to 80 columns).
+out = Console(width=None if sys.stdout.isatty() else 130)
+
+
+class Main(click.Group):
+    """Turns AutodiceError into one ``error:`` line per problem and exit code 2.
+
+    click's own complaints about the command line (an unknown option, a value that is not a
+    number, a file that is a directory) get the same one-line form, and so does an error of
+    the machine (a full disk, a folder autodice may not write) that no check foresaw.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AutodiceError as e:
+            for line in e.problems:
+                click.echo(f"error: {visible(line)}", err=True)
+            sys.exit(2)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(2)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
+
+
+def visible(line: str) -> str:
+    """``line`` with control characters spelled out (``\\n``, ``\\x1b``): a name from a model
+    or a mapping key is data, and must neither start a line of its own nor drive the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in line)
+
+
+def progress(*columns, **kwargs):
+    """A ``rich.progress.Progress`` that appears with its first step, not on entering ``with``:
+    the checks that run before any work then print their errors as the first lines."""
+    from rich.progress import Progress
+
+    class Lazy(Progress):
+        started = False
+
+        def __enter__(self):
+            return self
+
+        def start(self):
+            if not self.started:
+                self.started = True
+                super().start()
+
+        def stop(self):  # rich ends with a blank line where no terminal is; errors come next
+            if self.started:
+                self.live.stop()
+
+        def update(self, *args, **kw):
+            self.start()
+            super().update(*args, **kw)
+
+        def advance(self, *args, **kw):
+            self.start()
+            super().advance(*args, **kw)
+
+    return Lazy(*columns, console=console, transient=True, **kwargs)
+
+
+@click.group(cls=Main)
+@click.version_option(package_name="autodice")
+def main():
+    """Split a CNN across edge devices and generate the distributed program (AutoDiCE)."""
+
+
+input_shape_option = click.option(
+    "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
+    help="Static shape for a model input with symbolic dimensions (repeatable).")
+
+
+def report(diffs, rtol) -> None:
+    bad = [d for d in diffs if not d.rel <= rtol]
+    for d in diffs:
+        verdict = "[red]FAIL[/red]" if d in bad else "[green]ok[/green]"
+        out.print(f"check {d.name}: max abs {d.max_abs:.3g}, rel {d.rel:.3g} (rtol {rtol:g}) "
+                  f"{verdict}")
+    if bad:
+        sys.exit(1)
+
+
+def model_inputs(plan, specs) -> dict[str, Path]:
+    """``--input [NAME=]FILE.npy`` options as model input name -> file."""
+    names = [t.name for t in plan.model_inputs]
+    given = {}
+    for spec in specs:
+        name, eq, path = spec.rpartition("=")
+        if not eq and len(names) == 1:
+            name = names[0]
+        elif not eq or name not in names:
+            raise AutodiceError(f'--input {spec}: name one of the model inputs '
+                                f'({", ".join(names)}) as NAME=FILE.npy')
+        given[name] = Path(path)
+    return given
+
+
+def stats_table(stats: dict) -> None:
+    """One row per rank: where it ran (device, precision, cores) and where its time went."""
+    table = Table()
+    for col in ("rank", "key", "device", "precision", "on cores", "load s", "compute s",
+                "recv wait s", "send wait s", "sent", "peak RSS"):
+        table.add_column(col, justify="left" if col in ("key", "device", "precision",
+                                                         "on cores") else "right")
+    for r in stats["ranks"]:
+        device = r.get("device", "?")  # "vulkan:llvmpipe (LLVM 15.0.6, 256 bits)" in full
+        device = "cpu (fallback)" if device.startswith("cpu (") else device.split(" (")[0]
+        table.add_row(str(r["rank"]), r["key"], device, r.get("precision", "?"),
+                      ",".join(map(str, r["omp_cpus"])), f"{r['load_s']:.3f}",
+                      f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
+                      f"{r['send_wait_s']:.3f}", human_bytes(r["bytes_sent"]),
+                      human_bytes(r["peak_rss"]))
+    out.print(table)
+
+
+def report_run(diffs, rtol, stats) -> None:
+    """--check of a run: the tolerance is the user's, else what the ranks' precision allows."""
+    from ..backend.run import check_tolerance
+
+    if rtol is None:
+        rtol, why = check_tolerance(stats)
+        out.print(f"tolerance {rtol:g} ({why})")
+    report(diffs, rtol)

@@ -1,0 +1,138 @@
+"""deploy, cluster up|down|status: the verbs that reach the boards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..core.errors import AutodiceError
+from ..core.plan import human_bytes
+from .app import console, main, model_inputs, out, progress, report_run, stats_table
+
+
+@main.group()
+def cluster():
+    """An emulated edge cluster here: network namespaces on a bridge, each with its own sshd."""
+
+
+@cluster.command("up")
+@click.option("--hosts", required=True, metavar="NAME,NAME,...",
+              help="Host names (as in platform.txt), e.g. edge01,edge02,edge03.")
+@click.option("--bandwidth", default="1gbit", show_default=True,
+              help="Rate of each host's link, both ways (tbf), e.g. 100mbit; 'none': unshaped.")
+@click.option("--cores", multiple=True, metavar="HOST=CPUS",
+              help="Run a host (its sshd, all it starts) on CPUs, e.g. edge01=0-1 (repeatable).")
+@click.option("--subnet", default="10.77.0.0/24", show_default=True,
+              help="IPv4 subnet of the cluster; this machine gets its first address.")
+@click.option("--ncnn-dir", type=click.Path(file_okay=False), default=None,
+              help="ncnn install the hosts build against (default: one already built here).")
+@click.option("--output", "-o", default="inventory.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
+def cluster_up(hosts, bandwidth, cores, subnet, ncnn_dir, output):
+    """Create (or repair) the emulated cluster and write its inventory."""
+    from ..deploy import cluster as emu
+
+    pins = {}
+    for spec in cores:
+        host, eq, cpus = spec.partition("=")
+        if not eq:
+            raise AutodiceError(f"--cores {spec}: expected HOST=CPUS, e.g. edge01=0-1")
+        pins[host] = cpus
+    with console.status("bringing the cluster up"):
+        c = emu.up([h for h in hosts.split(",") if h], None if bandwidth == "none" else bandwidth,
+                   pins, subnet, output, ncnn_dir, console)
+    _cluster_table(c)
+    out.print(f"wrote {output}")
+
+
+@cluster.command("down")
+def cluster_down():
+    """Remove every namespace, link, sshd and file of the emulated cluster."""
+    from ..deploy import cluster as emu
+
+    removed = emu.down()
+    out.print(f"removed {len(removed)} things" + (": " + ", ".join(removed) if removed else ""))
+
+
+@cluster.command("status")
+def cluster_status():
+    """Show the emulated cluster's hosts, addresses and whether their sshd is alive."""
+    from ..deploy import cluster as emu
+
+    c, _ = emu.status()
+    if c is None:
+        out.print("no cluster (run `autodice cluster up --hosts ...`)")
+        return
+    _cluster_table(c)
+
+
+def _cluster_table(c) -> None:
+    from ..deploy import cluster as emu
+
+    _, rows = emu.status()
+    rate = f"{int(c.bandwidth[:-3]) / 1e6:g} Mbit/s" if c.bandwidth else "unshaped"
+    table = Table(title=f"cluster {c.subnet}, links {rate}, "
+                        f"state in {c.state_dir}")
+    for col in ("host", "address", "cores", "namespace", "sshd"):
+        table.add_column(col)
+    for s in rows:
+        table.add_row(s.name, s.address, s.cores or "all", "ok" if s.netns else "[red]gone[/red]",
+                      f"pid {s.sshd_pid}" if s.sshd_pid else "[red]down[/red]")
+    out.print(table)
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--inventory", "-i", required=True, type=click.Path(dir_okay=False),
+              help="inventory.toml: ssh destination and remote directory per host.")
+@click.option("--run", "run_job", is_flag=True, help="Then run the job across the hosts.")
+@click.option("--input", "inputs", multiple=True, metavar="[NAME=]FILE.npy",
+              help="Model input as .npy for --run (NAME= needed when the model has several).")
+@click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
+@click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
+@click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime (--run).")
+@click.option("--rtol", type=float, default=None,
+              help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in fp16].")
+@click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
+              show_default=True,
+              help="cpu: a GPU rank on a host without a Vulkan device computes on its CPU.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
+def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,
+           timeout):
+    """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
+    import numpy as np
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ..core.plan import load_plan
+    from ..deploy.deploy import deploy as run_deploy
+    from ..frontend.check import compare_with_model
+
+    plan = load_plan(output)
+    given = model_inputs(plan, inputs)
+    with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
+        tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
+        res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
+                         frames=frames, pipeline=not no_pipeline, timeout_s=timeout,
+                         progress=lambda h, step: bar.update(tasks[h], description=step),
+                         gpu_fallback=gpu_fallback == "cpu")
+    table = Table(title=f"deployed to {len(res.hosts)} hosts in "
+                        f"{sum(res.seconds.values()):.1f} s "
+                        f"({', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items())})")
+    for col in ("host", "arch", "sent", "files moved", "program"):
+        table.add_column(col, justify="right" if col == "sent" else "left")
+    for r in res.hosts.values():
+        table.add_row(r.host, r.arch, human_bytes(r.bytes_sent), str(len(r.files)),
+                      "built here" if r.built else f"built on {r.built_by}")
+    out.print(table)
+    if res.run is not None:
+        s = res.run.stats
+        out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
+                  f"[/bold]; results in {res.run.results}")
+        stats_table(s)
+        if check:
+            feeds = {n: np.load(p) for n, p in given.items()}
+            report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
+

@@ -1,0 +1,211 @@
+"""profile, dse: the design-space exploration's verbs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..core.errors import AutodiceError
+from .app import console, input_shape_option, main, out, progress
+
+
+def _thread_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        threads = tuple(int(t) for t in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f'"{value}" is not a list of thread counts such as 1,2') from None
+    return threads
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
+              help="platform.txt: picks the thread counts and gives the host-to-host links.")
+@click.option("--output", "-o", default="profile.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Where to write the profile.")
+@click.option("--threads", callback=_thread_list, metavar="1,2",
+              help="Thread counts to measure (default: 1 and each device's cores, up to this "
+                   "machine's).")
+@input_shape_option
+@click.option("--runs", default=15, show_default=True, help="Timed runs per thread count.")
+@click.option("--warmup", default=3, show_default=True, help="Untimed runs first.")
+@click.option("--no-cache", is_flag=True, help="Measure again even if a cached profile fits.")
+@click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
+              help="inventory.toml of the cluster: measure the links between its hosts there "
+                   "(instead of the platform's bandwidth/latency fields).")
+@click.option("--gpu/--no-gpu", default=None,
+              help="Also time every layer on this machine's Vulkan device [default: when the "
+                   "platform lists a GPU and ncnn finds a device].")
+def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
+            gpu):
+    """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
+    from ..core.model import parse_input_shapes
+    from ..core.outdir import check_writable_file
+    from ..dse.profile import save_profile
+    from ..dse.profiler import op_summary, run_profile
+
+    check_writable_file(Path(output))
+    links = None
+    if inventory:
+        from ..dse.links import probe_links
+
+        links = probe_links(inventory, console=console, platform=platform)
+        _links_table(links, inventory)
+    res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup, runs,
+                      console=console, use_cache=not no_cache, links=links, gpu=gpu)
+    p = res.profile
+    save_profile(p, output)
+    ts = p.threads
+    table = Table(title=f"{len(p.layers)} layers of {p.model} ({res.ncnn_layers} ncnn layers), "
+                        f"median ms{' (cached)' if res.cached else ''} -> {output}")
+    table.add_column("op")
+    table.add_column("layers", justify="right")
+    for t in ts:
+        table.add_column(f"{t} thr ms", justify="right")
+    for t in ts[1:]:
+        table.add_column(f"x{t} speed-up (eff.)", justify="right")
+    if p.gpu:
+        table.add_column("GPU ms", justify="right")
+    rows = op_summary(p)
+    cols = [*ts, *(["gpu"] if p.gpu else [])]
+    total = {t: sum(r[2].get(t, 0.0) for r in rows) for t in cols}
+    for op, n, per in [*rows, ("all layers", len(p.layers), total),
+                       ("whole model", len(p.layers), res.whole_ms)]:
+        table.add_row(op, str(n), *(f"{per[t]:.3f}" for t in ts),
+                      *(f"{per[ts[0]] / per[t]:.2f} ({per[ts[0]] / per[t] / t * ts[0]:.0%})"
+                        for t in ts[1:]), *([f"{per['gpu']:.3f}"] if p.gpu else []))
+    out.print(table)
+    if p.gpu:
+        out.print(f"GPU {p.gpu.device}: upload {p.gpu.upload.bandwidth / 1e6:.0f} MB/s + "
+                  f"{p.gpu.upload.latency * 1e6:.0f} us, download "
+                  f"{p.gpu.download.bandwidth / 1e6:.0f} MB/s + "
+                  f"{p.gpu.download.latency * 1e6:.0f} us")
+    for name, link in sorted(p.links.items()):
+        out.print(f"link {name}: {link.bandwidth / 1e6:.0f} MB/s, {link.latency * 1e6:.1f} us")
+    if p.corun:
+        out.print(f"co-run: the whole model on 1 thread takes {p.corun.slowdown:.2f}x as long "
+                  f"while all {p.corun.cores} cores run it")
+    if res.unmatched:
+        console.print(f"note: {len(res.unmatched)} layers matched no ncnn blob and share their "
+                      f"successor's time: {', '.join(res.unmatched[:8])}"
+                      f"{'...' if len(res.unmatched) > 8 else ''}")
+    for note in res.notes:
+        console.print(f"note: {note}")
+
+
+def _links_table(links, inventory) -> None:
+    table = Table(title=f"links measured on the hosts of {inventory}")
+    for col in ("hosts", "bandwidth MB/s", "latency us"):
+        table.add_column(col, justify="left" if col == "hosts" else "right")
+    for pair, link in sorted(links.items()):
+        table.add_row(pair, f"{link.bandwidth / 1e6:.2f}", f"{link.latency * 1e6:.1f}")
+    console.print(table)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
+              help="platform.txt: the devices (mem, power_* and bandwidth fields feed the model).")
+@click.option("--profile", "profiles", multiple=True, metavar="[HOST=]profile.json",
+              help="Per-layer latencies from `autodice profile`; HOST=FILE for boards profiled "
+                   "apart (repeatable). Omitted: profile the model now.")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output directory: pareto.csv, pareto.json, pareto.png, mappings/.")
+@click.option("--pop", default=100, show_default=True, help="Population size (the paper's 100).")
+@click.option("--gens", default=400, show_default=True, help="Generations (the paper's 400).")
+@click.option("--seed", default=0, show_default=True,
+              help="Random seed: the same seed, the same front.")
+@click.option("--crossover", default=0.5, show_default=True,
+              help="Probability that two parents are crossed (two-point).")
+@click.option("--mutation", default=0.1, show_default=True,
+              help="Probability that an offspring is mutated.")
+@click.option("--encoding", default="layer", show_default=True,
+              help="layer: a resource per layer (the paper's); segment: K contiguous runs.")
+@click.option("--segments", type=int, default=None,
+              help="K for --encoding segment (default: the number of resources, at most 16).")
+@click.option("--measure", "measure_k", default=0, show_default=True,
+              help="Then run this many front points for real here and compare with the model.")
+@click.option("--frames", default=100, show_default=True, help="Frames per --measure run.")
+@click.option("--rounds", default=5, show_default=True,
+              help="--measure runs each point this many times, the points in turn; the median "
+                   "round counts.")
+@click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
+              help="--measure on these hosts (inventory.toml, as deploy takes) instead of here.")
+@click.option("--objectives", default="throughput,energy,memory", show_default=True,
+              help="What the front trades off: some of throughput, energy, memory.")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Only mappings whose every device holds at most SIZE (1GB, 512MiB).")
+@click.option("--min-fps", "min_fps", type=float, default=None,
+              help="Only mappings predicted to reach this many frames/s.")
+@click.option("--hosts", default=None, metavar="HOST,HOST,...",
+              help="Only these boards of the platform.")
+@click.option("--parallel", default="", metavar="data,horizontal",
+              help="Also propose stage copies (data) and layers split across resources "
+                   "(horizontal) on top of the searched mappings.")
+def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
+        segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts,
+        parallel):
+    """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
+    from ..core.spec import parse_bytes
+    from ..dse.front import table_rows
+    from ..dse.measure import measure
+    from ..dse.search import Settings, profile_arg
+    from ..dse.search import dse as run_dse
+
+    try:
+        cap = parse_bytes(max_memory) if max_memory else None
+    except ValueError as e:
+        raise AutodiceError(f"--max-memory {max_memory}: {e}") from None
+    settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments,
+                        tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
+                        tuple(k.strip() for k in parallel.split(",") if k.strip()))
+    settings.check()
+    if measure_k < 0 or frames < 1 or rounds < 1:
+        raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
+                            f"--measure >= 0, --frames >= 1 and --rounds >= 1")
+    profile = profile_arg(profiles, model, platform)
+    with progress() as bar:
+        task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
+        front = run_dse(model, platform, profile, output, settings,
+                        progress=lambda g, n: bar.update(task, completed=g),
+                        hosts=hosts.split(",") if hosts else None)
+    table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
+                        f"in {front.seconds:.1f} s -> {output}")
+    for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",
+                "#cores", "#GPUs"):
+        table.add_column(col, justify="left" if col == "mapping" else "right")
+    shown = table_rows(front)
+    for p in (*front.references, *shown):
+        c = p.cost
+        table.add_row(p.name, f"{c.max_energy_j * 1e3:.1f}", f"{c.throughput:.2f}",
+                      f"{c.max_memory / 1e6:.1f}", str(p.devices), str(c.cores), str(c.gpus),
+                      style="dim" if p in front.references else None)
+    out.print(table)
+    if len(shown) < len(front.points):
+        out.print(f"({len(front.points) - len(shown)} more points in {output}/pareto.csv)")
+    for note in front.notes:
+        out.print(f"note: {note}", soft_wrap=True)
+    if measure_k:
+        with progress() as bar:
+            task = bar.add_task("measuring", total=None)
+            results = measure(output, model, platform, profile, measure_k, frames, rounds,
+                              inventory,
+                              progress=lambda k, n, what: bar.update(task, completed=k, total=n,
+                                                                      description=what))
+        where = f"on the hosts of {inventory}" if inventory else "on this machine"
+        table = Table(title=f"predicted vs measured {where} ({rounds} rounds of {frames} "
+                            f"frames; median round)")
+        for col in ("point", "predicted fps", "measured fps", "rounds", "error", "predicted MB",
+                    "measured MB (peak RSS)", "error", "notes"):
+            table.add_column(col, justify="left" if col in ("point", "notes") else "right")
+        for m in results:
+            table.add_row(m.point, f"{m.predicted_fps:.2f}", f"{m.measured_fps:.2f}",
+                          f"{min(m.runs_fps):.0f}-{max(m.runs_fps):.0f}",
+                          f"{m.fps_error:+.0%}", f"{m.predicted_memory / 1e6:.1f}",
+                          f"{m.measured_memory / 1e6:.1f}", f"{m.memory_error:+.0%}",
+                          "; ".join(m.notes))
+        out.print(table)

@@ -1,0 +1,128 @@
+"""split, check, layers, view, zoo: the front end's verbs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..core.errors import AutodiceError
+from ..core.plan import human_bytes
+from .app import console, input_shape_option, main, out, report
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--mapping", "-m", required=True, type=click.Path(dir_okay=False),
+              help="mapping.json: {\"host_resource\": [layer, ...]}; key order = rank order.")
+@click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
+              help="platform.txt: one device per line.")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
+              help="Output directory (replaced atomically if it holds an earlier split).")
+@input_shape_option
+@click.option("--check", is_flag=True, help="Then compare the sub-models with the whole model.")
+@click.option("--samples", default=1, show_default=True, help="Random inputs for --check.")
+def split(model, mapping, platform, output, input_shapes, check, samples):
+    """Split MODEL into one sub-model per mapping key, with rankfile, tables and plan."""
+    from ..core.model import parse_input_shapes
+    from ..frontend.split import split as run_split
+
+    if check and samples < 1:
+        raise AutodiceError(f"--samples {samples}: need at least 1")
+    with console.status("splitting"):
+        plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
+    table = Table(title=f"{len(plan.ranks)} ranks, {len(plan.edges)} cut tensors -> {output}")
+    for col in ("rank", "key", "slots", "layers", "params", "peak act.", "recv/frame",
+                "send/frame"):
+        table.add_column(col, justify="right" if col not in ("key",) else "left")
+    for r in plan.ranks:
+        m = r.memory
+        table.add_row(str(r.rank), r.key, ",".join(map(str, r.slots)), str(len(r.layers)),
+                      human_bytes(m.params), human_bytes(m.peak_activations),
+                      human_bytes(m.recv_bytes), human_bytes(m.send_bytes))
+    out.print(table)
+    if check:
+        _check(output, samples, 1e-4, None)
+
+
+def _check(output, samples, rtol, model) -> None:
+    from ..frontend.check import check as run_check
+
+    with console.status(f"running sub-models and whole model in onnxruntime ({samples} inputs)"):
+        diffs = run_check(output, samples=samples, model=model)
+    report(diffs, rtol)
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--samples", default=1, show_default=True, help="Number of random inputs.")
+@click.option("--rtol", default=1e-4, show_default=True,
+              help="Fail above this max|diff| / max|reference| per output.")
+@click.option("--model", type=click.Path(dir_okay=False), default=None,
+              help="The whole model, if it moved since the split.")
+def check(output, samples, rtol, model):
+    """Chain OUTPUT's sub-models in onnxruntime and compare with the whole model (exit 1 if off)."""
+    _check(output, samples, rtol, model)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@input_shape_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--balance", metavar="KEY,KEY,...", default=None,
+              help="Print a mapping that cuts the layers into these keys with balanced FLOPs.")
+def layers(model, input_shapes, as_json, balance):
+    """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
+    from ..core.model import load_model, parse_input_shapes
+    from ..core.spec import mapping_json
+    from ..frontend.layers import layer_table
+    from ..frontend.suggest import balanced_mapping
+
+    graph = load_model(model, parse_input_shapes(input_shapes))
+    if balance:
+        keys = balance.split(",")
+        click.echo(mapping_json(balanced_mapping(graph, keys, "--balance")), nl=False)
+        return
+    rows = layer_table(graph)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"{model}: {sum(not r['follows'] for r in rows)} layers to map "
+                        f"({sum(r['follows'] for r in rows)} constants/shape ops follow them)")
+    for col in ("name", "op", "output shape", "params", "FLOPs", ""):
+        table.add_column(col, justify="right" if col in ("params", "FLOPs") else "left")
+    for r in rows:
+        table.add_row(r["name"], r["op"], r["shape"], human_bytes(r["param_bytes"]),
+                      f"{r['flops'] / 1e6:.1f} M", "follows" if r["follows"] else "")
+    out.print(table)
+
+
+@main.command()
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--image", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Picture to write: .svg, .png or .pdf.")
+@click.option("--model", type=click.Path(dir_okay=False), default=None,
+              help="The whole model, if it moved since the split.")
+def view(output, image, model):
+    """Draw OUTPUT's partition: layers coloured by rank, cut tensors with their bytes."""
+    from ..frontend.view import render
+
+    with console.status("drawing"):
+        render(output, image, model)
+    out.print(f"wrote {image}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the .onnx file.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
+def zoo(name, output, seed):
+    """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel)."""
+    from ..frontend import zoo as zoo_models
+
+    with console.status(f"materializing {name}"):
+        zoo_models.save(zoo_models.materialize(name, seed), Path(output))
+    out.print(f"wrote {output}")
