@@ -28,6 +28,7 @@ from autodice.backend.gen import gen
 from autodice.backend.run import run
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json
+from autodice.dse.balance import balance
 from autodice.frontend import zoo
 from autodice.frontend.check import compare
 from autodice.frontend.layers import layer_table
@@ -40,11 +41,14 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 
 def mappings(model: Path) -> dict[str, dict[str, list[str]]]:
-    """1 rank x 1 thread, 1 rank x 2 threads, 2 ranks x 1 thread (FLOP-balanced cut)."""
+    """1 rank x 1 thread, 1 rank x 2 threads, 2 ranks x 1 thread cut as ``autodice layers
+    --balance`` cuts (by time measured here) and cut by FLOPs (what it did before)."""
     graph = load_model(model)
     layers = [r["name"] for r in layer_table(graph) if not r["follows"]]
+    keys = ["edge01_x860", "edge01_x861"]
     return {"1x1": {"edge01_x860": layers}, "1x2": {"edge01_x8601": layers},
-            "2x1": balanced_mapping(graph, ["edge01_x860", "edge01_x861"])}
+            "2x1": balance(graph, model, keys).mapping,
+            "2x1 flops": balanced_mapping(graph, keys)}
 
 
 def prepare(model: Path, mapping: dict, work: Path, fp16: bool = False) -> Path:
@@ -98,26 +102,33 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
     np.save(work / "x.npy", x)
     feeds = {spec.inputs[0]: work / "x.npy"}
     fps: dict[str, list[float]] = {k: [] for k in ("alone", "2 alone", "1x1", "1x2", "2x1",
-                                                   "2x1 frame")}
+                                                   "2x1 flops", "2x1 frame")}
+    stages: list[dict] = []  # the 2x1 runs' ranks: where each one's time went
     worst = 0.0
     want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
     for r in range(rounds):
         fps["alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames))
         fps["2 alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
                                          cores=(0, 1)))
-        for k in ("1x1", "1x2", "2x1"):
+        for k in ("1x1", "1x2", "2x1", "2x1 flops"):
             res = run(outs[k], feeds, frames)
             fps[k].append(res.stats["fps"])
             worst = max(worst, compare(next(iter(res.outputs.values())), want)[1])
+            if k == "2x1":
+                stages.append({"fps": res.stats["fps"], "ranks": [
+                    {f: r[f] / frames for f in ("compute_s", "recv_wait_s", "send_wait_s")}
+                    for r in res.stats["ranks"]]})
         fps["2x1 frame"].append(run(outs["2x1"], feeds, frames, pipeline=False).stats["fps"])
         print(f"  {name} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in fps.items()),
               file=sys.stderr)
     med = {k: statistics.median(v) for k, v in fps.items()}
+    typical = sorted(stages, key=lambda s: s["fps"])[len(stages) // 2]
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps, "median_fps": med,
-            "max_rel_error": worst,
+            "max_rel_error": worst, "2x1 per frame": typical["ranks"],
             "ratios": {"1x1 / ncnn alone": med["1x1"] / med["alone"],
                        "ceiling: 2 x ncnn alone at once / alone": med["2 alone"] / med["alone"],
                        "2x1 / 1x1": med["2x1"] / med["1x1"],
+                       "2x1 by time / by FLOPs": med["2x1"] / med["2x1 flops"],
                        "2x1 / 1x2": med["2x1"] / med["1x2"],
                        "pipelined / frame by frame": med["2x1"] / med["2x1 frame"]}}
 
@@ -156,16 +167,21 @@ def main() -> None:
                 for m in args.models.split(",")]
         wire_rows = wire(tools, work / "wire.json")
         fp16 = bench_fp16(args.frames * 5, work)
-    print(f"\n{'model':<12} {'alone':>7} {'2 alone':>7} {'1x1':>7} {'1x2':>7} {'2x1':>7} "
-          f"{'2x1 fbf':>7}   {'1x1/alone':>9} {'ceiling':>7} {'2x1/1x1':>8} {'2x1/1x2':>8} "
-          f"{'pipe/fbf':>8}  (frames/s, medians)")
+    cols = ("alone", "2 alone", "1x1", "1x2", "2x1", "2x1 flops", "2x1 frame")
+    print(f"\n{'model':<12} " + " ".join(f"{c:>9}" for c in cols) + "   (frames/s, medians)")
     for r in rows:
-        m, q = r["median_fps"], list(r["ratios"].values())
-        print(f"{r['model']:<12} {m['alone']:7.2f} {m['2 alone']:7.2f} {m['1x1']:7.2f} "
-              f"{m['1x2']:7.2f} {m['2x1']:7.2f} {m['2x1 frame']:7.2f}   {q[0]:9.3f} {q[1]:7.3f} "
-              f"{q[2]:8.3f} {q[3]:8.3f} {q[4]:8.3f}")
-    print("goals: 1x1/alone >= 0.97, 2x1/1x1 >= 1.9, 2x1/1x2 >= 1.05; ceiling: what two "
-          "independent single-thread ncnn processes reach together over one")
+        print(f"{r['model']:<12} " + " ".join(f"{r['median_fps'][c]:9.2f}" for c in cols))
+    names = list(rows[0]["ratios"]) if rows else []
+    print(f"\n{'model':<12} " + " ".join(f"{n[:24]:>24}" for n in names))
+    for r in rows:
+        print(f"{r['model']:<12} " + " ".join(f"{r['ratios'][n]:24.3f}" for n in names))
+    print("goals: 1x1 / ncnn alone >= 0.97, 2x1 / 1x1 >= 1.9, 2x1 / 1x2 >= 1.05; ceiling: what "
+          "two independent single-thread ncnn processes reach together over one")
+    for r in rows:
+        print(f"{r['model']} 2x1, per frame: " + "; ".join(
+            f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits recv "
+            f"{x['recv_wait_s'] * 1e3:.1f} send {x['send_wait_s'] * 1e3:.1f}"
+            for k, x in enumerate(r["2x1 per frame"])))
     print(f"\n{'tensor':<16} {'MB':>7} {'wire GB/s':>9} {'memcpy GB/s':>11} {'wire/memcpy':>11}")
     for w in wire_rows:
         mb, t_wire, t_copy = w["bytes"] / 1e6, w["transfer_us"], w["memcpy_us"]

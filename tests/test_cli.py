@@ -54,7 +54,7 @@ def test_layers_lists_names_and_suggests_a_mapping(fig2, zoo_model):
                                                                  64 * 3 * 7 * 7 * 4)
     assert conv["flops"] == 2 * 64 * 112 * 112 * 3 * 7 * 7
     mapping = json.loads(invoke("layers", zoo_model("resnet50"), "--balance",
-                                "a_arm0,b_arm1").output)
+                                "a_arm0,b_arm1", "--by", "flops").output)
     assert list(mapping) == ["a_arm0", "b_arm1"]
     assert len(mapping["a_arm0"]) + len(mapping["b_arm1"]) == len(rows)
 

@@ -72,8 +72,14 @@ def check(output, samples, rtol, model):
 @input_shape_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--balance", metavar="KEY,KEY,...", default=None,
-              help="Print a mapping that cuts the layers into these keys with balanced FLOPs.")
-def layers(model, input_shapes, as_json, balance):
+              help="Print a mapping that cuts the layers, in order, into these keys so the "
+                   "slowest key is fastest: by time measured on this machine's CPU (cached), "
+                   "by --profile's, or by FLOPs (--by flops).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), default=None,
+              help="profile.json (`autodice profile`, e.g. on the boards) for --balance.")
+@click.option("--by", type=click.Choice(["time", "flops"]), default="time", show_default=True,
+              help="What --balance evens out.")
+def layers(model, input_shapes, as_json, balance, profile_path, by):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
     from ..core.model import load_model, parse_input_shapes
     from ..core.spec import mapping_json
@@ -83,7 +89,21 @@ def layers(model, input_shapes, as_json, balance):
     graph = load_model(model, parse_input_shapes(input_shapes))
     if balance:
         keys = balance.split(",")
-        click.echo(mapping_json(balanced_mapping(graph, keys, "--balance")), nl=False)
+        if by == "flops":
+            mapping = balanced_mapping(graph, keys, "--balance")
+        else:
+            from ..dse.balance import balance as by_time
+            from ..dse.profile import load_profile
+
+            given = load_profile(profile_path) if profile_path else None
+            done = by_time(graph, model, keys, given, console=console)
+            where = f"by {profile_path}" if profile_path else "measured on this machine's CPU"
+            console.print("predicted compute per frame, " + where + ": " + ", ".join(
+                f"{k} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))
+            for note in done.notes:
+                console.print(f"note: {note}")
+            mapping = done.mapping
+        click.echo(mapping_json(mapping), nl=False)
         return
     rows = layer_table(graph)
     if as_json:

@@ -77,7 +77,8 @@ def profile_model(model: str | Path, platform: str | Path, threads=None, **kwarg
     return run_profile(model, platform, threads, **kwargs).profile
 
 
-def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...] | None = None,
+def run_profile(model: str | Path, platform: str | Path | Platform,
+                threads: tuple[int, ...] | None = None,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
                 links: dict[str, Link] | None = None, gpu: bool | None = None) -> ProfileRun:
@@ -112,7 +113,7 @@ def run_profile(model: str | Path, platform: str | Path, threads: tuple[int, ...
 
     console = console or Console(stderr=True)
     model = Path(model)
-    spec = parse_platform(platform)
+    spec = platform if isinstance(platform, Platform) else parse_platform(platform)
     threads = choose_threads(spec, threads)
     if warmup < 0 or runs < 1:
         raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")

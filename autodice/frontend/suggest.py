@@ -1,26 +1,39 @@
-"""A first mapping to start from: contiguous blocks of layers with balanced FLOPs.
+"""A first mapping to start from: the layers in order, cut into one contiguous run per key so the
+slowest run is as fast as it can be.
 
 Users need a valid mapping before they can profile or search; tests and benchmarks need many.
+What a layer costs on a key is given (``autodice.dse.balance`` gives measured milliseconds per
+key, from a profile) or, without a measurement, its FLOPs -- the same on every key, and only
+roughly time: a 1x1 convolution and a depthwise one of equal FLOPs differ several-fold.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph
 from ..core.spec import parse_key
 from .layers import layer_flops
 
+# (key, layer name) -> what the layer costs on that key (any unit, the same for all keys)
+Cost = Callable[[str, str], float]
 
-def balanced_mapping(graph: Graph, keys: list[str], where: str = "keys") -> dict[str, list[str]]:
-    """Cut the mapped layers, in topological order, into ``len(keys)`` runs of similar FLOPs.
+
+def balanced_mapping(graph: Graph, keys: list[str], where: str = "keys",
+                     cost: Cost | None = None) -> dict[str, list[str]]:
+    """Cut the mapped layers, in topological order, into ``len(keys)`` contiguous runs, run k on
+    ``keys[k]``, minimising the largest run's cost (a pipeline's period), each key one layer at
+    least.
 
     Args:
         where: how the keys were given, for errors (``--balance``).
+        cost: the cost of a layer on a key; None: its FLOPs, whatever the key.
     Raises:
         AutodiceError: keys that do not parse, repeat, or outnumber the layers (a key with no
             layer is a mapping ``split`` refuses).
     """
-    layers = [i for i in range(len(graph.nodes)) if i not in graph.followers]
+    layers = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
     problems = Problems()
     for key in dict.fromkeys(keys):
         try:
@@ -34,16 +47,73 @@ def balanced_mapping(graph: Graph, keys: list[str], where: str = "keys") -> dict
     if not keys:
         raise AutodiceError(f"{where}: give at least one key")
     problems.raise_if_any()
-    cost = [max(layer_flops(graph, i), 1) for i in layers]
-    total = sum(cost)
-    mapping: dict[str, list[str]] = {k: [] for k in keys}
-    acc, k = 0, 0
-    for n, (i, c) in enumerate(zip(layers, cost)):
-        # Next key once this one has its share, or when the rest must give each key one layer.
-        share_done = acc + c / 2 > total * (k + 1) / len(keys)
-        must_move = len(layers) - n <= len(keys) - k - 1
-        if k + 1 < len(keys) and mapping[keys[k]] and (share_done or must_move):
-            k += 1
-        mapping[keys[k]].append(graph.names[i])
-        acc += c
-    return mapping
+    if cost is None:
+        flops = {graph.names[i]: float(max(layer_flops(graph, i), 1))
+                 for i in range(len(graph.nodes)) if i not in graph.followers}
+        table = [[flops[name] for name in layers] for _ in keys]
+    else:
+        table = [[max(float(cost(k, name)), 0.0) for name in layers] for k in keys]
+    cuts = min_max_cuts(table)
+    return {k: layers[a:e] for k, (a, e) in zip(keys, zip(cuts[:-1], cuts[1:]))}
+
+
+def min_max_cuts(table: list[list[float]]) -> list[int]:
+    """Cut points 0 = c0 < c1 < ... < cK = n so run k = layers [c_k, c_k+1) on key k minimises
+    max_k sum(table[k][c_k:c_k+1]).
+
+    For a bound T, the ends a run on key k may have, from each start the runs before it can
+    reach, form one interval per start (as far as the sum stays within T: two pointers), so
+    which cut points are reachable after each key is a sweep over the layers; T is feasible when
+    the last key can end at n. Bisecting T, to a millionth, between 0 and the whole model on
+    the slowest key finds the least feasible T, and the reachable sets give its cuts back.
+    O(K n) per bound; exact for keys of any speeds.
+    """
+    n, k = len(table[0]), len(table)
+    prefix = []
+    for row in table:
+        acc = [0.0]
+        for c in row:
+            acc.append(acc[-1] + c)
+        prefix.append(acc)
+
+    def cuts_within(bound: float) -> list[int] | None:
+        reach = [[True] + [False] * n]  # reach[j][p]: the first j runs can end at p
+        ends = []  # ends[j][a]: the furthest end of a run on key j from a within the bound
+        for j in range(k):
+            far, e = [0] * (n + 1), 0
+            for a in range(n):
+                e = max(e, a)
+                while e < n and prefix[j][e + 1] - prefix[j][a] <= bound:
+                    e += 1
+                far[a] = e
+            ends.append(far)
+            delta = [0] * (n + 2)
+            for a in range(n):
+                if reach[j][a] and far[a] > a:
+                    delta[a + 1] += 1
+                    delta[far[a] + 1] -= 1
+            row, open_ = [False] * (n + 1), 0
+            for p in range(n + 1):
+                open_ += delta[p]
+                row[p] = open_ > 0
+            reach.append(row)
+        if not reach[k][n]:
+            return None
+        cuts = [n]
+        for j in reversed(range(k)):
+            e = cuts[0]
+            cuts.insert(0, next(a for a in range(e - 1, -1, -1)
+                                if reach[j][a] and ends[j][a] >= e))
+        return cuts
+
+    lo, hi = 0.0, max(acc[-1] for acc in prefix)
+    best = cuts_within(hi)
+    assert best is not None  # every key within the slowest key's whole-model cost
+    while hi - lo > 1e-6 * hi:  # a millionth of the period: well below any timer's noise
+        mid = (lo + hi) / 2
+        got = cuts_within(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    return best

@@ -1,0 +1,106 @@
+"""``autodice layers --balance`` by measured time: what each layer takes on each key.
+
+A pipeline runs at the pace of its slowest stage, so the first mapping a user asks for should
+even out time, not FLOPs (a 1x1 convolution and a depthwise one of equal FLOPs differ
+several-fold, and small layers do not speed up with cores). The times come from a profile --
+given, or measured here now (cached by the model's bytes) -- at each key's thread count, or on
+its GPU; :func:`autodice.frontend.suggest.balanced_mapping` then cuts where the slowest run is
+fastest.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import AutodiceError, Problems
+from ..core.model import Graph
+from ..core.spec import Device, Platform, parse_key
+from ..frontend.suggest import Cost, balanced_mapping
+from .profile import Profile
+from .timing import Timing
+
+
+def key_platform(keys: list[str]) -> Platform:
+    """The devices the keys name, as a platform: each host with the cores its keys use and a
+    GPU where a key is one (what profiling and timing need to know of them).
+
+    Raises:
+        AutodiceError: a key that does not parse (all of them listed).
+    """
+    problems = Problems()
+    hosts: dict[str, tuple[set[int], bool]] = {}
+    for key in keys:
+        try:
+            res = parse_key(key)
+        except ValueError as e:
+            problems.add(f'--balance: key "{key}": {e}')
+            continue
+        cores, gpu = hosts.setdefault(res.host, (set(), False))
+        hosts[res.host] = (cores | set(res.cores), gpu or res.kind == "gpu")
+    problems.raise_if_any()
+    return Platform("--balance", {
+        host: Device(host, "cpu", tuple(sorted(cores)) or (0,), gpu="GPU" if gpu else None,
+                     gpu_api="VULKAN" if gpu else None)
+        for host, (cores, gpu) in hosts.items()})
+
+
+def measured_cost(graph: Graph, keys: list[str], profile: Profile,
+                  notes: list[str] | None = None) -> Cost:
+    """Seconds of each mapped layer on each key: on as many threads as the key has cores (the
+    profile's own count, else scaled by its per-op fit), on the GPU for a GPU key.
+
+    A GPU key with no GPU times in the profile is timed as one CPU core, and ``notes`` says so.
+
+    Raises:
+        AutodiceError: layers the profile does not know (another model's profile).
+    """
+    timing = Timing(key_platform(keys), profile)
+    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    table: dict[str, dict[str, float]] = {}
+    for key in keys:
+        res = parse_key(key)
+        threads = len(res.cores) if res.kind == "cpu" else None
+        if threads is None and not timing.has_gpu_timings(res.host, names):
+            threads = 1
+            if notes is not None:
+                notes.append(f"{key}: the profile has no GPU times; timed as one CPU core")
+        table[key] = dict(zip(names, timing.seconds(res.host, names, threads).tolist()))
+    return lambda key, name: table[key][name]
+
+
+@dataclass(frozen=True)
+class Balanced:
+    mapping: dict[str, list[str]]
+    seconds: dict[str, float]  # each key's predicted compute per frame
+    notes: tuple[str, ...]
+
+
+def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile | None = None,
+            console=None) -> Balanced:
+    """The mapping of ``graph``'s layers onto ``keys`` whose slowest stage is fastest by
+    measured time; ``profile`` None: measure the model's layers on this machine's CPU first
+    (cached by the model's bytes; a GPU key then counts as one core: profile on the board and
+    pass the profile for its GPU).
+
+    Raises:
+        AutodiceError: bad keys, or a profile that cannot be made or does not fit the model.
+    """
+    from .profiler import run_profile
+
+    if profile is None:
+        balanced_mapping(graph, keys, "--balance")  # bad keys before the measuring
+        cores = os.cpu_count() or 1
+        threads = {1} | {min(len(parse_key(k).cores), cores) for k in keys
+                         if parse_key(k).kind == "cpu"}
+        profile = run_profile(model, key_platform(keys), tuple(sorted(threads)),
+                              console=console, gpu=False).profile
+    notes: list[str] = []
+    try:
+        cost = measured_cost(graph, keys, profile, notes)
+    except AutodiceError as e:
+        raise AutodiceError(*(f"--balance: {line}" for line in e.problems)) from None
+    mapping = balanced_mapping(graph, keys, "--balance", cost)
+    return Balanced(mapping, {k: sum(cost(k, name) for name in layers)
+                              for k, layers in mapping.items()}, tuple(notes))

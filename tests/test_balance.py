@@ -1,0 +1,108 @@
+"""``layers --balance``: the cut whose slowest key is fastest, by measured time per key (not
+FLOPs), exact against brute force, and measured for real on ncnn when no profile is given."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from autodice.cli import main
+from autodice.core.model import load_model
+from autodice.dse.balance import balance
+from autodice.dse.profile import LayerCost, Link, Profile, save_profile
+from autodice.frontend.suggest import balanced_mapping, min_max_cuts
+
+
+def brute_force(table: list[list[float]]) -> float:
+    n, k = len(table[0]), len(table)
+    return min(max(sum(table[j][c[j]:c[j + 1]]) for j in range(k))
+               for cut in itertools.combinations(range(1, n), k - 1) for c in [(0, *cut, n)])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_min_max_cuts_is_optimal_for_keys_of_any_speed(data):
+    n = data.draw(st.integers(1, 9), label="layers")
+    k = data.draw(st.integers(1, min(4, n)), label="keys")
+    base = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0, 7.5, 20.0]), min_size=n,
+                              max_size=n))
+    speed = data.draw(st.lists(st.sampled_from([0.25, 1.0, 2.0, 3.0]), min_size=k, max_size=k))
+    table = [[b * s for b in base] for s in speed]
+    cuts = min_max_cuts(table)
+    assert cuts[0] == 0 and cuts[-1] == n and all(a < b for a, b in zip(cuts, cuts[1:]))
+    got = max(sum(table[j][cuts[j]:cuts[j + 1]]) for j in range(k))
+    assert got <= brute_force(table) * (1 + 1e-6) + 1e-12
+
+
+def chain(n: int = 6) -> onnx.ModelProto:
+    """x -> L0 .. L{n-1}: MatMuls by a 64x64 weight, the same FLOPs each."""
+    rng = np.random.default_rng(0)
+    nodes, weights, prev = [], [], "x"
+    for i in range(n):
+        weights.append(numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32),
+                                               f"w{i}"))
+        out = "y" if i == n - 1 else f"t{i}"
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [out], name=f"L{i}"))
+        prev = out
+    return helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], weights),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def profile_of(ms: list[float], two_threads: float = 0.5) -> Profile:
+    """FIXTURE: layer i takes ms[i] on one core, ``two_threads`` of that on two."""
+    layers = tuple(LayerCost(f"L{i}", "MatMul", {1: t, 2: t * two_threads})
+                   for i, t in enumerate(ms))
+    return Profile("chain.onnx", "fixture", {}, {}, (1, 2), layers, {"shm": Link(5e9, 2e-6)})
+
+
+def test_time_not_flops_decides_the_cut(tmp_path):
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    graph = load_model(tmp_path / "chain.onnx")
+    keys = ["e1_x860", "e1_x861"]
+    assert balanced_mapping(graph, keys)["e1_x860"] == ["L0", "L1", "L2"]  # equal FLOPs
+    # Measured, the last layer is as slow as the other five together: it gets a key alone.
+    done = balance(graph, tmp_path / "chain.onnx", keys, profile_of([1, 1, 1, 1, 1, 5]))
+    assert done.mapping == {"e1_x860": ["L0", "L1", "L2", "L3", "L4"], "e1_x861": ["L5"]}
+    assert done.seconds == pytest.approx({"e1_x860": 5e-3, "e1_x861": 5e-3})
+    # A key with two cores (twice as fast here) takes twice the work of a one-core key.
+    done = balance(graph, tmp_path / "chain.onnx", ["e1_x8601", "e2_x860"],
+                   profile_of([1] * 6))
+    assert [len(v) for v in done.mapping.values()] == [4, 2]
+
+
+def test_cli_balances_by_a_given_profile_and_names_a_foreign_one(tmp_path):
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    save_profile(profile_of([5, 1, 1, 1, 1, 1]), tmp_path / "p.json")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "chain.onnx"), "--balance",
+                                  "e1_x860,e1_x861", "--profile", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"e1_x860": ["L0"], "e1_x861": ["L1", "L2", "L3", "L4", "L5"]}
+    save_profile(Profile("other.onnx", "fixture", {}, {}, (1,),
+                         (LayerCost("conv9", "Conv", {1: 1.0}),), {"shm": Link(5e9, 2e-6)}),
+                 tmp_path / "q.json")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "chain.onnx"), "--balance",
+                                  "e1_x860,e1_x861", "--profile", str(tmp_path / "q.json")])
+    assert r.exit_code == 2 and "--balance: profile of other.onnx" in r.output, r.output
+
+
+@pytest.mark.cpp
+def test_cli_measures_here_when_no_profile_is_given(zoo_model):
+    """SqueezeNet measured on this machine's ncnn: the keys' predicted times are close."""
+    r = CliRunner().invoke(main, ["layers", str(zoo_model("squeezenet")), "--balance",
+                                  "edge01_x860,edge01_x861,edge01_x862"])
+    assert r.exit_code == 0, r.output
+    mapping = json.loads(r.stdout)
+    assert list(mapping) == ["edge01_x860", "edge01_x861", "edge01_x862"]
+    assert all(mapping.values())
+    times = [float(t.split()[1]) for t in r.stderr.split(": ", 1)[1].split(", ")]
+    assert max(times) < 1.6 * min(times), r.stderr
