@@ -87,6 +87,23 @@ def main():
     """Split a CNN across edge devices and generate the distributed program (AutoDiCE)."""
 
 
+def job_options(command):
+    """The options of a job that runs frames (``run`` and ``deploy --run``)."""
+    for option in reversed((
+            click.option("--no-pipeline", is_flag=True,
+                         help="Frame by frame, as the AutoDiCE paper ran."),
+            click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime."),
+            click.option("--rtol", type=float, default=None,
+                         help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in "
+                              "fp16]."),
+            click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
+                         show_default=True,
+                         help="cpu: a GPU rank on a host without a Vulkan device computes on "
+                              "its CPU."))):
+        command = option(command)
+    return command
+
+
 input_shape_option = click.option(
     "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
     help="Static shape for a model input with symbolic dimensions (repeatable).")

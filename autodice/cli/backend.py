@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .app import console, main, model_inputs, out, progress, report_run, stats_table
+from .app import console, job_options, main, model_inputs, out, progress, report_run, stats_table
 
 
 @main.command()
@@ -50,13 +50,7 @@ def build(output):
 @click.option("--frames", default=1, show_default=True, help="Frames to stream through.")
 @click.option("--results", type=click.Path(file_okay=False), default=None,
               help="Where outputs and stats.json go (default OUTPUT/results).")
-@click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
-@click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime.")
-@click.option("--rtol", type=float, default=None,
-              help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in fp16].")
-@click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
-              show_default=True,
-              help="cpu: a GPU rank on a host without a Vulkan device computes on its CPU.")
+@job_options
 def run(output, inputs, frames, results, no_pipeline, check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     import numpy as np

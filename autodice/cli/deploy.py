@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import console, main, model_inputs, out, progress, report_run, stats_table
+from .app import console, job_options, main, model_inputs, out, progress, report_run, stats_table
 
 
 @main.group()
@@ -91,13 +91,7 @@ def _cluster_table(c) -> None:
 @click.option("--input", "inputs", multiple=True, metavar="[NAME=]FILE.npy",
               help="Model input as .npy for --run (NAME= needed when the model has several).")
 @click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
-@click.option("--no-pipeline", is_flag=True, help="Frame by frame, as the AutoDiCE paper ran.")
-@click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime (--run).")
-@click.option("--rtol", type=float, default=None,
-              help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in fp16].")
-@click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
-              show_default=True,
-              help="cpu: a GPU rank on a host without a Vulkan device computes on its CPU.")
+@job_options
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
 def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,
            timeout):
