@@ -3,6 +3,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -58,6 +59,8 @@ static double g_timeout_s = 8.0;
 // waiting on the same stuck peer to say so too, which is how `autodice run` names the culprit.
 static constexpr double kGraceS = 1.0;
 
+static double g_spin_s = 2e-3;  // how long a wait polls before it starts to sleep
+
 static bool mpi_running() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -77,6 +80,14 @@ void init_runtime(MPI_Comm comm) {
       abort_run(std::string("AUTODICE_TIMEOUT_S=") + env + " is not a number of seconds", 2);
     g_timeout_s = seconds;
   }
+  // A waiting rank spins first (Open MPI moves a message only inside its calls) unless the
+  // ranks' threads outnumber the cores, where autodice run sets OMP_WAIT_POLICY=passive: then a
+  // spinning rank would take the core its neighbour computes on.
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  g_spin_s = policy && (std::strcmp(policy, "passive") == 0 ||
+                        std::strcmp(policy, "PASSIVE") == 0) ? 0.0 : 2e-3;
+  // Short sleeps sleep as long as asked (the default 50 us timer slack made 10 us 69).
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 }
 
 const std::string& log_prefix() {
@@ -328,6 +339,25 @@ MPI_Datatype mat_datatype(const ncnn::Mat& m) {
   return type;
 }
 
+WireLayout wire_layout(const Shape& shape) {
+  const Shape s = ncnn_shape(shape);
+  const size_t r = s.size();
+  WireLayout L;
+  L.c = r >= 3 ? s[0] : 1;
+  L.plane = s[r - 1] * (r >= 2 ? s[r - 2] : 1) * (r == 4 ? s[1] : 1);
+  L.cstep = r >= 3 ? (L.plane * 4 + 15) / 16 * 4 : L.plane;  // ncnn: alignSize(plane * 4, 16) / 4
+  L.count = (L.c - 1) * L.cstep + L.plane;
+  // Padding up to an eighth of the tensor is worth one block; more (a 1x1 map: 4x) is not.
+  L.as_mat = L.count * 8 <= element_count(shape) * 9;
+  return L;
+}
+
+static bool has_layout(const ncnn::Mat& m, const WireLayout& L) {
+  return m.elemsize == 4 && m.elempack == 1 && m.c == L.c &&
+         static_cast<int64_t>(m.w) * m.h * m.d == L.plane &&
+         (L.c == 1 || static_cast<int64_t>(m.cstep) == L.cstep);
+}
+
 // ---- typed nonblocking transfers ------------------------------------------------------------
 
 void set_wait_timeout(double seconds) { g_timeout_s = seconds; }
@@ -342,7 +372,8 @@ Transfer::Transfer(MPI_Comm comm, TensorInfo info, bool is_recv, int peer, int t
 
 Transfer::Transfer(Transfer&& other) noexcept
     : comm_(other.comm_), info_(std::move(other.info_)), is_recv_(other.is_recv_),
-      peer_(other.peer_), tag_(other.tag_), type_(other.type_), request_(other.request_) {
+      peer_(other.peer_), tag_(other.tag_), type_(other.type_), request_(other.request_),
+      staging_(std::move(other.staging_)), dense_out_(other.dense_out_) {
   other.type_ = MPI_DATATYPE_NULL;
   other.request_ = MPI_REQUEST_NULL;
 }
@@ -374,6 +405,14 @@ void Transfer::post(void* buffer, int count, MPI_Datatype type) {
 Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const void* dense, int peer,
                         int tag) {
   Transfer t(comm, info, false, peer, tag);
+  if (info.dtype == DType::Float32) {
+    const WireLayout L = wire_layout(info.shape);
+    if (L.as_mat && L.count != element_count(info.shape)) {  // padded on the wire: stage it
+      t.staging_ = mat_from_dense(static_cast<const float*>(dense), info.shape);
+      t.post(t.staging_.data, checked_int(L.count, info.name), MPI_FLOAT);
+      return t;
+    }
+  }
   t.post(const_cast<void*>(dense), checked_int(element_count(info.shape), info.name),
          mpi_type(info.dtype));
   return t;
@@ -388,13 +427,32 @@ Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& 
       element_count(mat_shape(m)) != element_count(info.shape))
     abort_run(t.what() + ": Mat has shape " + shape_str(mat_shape(m)) + ", the plan says " +
               info.describe());
-  t.type_ = mat_datatype(m);
-  t.post(m.data, 1, t.type_);
+  const WireLayout L = wire_layout(info.shape);
+  if (!L.as_mat) {
+    t.type_ = mat_datatype(m);
+    t.post(m.data, 1, t.type_);
+  } else if (has_layout(m, L)) {
+    t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);
+  } else {  // the same elements in another Mat shape (pnnx's choice): into the plan's layout
+    std::vector<float> dense(static_cast<size_t>(element_count(info.shape)));
+    dense_from_mat(m, dense.data());
+    t.staging_ = mat_from_dense(dense.data(), info.shape);
+    t.post(t.staging_.data, checked_int(L.count, info.name), MPI_FLOAT);
+  }
   return t;
 }
 
 Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag) {
   Transfer t(comm, info, true, peer, tag);
+  if (info.dtype == DType::Float32) {
+    const WireLayout L = wire_layout(info.shape);
+    if (L.as_mat && L.count != element_count(info.shape)) {  // padded on the wire: unpack later
+      t.staging_ = alloc_mat(info.shape);
+      t.dense_out_ = static_cast<float*>(dense);
+      t.post(t.staging_.data, checked_int(L.count, info.name), MPI_FLOAT);
+      return t;
+    }
+  }
   t.post(dense, checked_int(element_count(info.shape), info.name), mpi_type(info.dtype));
   return t;
 }
@@ -406,8 +464,13 @@ Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int
               info.describe());
   if (m.empty() || mat_shape(m) != ncnn_shape(info.shape) || m.elemsize != 4 || m.elempack != 1)
     m = alloc_mat(info.shape);
-  t.type_ = mat_datatype(m);
-  t.post(m.data, 1, t.type_);
+  const WireLayout L = wire_layout(info.shape);
+  if (L.as_mat) {
+    t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);
+  } else {
+    t.type_ = mat_datatype(m);
+    t.post(m.data, 1, t.type_);
+  }
   return t;
 }
 
@@ -421,14 +484,27 @@ void Transfer::finish(int rc, const MPI_Status& status) {
     abort_run(what() + ": got more than " + std::to_string(info_.bytes()) + " bytes, expected " +
                   expected, 4);
   if (rc != MPI_SUCCESS) abort_run(what() + ": " + mpi_error_text(rc), 4);
-  if (!is_recv_) return;
-  // Basic elements received, counted against the datatype that was posted.
+  if (!is_recv_) {
+    staging_.release();
+    return;
+  }
+  // Basic elements received, counted against the datatype that was posted: the tensor's, or
+  // its Mat layout's (padding included) when it travelled as one block.
   MPI_Count elements = 0;
   MPI_Get_elements_x(&status, type_ != MPI_DATATYPE_NULL ? type_ : mpi_type(info_.dtype),
                      &elements);
-  const int64_t got = static_cast<int64_t>(elements) * int64_t(dtype_size(info_.dtype));
-  if (got != info_.bytes())
-    abort_run(what() + ": got " + std::to_string(got) + " bytes, expected " + expected, 4);
+  int64_t want = element_count(info_.shape), got = static_cast<int64_t>(elements);
+  if (info_.dtype == DType::Float32 && type_ == MPI_DATATYPE_NULL) {
+    const WireLayout L = wire_layout(info_.shape);
+    if (L.as_mat) want = L.count;
+  }
+  if (got != want)
+    abort_run(what() + ": got " + std::to_string(got * int64_t(dtype_size(info_.dtype))) +
+                  " bytes, expected " + std::to_string(want * int64_t(dtype_size(info_.dtype))) +
+                  " (" + info_.describe() + (want != element_count(info_.shape) ?
+                                             " in ncnn::Mat layout" : "") + ")", 4);
+  if (dense_out_) dense_from_mat(staging_, dense_out_);
+  staging_.release();
 }
 
 bool Transfer::test() {
@@ -440,16 +516,17 @@ bool Transfer::test() {
   return request_ == MPI_REQUEST_NULL;
 }
 
-// Poll MPI_Test rather than block in MPI_Wait, so a deadline can be enforced. Spin briefly
-// (most messages between ranks on one board land within microseconds), then back off to short
-// sleeps so a waiting rank leaves its core to the OpenMP threads of its neighbours.
+// Poll MPI_Test rather than block in MPI_Wait, so a deadline can be enforced. Spin for
+// g_spin_s (Open MPI moves a message, single-copy or in fragments, only while a rank is inside
+// its calls; most transfers between ranks of one board end within that), then back off to
+// sleeps of at most 50 us so a long wait leaves the core to the OpenMP threads next door.
 static void wait_until_done(std::vector<Transfer*>& pending, double timeout_s) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   auto last = start;
   double frozen_s = 0;  // time this process itself did not run (stopped, or starved of CPU)
   auto pause = std::chrono::microseconds(0);
-  for (int round = 0;; ++round) {
+  for (;;) {
     bool all_done = true;
     for (Transfer* t : pending) all_done = t->test() && all_done;
     if (all_done) return;
@@ -476,8 +553,8 @@ static void wait_until_done(std::vector<Transfer*>& pending, double timeout_s) {
         std::exit(5);
       }
     }
-    if (round > 1000) {
-      pause = std::min(std::chrono::microseconds(200), pause + std::chrono::microseconds(10));
+    if (waited > g_spin_s) {
+      pause = std::min(std::chrono::microseconds(50), pause + std::chrono::microseconds(5));
       std::this_thread::sleep_for(pause);
     }
   }

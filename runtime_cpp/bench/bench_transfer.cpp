@@ -1,7 +1,9 @@
 // Sending an ncnn::Mat between two ranks: pack + contiguous send + unpack ("packed"), against
-// the strided MPI datatype that sends the padded Mat in place ("datatype", autodice::mat_datatype
-// with blocking MPI_Send/MPI_Recv), and the same through autodice::Transfer ("transfer"), whose
-// wait polls MPI_Test under the watchdog.
+// the strided MPI datatype that sends the padded Mat's elements in place ("datatype",
+// autodice::mat_datatype with blocking MPI_Send/MPI_Recv), and autodice::Transfer ("transfer",
+// what the programs use: the Mat's storage as one block, see autodice::wire_layout), whose wait
+// polls MPI_Test under the watchdog. Every receiver reuses its Mat from frame to frame, as the
+// generated program does (a fresh 64 MiB Mat per frame would time page faults, not transfers).
 //
 //   mpirun -n 2 bench_transfer [out.json] [reps]
 //
@@ -27,67 +29,65 @@ namespace {
 int g_rank = 0;
 int g_peer = 1;
 
-// Method 1: the receiver gets a dense buffer and packs it into a fresh Mat; the sender unpacks
-// its Mat into a dense buffer first.
-ncnn::Mat hop_packed(const TensorInfo& info, const ncnn::Mat& m, bool sending,
-                     std::vector<float>& scratch) {
+// Each method sends `m` (sending) or receives into `inbox` (allocated on first use, then
+// reused).
+
+// Method 1: the sender unpacks its Mat into a dense buffer, the receiver gets a dense buffer and
+// packs it into its Mat.
+void hop_packed(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, bool sending,
+                std::vector<float>& scratch) {
   const int n = static_cast<int>(autodice::element_count(info.shape));
   if (sending) {
     autodice::dense_from_mat(m, scratch.data());
     MPI_Send(scratch.data(), n, MPI_FLOAT, g_peer, 1, MPI_COMM_WORLD);
-    return m;
+    return;
   }
   MPI_Recv(scratch.data(), n, MPI_FLOAT, g_peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  return autodice::mat_from_dense(scratch.data(), info.shape);
+  if (inbox.empty()) inbox = autodice::alloc_mat(info.shape);
+  const size_t plane = static_cast<size_t>(inbox.w) * inbox.h * inbox.d;
+  for (int q = 0; q < inbox.c; ++q)
+    std::memcpy(inbox.channel(q).data, scratch.data() + q * plane, plane * 4);
 }
 
-// Method 2: the Mat goes as it lies, padding skipped by the datatype, into a fresh Mat.
-ncnn::Mat hop_datatype(const TensorInfo& info, const ncnn::Mat& m, bool sending,
-                       std::vector<float>&) {
-  if (sending) {
-    MPI_Datatype type = autodice::mat_datatype(m);
-    MPI_Send(m.data, 1, type, g_peer, 2, MPI_COMM_WORLD);
-    MPI_Type_free(&type);
-    return m;
-  }
-  ncnn::Mat out = autodice::alloc_mat(info.shape);
-  MPI_Datatype type = autodice::mat_datatype(out);
-  MPI_Recv(out.data, 1, type, g_peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+// Method 2: the Mat's elements go as they lie, padding skipped by the datatype.
+void hop_datatype(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, bool sending,
+                  std::vector<float>&) {
+  const ncnn::Mat& buffer = sending ? m : (inbox.empty() ? inbox = autodice::alloc_mat(
+                                                               info.shape) : inbox);
+  MPI_Datatype type = autodice::mat_datatype(buffer);
+  if (sending)
+    MPI_Send(buffer.data, 1, type, g_peer, 2, MPI_COMM_WORLD);
+  else
+    MPI_Recv(buffer.data, 1, type, g_peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   MPI_Type_free(&type);
-  return out;
 }
 
-// Method 3: as 2, through autodice::Transfer.
-ncnn::Mat hop_transfer(const TensorInfo& info, const ncnn::Mat& m, bool sending,
-                       std::vector<float>&) {
-  if (sending) {
-    Transfer t = Transfer::send(MPI_COMM_WORLD, info, m, g_peer, 2);
-    t.wait();
-    return m;
-  }
-  ncnn::Mat out;
-  Transfer t = Transfer::recv(MPI_COMM_WORLD, info, out, g_peer, 2);
+// Method 3: autodice::Transfer, as the generated program sends and receives.
+void hop_transfer(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, bool sending,
+                  std::vector<float>&) {
+  Transfer t = sending ? Transfer::send(MPI_COMM_WORLD, info, m, g_peer, 3)
+                       : Transfer::recv(MPI_COMM_WORLD, info, inbox, g_peer, 3);
   t.wait();
-  return out;
 }
 
-using Hop = ncnn::Mat (*)(const TensorInfo&, const ncnn::Mat&, bool, std::vector<float>&);
+using Hop = void (*)(const TensorInfo&, const ncnn::Mat&, ncnn::Mat&, bool,
+                     std::vector<float>&);
 
 // Median one-way microseconds over `reps` ping-pongs (after a few untimed ones).
 double median_one_way_us(Hop hop, const TensorInfo& info, int reps) {
   std::vector<float> dense(static_cast<size_t>(autodice::element_count(info.shape)), 1.0f);
   std::vector<float> scratch(dense.size());
-  ncnn::Mat mine = autodice::mat_from_dense(dense.data(), info.shape);
+  ncnn::Mat mine = autodice::mat_from_dense(dense.data(), info.shape), inbox;
   std::vector<double> times;
   for (int i = -3; i < reps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     autodice::Timer timer;
     if (g_rank == 0) {
-      hop(info, mine, true, scratch);
-      mine = hop(info, mine, false, scratch);
+      hop(info, mine, inbox, true, scratch);
+      hop(info, mine, inbox, false, scratch);
     } else {
-      ncnn::Mat got = hop(info, mine, false, scratch);
-      hop(info, got, true, scratch);
+      hop(info, mine, inbox, false, scratch);
+      hop(info, inbox, inbox, true, scratch);
     }
     if (i >= 0) times.push_back(timer.elapsed_ms() * 1000.0 / 2.0);
   }

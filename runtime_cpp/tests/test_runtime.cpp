@@ -228,14 +228,20 @@ static int rank() {
   return r;
 }
 
-// Rank 0 sends padded Mats (zero copy) and dense buffers; rank 1 receives them into Mats and
-// dense buffers in every combination, then returns one so rank 0 also receives into dense.
+// Rank 0 sends padded Mats (their storage as one block) and dense buffers; rank 1 receives them
+// into Mats and dense buffers in every combination, then returns one so rank 0 also receives into
+// dense. D's 1x1 maps would be 4x their size with padding: they travel without it. A2 is A in
+// a 2-d Mat (pnnx's choice of shape): it goes through the plan's layout.
 static void test_mpi_transfers() {
   const TensorInfo a{"A", {1, 3, 7, 7}, DType::Float32};
+  const TensorInfo d{"D", {1, 16, 1, 1}, DType::Float32};
   const TensorInfo b{"B", {2, 3, 5, 7}, DType::Float32};
   const TensorInfo c{"C", {1, 5}, DType::Float32};
   const TensorInfo ids{"ids", {4}, DType::Int64};
   const std::vector<float> da = iota(147), db = iota(210, 100.0f), dc = iota(5, -9.0f);
+  const std::vector<float> dd = iota(16, 3.0f);
+  CHECK(autodice::wire_layout(a.shape).as_mat && autodice::wire_layout(a.shape).count == 153);
+  CHECK(!autodice::wire_layout(d.shape).as_mat);
   const std::vector<int64_t> di = {7, -7, 1LL << 50, 0};
   MPI_Comm comm = MPI_COMM_WORLD;
 
@@ -250,6 +256,12 @@ static void test_mpi_transfers() {
     sends.push_back(Transfer::send(comm, c, mc, 1, 4));          // 1-d Mat -> Mat
     sends.push_back(Transfer::send(comm, b, db.data(), 1, 5));   // dense -> Mat
     sends.push_back(Transfer::send(comm, ids, di.data(), 1, 6)); // int64 dense
+    ncnn::Mat md = autodice::mat_from_dense(dd.data(), d.shape);
+    ncnn::Mat ma2(49, 3);
+    std::memcpy(ma2.data, da.data(), da.size() * 4);
+    sends.push_back(Transfer::send(comm, d, md, 1, 8));          // unpadded on the wire
+    sends.push_back(Transfer::send(comm, d, dd.data(), 1, 9));   // dense -> Mat, unpadded
+    sends.push_back(Transfer::send(comm, a, ma2, 1, 10));        // 2-d Mat -> the plan's 3-d
     autodice::wait_all(sends);
     std::vector<float> back(147, 0.0f);
     Transfer r = Transfer::recv(comm, a, back.data(), 1, 7);
@@ -267,7 +279,18 @@ static void test_mpi_transfers() {
     recvs.push_back(Transfer::recv(comm, c, rc, 0, 4));
     recvs.push_back(Transfer::recv(comm, b, rb2, 0, 5));
     recvs.push_back(Transfer::recv(comm, ids, ri.data(), 0, 6));
+    ncnn::Mat rd, rd2, ra2;
+    recvs.push_back(Transfer::recv(comm, d, rd, 0, 8));
+    recvs.push_back(Transfer::recv(comm, d, rd2, 0, 9));
+    recvs.push_back(Transfer::recv(comm, a, ra2, 0, 10));
     autodice::wait_all(recvs);
+    std::vector<float> small(16, 0.0f), again(147, 0.0f);
+    autodice::dense_from_mat(rd, small.data());
+    CHECK(small == dd);
+    autodice::dense_from_mat(rd2, small.data());
+    CHECK(small == dd);
+    autodice::dense_from_mat(ra2, again.data());
+    CHECK(again == da);
 
     CHECK(ra.dims == 3 && ra.cstep == 52);
     std::vector<float> out(210, 0.0f);
