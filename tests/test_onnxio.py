@@ -56,7 +56,8 @@ def test_large_weights_keep_their_page_offset_and_go_as_one_range(tmp_path, zoo_
         want = {t.name: onnxio.read_array(t) for t in tensors}
         assert [i.name for i in model.graph.initializer] == list(want)
         for i in model.graph.initializer:
-            assert np.array_equal(numpy_helper.to_array(i), want[i.name]) and not i.doc_string.strip()
+            assert np.array_equal(numpy_helper.to_array(i), want[i.name])
+            assert not i.doc_string.strip()
 
 
 def test_a_weights_own_doc_string_outlasts_the_padding(tmp_path):
