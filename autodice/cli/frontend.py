@@ -9,7 +9,7 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import console, input_shape_option, main, out, report, text_table
+from .app import console, input_shape_option, main, numpy_without_threads, out, report, text_table
 
 
 @main.command()
@@ -25,12 +25,13 @@ from .app import console, input_shape_option, main, out, report, text_table
 @click.option("--samples", default=1, show_default=True, help="Random inputs for --check.")
 def split(model, mapping, platform, output, input_shapes, check, samples):
     """Split MODEL into one sub-model per mapping key, with rankfile, tables and plan."""
-    from ..core.model import parse_input_shapes
-    from ..frontend.split import split as run_split
-
     if check and samples < 1:
         raise AutodiceError(f"--samples {samples}: need at least 1")
     # No spinner and a plain table: the split takes about half a second, rich a fifth of that.
+    numpy_without_threads()
+    from ..core.model import parse_input_shapes
+    from ..frontend.split import split as run_split
+
     plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
     rows = [(str(r.rank), r.key, ",".join(map(str, r.slots)), str(len(r.layers)),
              human_bytes(r.memory.params), human_bytes(r.memory.peak_activations),
