@@ -8,7 +8,7 @@ Weights are copied from the source file by reference (see :mod:`autodice.onnxio`
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from pathlib import Path
 
 import onnx
@@ -83,12 +83,29 @@ def write_submodels(graph: Graph, plan: Plan, out_dir: Path) -> None:
     members = [sorted(graph.index[n] for n in (*rank.layers, *rank.followers))
                for rank in plan.ranks]
     (out_dir / "models").mkdir(parents=True, exist_ok=True)
-    largest_first = sorted(plan.ranks, key=lambda r: -r.memory.params)
+    todo = iter(sorted(plan.ranks, key=lambda r: -r.memory.params))
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+
+    # Two plain threads rather than concurrent.futures, whose import (with logging) is ~15 ms
+    # of a command that takes half a second.
+    def work(sources: Sources) -> None:
+        while not failed:
+            with lock:
+                rank = next(todo, None)
+            if rank is None:
+                return
+            try:
+                proto, weights = submodel_proto(graph, rank, members[rank.rank])
+                write_model(out_dir / rank.submodel, proto, weights, sources)
+            except BaseException as e:  # re-raised below, in the caller's thread
+                failed.append(e)
 
     with Sources() as sources:
-        def write(rank: Rank) -> None:
-            proto, weights = submodel_proto(graph, rank, members[rank.rank])
-            write_model(out_dir / rank.submodel, proto, weights, sources)
-
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(write, largest_first))
+        threads = [threading.Thread(target=work, args=(sources,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if failed:
+        raise failed[0]
