@@ -18,19 +18,29 @@ from ..core.plan import human_bytes
 
 
 class LazyConsole:
-    """A ``rich.console.Console`` made on first use, with these options."""
+    """A ``rich.console.Console`` made on first use, with these options. It stands for the
+    console wherever one is passed (rich's progress bars enter it as a context manager)."""
 
     def __init__(self, **options):
         self._options = options
         self._console = None
 
-    def __getattr__(self, name):
+    def _get(self):
         if self._console is None:
             from rich.console import Console
 
             options = {k: v() if callable(v) else v for k, v in self._options.items()}
             self._console = Console(**options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name):
+        return getattr(self._get(), name)
+
+    def __enter__(self):
+        return self._get().__enter__()
+
+    def __exit__(self, *exc):
+        return self._get().__exit__(*exc)
 
 
 console = LazyConsole(stderr=True)
