@@ -31,6 +31,54 @@ def test_round_trip_keeps_every_weight(tmp_path, zoo_model):
     assert list(a.graph.node) == list(b.graph.node)
 
 
+def test_large_weights_keep_their_page_offset_and_go_as_one_range(tmp_path, zoo_model,
+                                                                   monkeypatch):
+    """The kernel copies whole pages when a weight lands at its source offset modulo the page
+    size; weights that lie back to back in the source are one range to copy."""
+    src = zoo_model("squeezenet")
+    lazy = onnxio.read_model(src)
+    ranges = []
+    copy = onnxio.Sources.copy
+    monkeypatch.setattr(onnxio.Sources, "copy",
+                        lambda self, *args: ranges.append(args[1:]) or copy(self, *args))
+    # every other weight, in reverse: runs of one tensor each, at shifted offsets
+    chosen = list(lazy.tensors.values())[::-2]
+    onnxio.write_model(tmp_path / "some.onnx", lazy.proto, chosen)
+    onnxio.write_model(tmp_path / "all.onnx", lazy.proto, list(lazy.tensors.values()))
+    big = [t for t in chosen if t.length >= onnxio.COPY_MIN]
+    assert len(ranges) == len(big) + 1 and big  # ... and the whole model's weights in one
+    written = onnxio.read_model(tmp_path / "some.onnx").tensors
+    for t in big:
+        assert written[t.name].raw_offset % 4096 == t.raw_offset % 4096
+    onnx.checker.check_model(onnx.load(tmp_path / "all.onnx"))
+    for name, tensors in (("some", chosen), ("all", lazy.tensors.values())):
+        model = onnx.load(tmp_path / f"{name}.onnx")
+        want = {t.name: onnxio.read_array(t) for t in tensors}
+        assert [i.name for i in model.graph.initializer] == list(want)
+        for i in model.graph.initializer:
+            assert np.array_equal(numpy_helper.to_array(i), want[i.name])
+            assert not i.doc_string.strip()
+
+
+def test_a_weights_own_doc_string_outlasts_the_padding(tmp_path):
+    """The padding that shifts a weight is a doc_string before the tensor's own fields."""
+    w = numpy_helper.from_array(np.arange(70_000, dtype=np.float32).reshape(70, 1000), "w")
+    w.doc_string = "kept"
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 70])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000])],
+                              [w])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    lazy = onnxio.read_model(tmp_path / "m.onnx")
+    for pad in range(0, 4096, 511):  # the header before the weight: every padding size
+        lazy.proto.doc_string = "x" * pad
+        onnxio.write_model(tmp_path / "w.onnx", lazy.proto, list(lazy.tensors.values()))
+        (t,) = onnx.load(tmp_path / "w.onnx").graph.initializer
+        assert t.doc_string == "kept" and numpy_helper.to_array(t).tobytes() == w.raw_data
+        ref = onnxio.read_model(tmp_path / "w.onnx").tensors["w"]
+        assert ref.raw_offset % 4096 == lazy.tensors["w"].raw_offset % 4096
+
+
 def test_external_data_in_and_out(tmp_path, zoo_model, fig2):
     model = onnx.load(zoo_model("squeezenet"))
     onnx.save_model(model, tmp_path / "ext.onnx", save_as_external_data=True,

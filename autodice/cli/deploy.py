@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
@@ -69,6 +68,8 @@ def cluster_status():
 
 
 def _cluster_table(c) -> None:
+    from rich.table import Table
+
     from ..deploy import cluster as emu
 
     _, rows = emu.status()
@@ -98,6 +99,7 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
 
     from ..core.plan import load_plan
     from ..deploy.deploy import deploy as run_deploy

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from ..core.errors import AutodiceError
 from .app import console, input_shape_option, main, out, progress
@@ -43,6 +42,8 @@ def _thread_list(ctx, param, value):
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
             gpu):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
+    from rich.table import Table
+
     from ..core.model import parse_input_shapes
     from ..core.outdir import check_writable_file
     from ..dse.profile import save_profile
@@ -98,6 +99,8 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
 
 
 def _links_table(links, inventory) -> None:
+    from rich.table import Table
+
     table = Table(title=f"links measured on the hosts of {inventory}")
     for col in ("hosts", "bandwidth MB/s", "latency us"):
         table.add_column(col, justify="left" if col == "hosts" else "right")
@@ -150,6 +153,8 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts,
         parallel):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
+    from rich.table import Table
+
     from ..core.spec import parse_bytes
     from ..dse.front import table_rows
     from ..dse.measure import measure

@@ -16,7 +16,6 @@ any ``str`` that did not come out of one of these (:class:`Escaped`).
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 
@@ -72,6 +71,8 @@ def file_slug(name: str, suffix: str = "") -> str:
     if not slug or slug.startswith("."):
         slug = "_" + slug
     if len(slug) > 120:
+        import hashlib  # rarely needed; loading OpenSSL is ~10 ms of every command's start
+
         digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         slug = f"{slug[:100]}-{digest}"
     return slug + suffix

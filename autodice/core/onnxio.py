@@ -8,6 +8,13 @@ instead: every field of the model and graph is parsed normally *except* initiali
 sub-model concatenates the re-serialized small parts with the referenced byte ranges, copied file to
 file by the kernel (``os.copy_file_range``). Each weight is written once and never deep-copied.
 
+The copy is the split's physical limit, so it is kept as cheap as ``cp``'s: initializers that lie
+back to back in the source go as one range, small ranges are read and written with the bytes around
+them, and each large range lands at the same offset modulo the page size as in the source — the
+kernel then copies whole pages instead of stitching every page from two (measured: 40% less CPU on
+VGG-19). The few bytes that shift it there are a ``doc_string`` of spaces in the tensor's message,
+placed before the tensor's own fields so that a ``doc_string`` the tensor had still wins.
+
 Tensors stored as external data stay external: their bytes are copied into a data file beside the
 sub-model. Sub-models that would pass protobuf's 2 GB limit move all their weights to such a file.
 External data must lie inside the model's folder, as onnx's checker requires: a location is data
@@ -19,7 +26,8 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -32,7 +40,7 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_RAW_DATA = 1, 2, 8, 9
-_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
+_TENSOR_DOC_STRING, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 12, 13, 14
 
 # Initializers up to this size are parsed into TensorProtos: shape constants, scalars, small biases
 # whose values shape inference and constant folding need.
@@ -42,6 +50,10 @@ PROTOBUF_LIMIT = 1_800_000_000
 # The most elements one tensor may have. ncnn indexes blobs with int; past this a shape is a typo
 # (or --input-shape 1x3x1099511627776x...), and the plan's byte counts would be fiction.
 MAX_ELEMENTS = 2**31
+# Ranges of weights at least this large are copied by the kernel, page-aligned as in the source;
+# smaller ones are read and written with the bytes around them (a syscall each costs more).
+COPY_MIN = 64 * 1024
+_PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,9 @@ class TensorRef:
     raw_offset: int | None  # absolute offset of raw_data in ``path`` (None: not raw_data)
     external: bool  # data lives in an external file named by the TensorProto
     source: tuple[Path, int] | None = None  # external: (data file, offset), checked on reading
+    # Where the initializer field (tag, length, message) starts, when the message is one in a
+    # model's graph: tensors whose fields lie back to back are copied as one range.
+    field_offset: int | None = None
 
 
 @dataclass
@@ -132,7 +147,7 @@ def element_size(data_type: int) -> int:
     return _ELEM_SIZE.get(data_type, 4)
 
 
-def _scan_tensor(buf, start: int, end: int, path: Path) -> TensorRef:
+def _scan_tensor(buf, start: int, end: int, path: Path, field_start: int) -> TensorRef:
     dims: list[int] = []
     data_type = TensorProto.FLOAT
     name = ""
@@ -158,7 +173,7 @@ def _scan_tensor(buf, start: int, end: int, path: Path) -> TensorRef:
     dims = [d - 2**64 if d >= 2**63 else d for d in dims]  # int64 on the wire
     nbytes = raw_len if raw_len is not None else elements(dims) * element_size(data_type)
     return TensorRef(name, tuple(dims), data_type, nbytes, path, start, end - start,
-                     raw_offset, external)
+                     raw_offset, external, field_offset=field_start)
 
 
 def elements(dims) -> int:
@@ -240,8 +255,7 @@ def _check_external(buf, ref: TensorRef, want: int | None, where: str,
         problems.add(f'{where}: external data "{location}" holds {size} bytes; the tensor needs '
                      f"bytes {offset} to {offset + length}")
         return ref
-    return TensorRef(ref.name, ref.dims, ref.data_type, length, ref.path, ref.offset,
-                     ref.length, ref.raw_offset, True, (file, offset))
+    return replace(ref, nbytes=length, external=True, source=(file, offset))
 
 
 def read_model(path: str | os.PathLike) -> LazyModel:
@@ -279,7 +293,7 @@ def _read(buf, path: Path) -> LazyModel:
             if gnum != _GRAPH_INITIALIZER:
                 graph_parts.append(buf[gfstart:gend])
                 continue
-            ref = _check_tensor(buf, _scan_tensor(buf, gstart, gend, path), problems)
+            ref = _check_tensor(buf, _scan_tensor(buf, gstart, gend, path, gfstart), problems)
             tensors[ref.name] = ref
             if ref.length <= SMALL_TENSOR_BYTES:
                 t = TensorProto()
@@ -296,12 +310,32 @@ def _read(buf, path: Path) -> LazyModel:
     return LazyModel(path, proto, tensors, small)
 
 
-def _copy_range(src: Path, dst_fd: int, offset: int, length: int) -> None:
-    """Copy ``length`` bytes at ``offset`` of ``src`` to the end of ``dst_fd``, in the kernel
-    where it can; across filesystems (``EXDEV``: an output on /dev/shm, a model on NFS) and
-    where the kernel or filesystem has no such copy, by reading and writing."""
-    with open(src, "rb") as f:
-        fd = f.fileno()
+class Sources:
+    """The files weights are copied from, each opened once for a whole split (DenseNet-121's 24
+    sub-models copy 848 tensors out of one file) and shared by the writing threads: every read
+    names its offset, so no thread moves a file position another relies on."""
+
+    def __init__(self):
+        self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: Path) -> int:
+        with self._lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            return self._fds[path]
+
+    def read(self, path: Path, offset: int, length: int) -> bytes:
+        data = os.pread(self.fd(path), length, offset)
+        if len(data) < length:
+            raise AutodiceError(f"{path}: file ends before byte {offset + length}")
+        return data
+
+    def copy(self, path: Path, dst_fd: int, offset: int, length: int) -> None:
+        """Append ``length`` bytes at ``offset`` of ``path`` to ``dst_fd``, in the kernel where
+        it can; across filesystems (``EXDEV``: an output on /dev/shm, a model on NFS) and where
+        the kernel or filesystem has no such copy, by reading and writing."""
+        fd = self.fd(path)
         while length:
             try:
                 n = os.copy_file_range(fd, dst_fd, length, offset)
@@ -311,9 +345,21 @@ def _copy_range(src: Path, dst_fd: int, offset: int, length: int) -> None:
                     raise
                 n = _read_write(fd, dst_fd, length, offset)
             if n == 0:
-                raise AutodiceError(f"{src}: file ends before byte {offset + length}")
+                raise AutodiceError(f"{path}: file ends before byte {offset + length}")
             offset += n
             length -= n
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __enter__(self) -> Sources:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _read_write(src_fd: int, dst_fd: int, length: int, offset: int) -> int:
@@ -350,17 +396,80 @@ def _payload_source(ref: TensorRef) -> tuple[Path, int, int]:
                         f"and is too large to write inline; re-export the model with raw_data")
 
 
-def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef]) -> None:
+@dataclass
+class _Run:
+    """Initializers that lie back to back in one file, written as one range: the first one's
+    field header is written anew (padded, when the range is copied), the rest come along."""
+
+    first: TensorRef
+    end: int  # where the last one's message ends in ``first.path``
+    header: bytes = b""
+
+    @property
+    def start(self) -> int:
+        return self.first.offset
+
+    @property
+    def copied(self) -> bool:
+        return self.end - self.start >= COPY_MIN
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _aligned_header(length: int, pos: int, target: int) -> bytes:
+    """The initializer field header of a ``length``-byte tensor message written at ``pos``,
+    padded with a ``doc_string`` field so that the message starts at ``target`` modulo the
+    page size: the field's tag and length, then the padding, which the message's own fields
+    follow."""
+    for size in ((target - pos) % _PAGE, (target - pos) % _PAGE + _PAGE):
+        for tag_and_length in range(2, 12):
+            padding = size - tag_and_length  # the doc_string field: tag, length, spaces
+            if padding < 2 or 1 + _varint_size(length + padding) != tag_and_length:
+                continue
+            for n in (padding - 2, padding - 3):
+                if n >= 0 and 1 + _varint_size(n) + n == padding:
+                    return (_len_field(_GRAPH_INITIALIZER, length + padding)
+                            + _len_field(_TENSOR_DOC_STRING, n) + b" " * n)
+    raise AssertionError("unreachable: every residue has a padding")
+
+
+def _layout(pieces: list, start: int, graph_bytes: int) -> int:
+    """Give every run its header for a graph field whose value starts at ``start``; returns
+    the graph field's size."""
+    pos = start + graph_bytes
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            pos += len(piece)
+            continue
+        length = piece.first.length
+        if piece.copied:
+            piece.header = _aligned_header(length, pos, piece.start)
+        else:
+            piece.header = _len_field(_GRAPH_INITIALIZER, length)
+        pos += len(piece.header) + piece.end - piece.start
+    return pos - start
+
+
+def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef],
+                sources: Sources | None = None) -> None:
     """Write ``proto`` (whose graph has no initializers) plus ``tensors`` as one ONNX file.
 
     Tensors that were external stay external (``<file>.data`` beside it); if the inline file would
     pass the protobuf limit, every tensor goes external.
+
+    Args:
+        sources: the open source files to copy from (shared by the writes of one split).
     """
+    if sources is None:
+        with Sources() as own:
+            return write_model(path, proto, tensors, own)
     graph_bytes = proto.graph.SerializeToString()  # nodes, inputs, outputs: small
     data_name = path.name + ".data"
     all_external = sum(t.length for t in tensors) + len(graph_bytes) > PROTOBUF_LIMIT
     data_fd = None
-    pieces: list[tuple[bytes, TensorRef | None]] = []  # (bytes to write, then range to copy)
+    pieces: list[bytes | _Run] = []  # in ``tensors``' order
     data_offset = 0
     try:
         for ref in tensors:
@@ -369,28 +478,50 @@ def write_model(path: Path, proto: onnx.ModelProto, tensors: list[TensorRef]) ->
                     data_fd = os.open(path.parent / data_name,
                                       os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 src, off, length = _payload_source(ref)
-                _copy_range(src, data_fd, off, length)
+                sources.copy(src, data_fd, off, length)
                 msg = _external_tensor(ref, data_name, data_offset)
                 data_offset += length
-                pieces.append((_len_field(_GRAPH_INITIALIZER, len(msg)) + msg, None))
+                pieces.append(_len_field(_GRAPH_INITIALIZER, len(msg)) + msg)
+                continue
+            last = pieces[-1] if pieces else None
+            if (isinstance(last, _Run) and last.first.path == ref.path
+                    and ref.field_offset == last.end
+                    and ref.offset - ref.field_offset == 1 + _varint_size(ref.length)):
+                last.end = ref.offset + ref.length  # its field header comes along, as written
             else:
-                pieces.append((_len_field(_GRAPH_INITIALIZER, ref.length), ref))
+                pieces.append(_Run(ref, ref.offset + ref.length))
     finally:
         if data_fd is not None:
             os.close(data_fd)
-    graph_size = len(graph_bytes) + sum(len(b) + (r.length if r else 0) for b, r in pieces)
-    # Everything in ``head`` but the graph field, then the graph field rebuilt with initializers.
+    # Everything in ``proto`` but the graph field, then the graph field rebuilt with initializers.
     rest = onnx.ModelProto()
     rest.CopyFrom(proto)
     rest.ClearField("graph")
+    head = rest.SerializeToString()
+    # The graph field's length comes before the runs, and its size moves the pages they align
+    # to: settle it. The headers always match the size written; only alignment needs a match.
+    length_size = 1
+    for _ in range(4):
+        graph_size = _layout(pieces, len(head) + 1 + length_size, len(graph_bytes))
+        if _varint_size(graph_size) == length_size:
+            break
+        length_size = _varint_size(graph_size)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, rest.SerializeToString() + _len_field(_MODEL_GRAPH, graph_size))
-        _write_all(fd, graph_bytes)
-        for prefix, ref in pieces:
-            _write_all(fd, prefix)
-            if ref is not None:
-                _copy_range(ref.path, fd, ref.offset, ref.length)
+        pending = bytearray(head + _len_field(_MODEL_GRAPH, graph_size) + graph_bytes)
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                pending += piece
+                continue
+            pending += piece.header
+            length = piece.end - piece.start
+            if not piece.copied:
+                pending += sources.read(piece.first.path, piece.start, length)
+                continue
+            _write_all(fd, pending)
+            pending.clear()
+            sources.copy(piece.first.path, fd, piece.start, length)
+        _write_all(fd, pending)
     finally:
         os.close(fd)
 
