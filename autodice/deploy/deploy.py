@@ -1,7 +1,8 @@
 """``autodice deploy``: ship each host's package over ssh, build it there, run mpirun across hosts.
 
 Steps, each over all hosts at once (one thread per host), each finished by every host before the
-next starts, so a broken host stops the deploy before anything runs anywhere:
+next starts (but for the build, which overlaps the sync), so a broken host stops the deploy
+before anything runs anywhere:
 
 1. ``connect`` + ``check`` (:mod:`.check`): one ssh master connection per host, reused from
    an earlier deploy when one is still open (all later ssh and rsync go through it: no new
@@ -12,11 +13,12 @@ next starts, so a broken host stops the deploy before anything runs anywhere:
    rebuilds nothing it need not); a host whose package is already there (its sync stamp, as
    the check read it) is not touched. Bytes sent per host come from ``rsync --stats``.
 3. ``build`` (:mod:`.remote_build`): hosts that share an architecture (``uname -m``) and a
-   filesystem label (and MPI and ncnn prefixes) build once, on the first of them; the others
-   receive the binary by rsync. Hosts without a shared filesystem build their own. A build
-   runs only when the sources or flags differ from the last one that succeeded there (a stamp
-   it leaves), a copy only when the binaries differ. A host with no ncnn builds the pinned ncnn
-   once in its remote directory.
+   filesystem label (and MPI and ncnn prefixes) build once, on the first of them, as soon as
+   its own package is there (while the others still sync); the others receive the binary by
+   rsync. Hosts without a shared filesystem build their own. A build runs only when the
+   sources or flags differ from the last one that succeeded there (a stamp it leaves), a copy
+   only when the binaries differ. A host with no ncnn builds the pinned ncnn once in its
+   remote directory.
 4. ``run`` (``--run``, :mod:`.launch`): the real-address hostfile, rankfile and an ssh config go
    to the head node (the host of rank 0; only when they changed), which starts ``mpirun`` with
    Open MPI's ssh launcher; one MPMD app context per rank gives each its own host's directory.
@@ -51,7 +53,7 @@ from .inventory import load_inventory
 from .launch import check_launchable, run_job, write_launch_files
 from .remote_build import build_all, source_digest
 from .ssh import KEEP_S, Host, Progress, Ssh
-from .sync import sync_all
+from .sync import sync_package
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class HostReport:
 @dataclass(frozen=True)
 class DeployResult:
     hosts: dict[str, HostReport]
-    seconds: dict[str, float]  # per step, wall time
+    seconds: dict[str, float]  # per step, wall time; "build": what it took after the last sync
     run: RunResult | None = None
 
 
@@ -132,12 +134,18 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     result_run = None
     try:
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
-        _timed(seconds, "sync", lambda: sync_all(ssh, hosts, lambda h: out_dir / "packages" / h,
-                                                 progress))
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
-        _timed(seconds, "build", lambda: build_all(ssh, hosts, sources, work / "bin", progress,
-                                                   gpu_hosts=gpu_hosts))
+        synced: list[float] = []
+
+        def sync(h: Host) -> None:
+            sync_package(ssh, h, out_dir / "packages" / h.target.host)
+            synced.append(time.monotonic())
+
+        start = time.monotonic()
+        build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync)
+        seconds["sync"] = round(max(synced) - start, 3)
+        seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
         write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: run_job(

@@ -46,12 +46,16 @@ def sync_all(ssh: Ssh, hosts: list[Host], local: Callable[[str], Path], progress
              build: Build = PROGRAM, folders: tuple[str, ...] = REMOTE_FOLDERS) -> None:
     """rsync each host's package (``local(host)``) into ``build``'s package folder there, after
     making ``folders`` inside ``build``'s root; hosts that hold it already are left alone."""
-    def sync(h: Host) -> None:
-        sync_folder(ssh, h, local(h.target.host), build.root(h), "package", folders)
-
-    problems = parallel(hosts, "sync", sync, progress)
+    problems = parallel(hosts, "sync", lambda h: sync_package(ssh, h, local(h.target.host),
+                                                             build, folders), progress)
     if problems:
         raise AutodiceError(*problems)
+
+
+def sync_package(ssh: Ssh, h: Host, local: Path, build: Build = PROGRAM,
+                 folders: tuple[str, ...] = REMOTE_FOLDERS) -> None:
+    """One host's part of :func:`sync_all`."""
+    sync_folder(ssh, h, local, build.root(h), "package", folders)
 
 
 def sync_folder(ssh: Ssh, h: Host, local: Path, root: str, folder: str,
