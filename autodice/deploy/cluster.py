@@ -355,6 +355,7 @@ def down() -> list[str]:
             if not pids:
                 break
         if _netns_exists(ns):
+            _wait_for_goodbyes(ns)
             _run("ip", "netns", "del", ns, check=False)
             removed.append(f"namespace {ns}")
         etc = Path("/etc/netns") / ns
@@ -378,6 +379,23 @@ def down() -> list[str]:
         shutil.rmtree(root, ignore_errors=True)
         removed.append(str(root))
     return removed
+
+
+def _wait_for_goodbyes(ns: str, timeout_s: float = 1.0) -> None:
+    """Wait until the peers of the namespace's TCP connections have seen them close (no socket
+    left established or waiting for the ACK of its FIN), so that an ssh master connection open
+    to the host ends now, rather than when its keep-alives give up, some 15 s after the
+    namespace and its links are gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        tcp = _run("ip", "netns", "exec", ns, "cat", "/proc/net/tcp", "/proc/net/tcp6",
+                   check=False).stdout
+        # st: 01 established, 04 fin-wait-1, 09 last-ack, 0B closing
+        if not any(line.split()[3] in ("01", "04", "09", "0B")
+                   for line in tcp.splitlines()[1:] if len(line.split()) > 3
+                   and line.split()[0].endswith(":")):
+            return
+        time.sleep(0.02)
 
 
 def _our_namespaces() -> list[str]:
