@@ -53,7 +53,7 @@ from .inventory import load_inventory
 from .launch import check_launchable, run_job, write_launch_files
 from .remote_build import build_all, source_digest
 from .ssh import KEEP_S, Host, Progress, Ssh
-from .sync import sync_package
+from .sync import Digests, sync_package
 
 
 @dataclass(frozen=True)
@@ -137,15 +137,17 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
         synced: list[float] = []
+        digests = Digests(work / "digests.json")
 
         def sync(h: Host) -> None:
-            sync_package(ssh, h, out_dir / "packages" / h.target.host)
+            sync_package(ssh, h, out_dir / "packages" / h.target.host, digests=digests)
             synced.append(time.monotonic())
 
         start = time.monotonic()
         build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync)
         seconds["sync"] = round(max(synced) - start, 3)
         seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
+        digests.save()
         write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: run_job(

@@ -9,6 +9,7 @@ the end of the deploy. Their sockets live in a private directory of this user
 (:func:`control_dir`), one per host *and* per way of checking that host (its config block and
 the contents of the known_hosts files it trusts), so a connection is only reused by a deploy
 that would have verified the host key exactly as the one that opened it did.
+:func:`close_connections` closes them before their time.
 
 :class:`Host` is a host's live state as the steps learn it, :class:`Build` where a program lives
 on it, and :func:`parallel` runs a step on every host at once, turning each host's failure into
@@ -122,24 +123,36 @@ class Ssh:
         reused = self.sockets[t.host].exists()
         proc = run()
         if proc.returncode == 255 and reused:
-            self.disconnect(t)
+            close_connections([t])
             proc = run()
         return proc
 
-    def disconnect(self, t: Target) -> None:
-        """Close the host's master connection, if one is open."""
-        subprocess.run(["ssh", *self.opts, "-O", "exit", t.host], capture_output=True,
-                       timeout=30)
-        self.sockets[t.host].unlink(missing_ok=True)
-
     def close(self, targets) -> None:
-        """End of a deploy: with ``keep_s=0`` close the masters (all at once), else leave them
-        to their idle timeout."""
-        if self.keep_s > 0:
-            return
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(self.disconnect, [t for t in targets
-                                            if self.sockets[t.host].exists()]))
+        """End of a deploy: with ``keep_s=0`` close the masters, else leave them to their idle
+        timeout."""
+        if self.keep_s <= 0:
+            close_connections(targets)
+
+
+def close_connections(targets) -> list[str]:
+    """Close the master connections deploys keep open to ``targets`` (each also ends by itself
+    once idle for the ``keep_s`` of the deploy that opened it, or when its host goes away).
+
+    Returns:
+        The hosts whose connection was open.
+    """
+    open_ = [(t, control_dir() / connection_key(t)) for t in targets]
+    open_ = [(t, sock) for t, sock in open_ if sock.exists()]
+
+    def close(item) -> None:
+        t, sock = item
+        subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit",
+                        t.host], capture_output=True, timeout=30)
+        sock.unlink(missing_ok=True)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(close, open_))
+    return [t.host for t, _ in open_]
 
 
 def control_dir() -> Path:
@@ -165,8 +178,9 @@ def connection_key(t: Target) -> str:
     """Names a master connection by everything that decides how ssh reaches and verifies the
     host: its config block and the contents of the known_hosts files that vouch for its key."""
     digest = hashlib.sha256(ssh_config([t], by="host").encode())
-    files = [t.known_hosts] if t.known_hosts else [
-        str(Path("~/.ssh/known_hosts").expanduser()), "/etc/ssh/ssh_known_hosts"]
+    files = [t.known_hosts] if t.known_hosts else [  # ssh's defaults
+        str(Path(f"~/.ssh/{name}").expanduser()) for name in ("known_hosts", "known_hosts2")]
+    files += ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]  # always read
     for f in files:
         try:
             digest.update(b"\0" + Path(f).read_bytes())

@@ -15,6 +15,8 @@ and the files that moved come from ``rsync --stats``.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shlex
 from collections.abc import Callable
@@ -38,6 +40,7 @@ stamps() {
     [ -f "$r/$f.synced" ] && read -r s p < "$r/$f.synced" && [ "$p" = "$(fp "$r/$f")" ] \
       && echo "synced_$f=$s"
   done
+  return 0
 }
 """
 
@@ -53,20 +56,23 @@ def sync_all(ssh: Ssh, hosts: list[Host], local: Callable[[str], Path], progress
 
 
 def sync_package(ssh: Ssh, h: Host, local: Path, build: Build = PROGRAM,
-                 folders: tuple[str, ...] = REMOTE_FOLDERS) -> None:
+                 folders: tuple[str, ...] = REMOTE_FOLDERS, digests: Digests | None = None,
+                 ) -> None:
     """One host's part of :func:`sync_all`."""
-    sync_folder(ssh, h, local, build.root(h), "package", folders)
+    sync_folder(ssh, h, local, build.root(h), "package", folders, digests=digests)
 
 
 def sync_folder(ssh: Ssh, h: Host, local: Path, root: str, folder: str,
-                make: tuple[str, ...] = (), what: str = "rsync failed") -> None:
+                make: tuple[str, ...] = (), what: str = "rsync failed",
+                digests: Digests | None = None) -> None:
     """Make ``local`` the contents of ``root/folder`` on ``h`` unless the check found it there
-    (``h.facts["synced_FOLDER"]``); sets ``h.sent``. ``make``: folders of ``root`` to create.
+    (``h.facts["synced_FOLDER"]``); sets ``h.sent``. ``make``: folders of ``root`` to create;
+    ``digests``: where local files' digests are remembered.
 
     Raises:
         AutodiceError: ``what: <rsync's last line>``.
     """
-    digest = folder_digest(local)
+    digest = folder_digest(local, digests)
     if h.facts.get(f"synced_{folder}") == digest:
         h.sent = (0, 0, ())
         return
@@ -86,17 +92,51 @@ def sync_folder(ssh: Ssh, h: Host, local: Path, root: str, folder: str,
     h.facts[f"synced_{folder}"] = digest
 
 
-def folder_digest(folder: Path) -> str:
+def folder_digest(folder: Path, digests: Digests | None = None) -> str:
     """What rsync would make of ``folder``: every file's path, mode and contents."""
+    digests = digests or Digests()
     digest = hashlib.sha256()
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(f"{f.relative_to(folder)}\0{f.stat().st_mode & 0o7777:o}\0".encode())
-        file = hashlib.sha256()
+        info = f.stat()
+        digest.update(f"{f.relative_to(folder)}\0{info.st_mode & 0o7777:o}\0".encode())
+        digest.update(digests.file(f, info))
+    return digest.hexdigest()[:32]
+
+
+class Digests:
+    """Contents digests of local files, remembered in ``path`` (JSON) by size, times and inode,
+    so that a redeploy reads again only the files written since (a model's weights are most of
+    a package). Thread-safe: one deploy step asks from one thread per host."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self.known: dict[str, list] = {}
+        self.used: dict[str, list] = {}
+        if path is not None:
+            try:
+                self.known = json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
+
+    def file(self, f: Path, info: os.stat_result) -> bytes:
+        stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+        seen = self.known.get(str(f))
+        if isinstance(seen, list) and seen[:4] == stamp:
+            self.used[str(f)] = seen
+            return bytes.fromhex(seen[4])
+        digest = hashlib.sha256()
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 20):
-                file.update(chunk)
-        digest.update(file.digest())
-    return digest.hexdigest()[:32]
+                digest.update(chunk)
+        self.used[str(f)] = [*stamp, digest.hexdigest()]
+        return digest.digest()
+
+    def save(self) -> None:
+        """Write what this deploy used (files no longer asked about are forgotten)."""
+        if self.path is not None:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.used, sort_keys=True))
+            tmp.replace(self.path)
 
 
 def _rsync_stats(out: str) -> tuple[int, int, tuple[str, ...]]:
