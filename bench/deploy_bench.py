@@ -4,8 +4,9 @@ end-to-end pipelined frames/s.
 1. Deploy time to 8 hosts (a zoo model cut into 8 sub-models, one per host): the first deploy
    into empty remote directories (copy + remote build), then redeploys: nothing changed, one
    sub-model's weights changed (retrained: only its .bin moves, no rebuild), and one layer moved
-   between two hosts (two sub-models and the program change: a rebuild). Paper: 21-27 s to 8
-   boards; goal <= 5 s for a redeploy.
+   between two hosts (two sub-models and the program change: a rebuild). Then the redeploy with
+   nothing changed to 32 hosts (SqueezeNet cut 32 ways), where per-host costs add up on this
+   machine's cores. Each is compared with its goal (issue 15, P7). Paper: 21-27 s to 8 boards.
 2. Tensor throughput between two hosts over their 1 Gbit/s tbf-shaped links: the runtime's own
    ``bench_transfer`` (autodice::Transfer, ping-pong of 1-64 MiB tensors) under mpirun's ssh
    launcher, against the shaped rate. Goal >= 90 %.
@@ -13,7 +14,8 @@ end-to-end pipelined frames/s.
    run with all ranks on this machine (``autodice run``, no network).
 
 Prints a table, writes JSON (build/bench/deploy.json). Run as root:
-``.venv/bin/python bench/deploy_bench.py`` (``--keep`` leaves the cluster up).
+``.venv/bin/python bench/deploy_bench.py`` (``--keep`` leaves the cluster up, ``--parts`` picks
+parts, e.g. ``--parts deploy``).
 """
 
 from __future__ import annotations
@@ -88,38 +90,24 @@ def perturb(path: Path, k: int) -> None:
 
 def bench_deploy_time(model: Path, work: Path, c: cluster.Cluster, repeat: int) -> list[dict]:
     mapping, inventory = prepare(model, HOSTS, work, c)
-    for h in c.hosts:  # a first deploy starts from empty remote directories
-        shutil.rmtree(h.remote_dir, ignore_errors=True)
-        Path(h.remote_dir).mkdir(parents=True)
+    empty_remote_dirs(c)
     out = work / "out"
     rows = []
 
-    def row(case: str, seconds: list[float], res) -> dict:
-        r = {"case": case, "hosts": len(HOSTS), "median_s": statistics.median(seconds),
-             "runs": len(seconds), "bytes_sent": sum(h.bytes_sent for h in res.hosts.values()),
-             "steps_s": res.seconds,
-             "compiled": any(h.compiled for h in res.hosts.values())}
-        rows.append(r)
-        return r
-
     t, res = timed(lambda: deploy(out, inventory))
-    row("first deploy (copy + build)", [t], res)
-    times = []
-    for _ in range(repeat):
-        t, res = timed(lambda: deploy(out, inventory))
-        times.append(t)
-    row("redeploy, nothing changed", times, res)
-    times = []
+    rows.append(row("first", [t], [res], len(HOSTS)))
+    runs = [timed(lambda: deploy(out, inventory)) for _ in range(repeat)]
+    rows.append(row("nothing", *zip(*runs), len(HOSTS)))
+    runs = []
     victim = HOSTS[len(HOSTS) // 2]
     bin_file = next((out / "packages" / victim / "models").glob("*.bin"))
     for k in range(repeat):
         perturb(bin_file, k)
-        t, res = timed(lambda: deploy(out, inventory))
-        times.append(t)
-        assert [f for h in res.hosts.values() for f in h.files] == [
-            f"models/{bin_file.name}"], res.hosts
-    row("redeploy, one sub-model's weights changed", times, res)
-    times = []
+        runs.append(timed(lambda: deploy(out, inventory)))
+        moved = [f for h in runs[-1][1].hosts.values() for f in h.files]
+        assert moved == [f"models/{bin_file.name}"], moved
+    rows.append(row("weights", *zip(*runs), len(HOSTS)))
+    runs = []
     keys = list(mapping)
     a, b = keys[len(keys) // 2 - 1], keys[len(keys) // 2]
     for k in range(repeat):  # move b's first layer to a, then back
@@ -128,10 +116,51 @@ def bench_deploy_time(model: Path, work: Path, c: cluster.Cluster, repeat: int) 
         else:
             mapping[b].insert(0, mapping[a].pop())
         split_gen(model, mapping, work)
-        t, res = timed(lambda: deploy(out, inventory))
-        times.append(t)
-    row("redeploy, one layer moved (2 sub-models + program)", times, res)
+        runs.append(timed(lambda: deploy(out, inventory)))
+    rows.append(row("layer", *zip(*runs), len(HOSTS)))
     return rows
+
+
+def bench_deploy_scale(model: Path, work: Path, n: int, repeat: int) -> list[dict]:
+    """Redeploy with nothing changed to ``n`` hosts (after a first deploy to get there)."""
+    hosts = [f"edge{i:02d}" for i in range(1, n + 1)]
+    c = cluster.up(hosts, bandwidth="1gbit")
+    _, inventory = prepare(model, hosts, work, c)
+    empty_remote_dirs(c)
+    out = work / "out"
+    t, res = timed(lambda: deploy(out, inventory))
+    first = row("first", [t], [res], n)
+    runs = [timed(lambda: deploy(out, inventory)) for _ in range(repeat)]
+    return [first, row("nothing", *zip(*runs), n)]
+
+
+def empty_remote_dirs(c: cluster.Cluster) -> None:
+    """A first deploy starts from empty remote directories."""
+    for h in c.hosts:
+        shutil.rmtree(h.remote_dir, ignore_errors=True)
+        Path(h.remote_dir).mkdir(parents=True)
+
+
+CASES = {"first": "first deploy (copy + build)", "nothing": "redeploy, nothing changed",
+         "weights": "redeploy, one sub-model's weights changed",
+         "layer": "redeploy, one layer moved (2 sub-models + program)"}
+# Goals of issue 15 (P7), seconds: (case, hosts) -> limit.
+GOALS = {("first", 8): 5.0, ("nothing", 8): 1.0, ("weights", 8): 1.2, ("layer", 8): 2.5,
+         ("nothing", 32): 2.0}
+
+
+def row(case: str, seconds, results, hosts: int) -> dict:
+    """One table row: the median of ``seconds`` and, per step, the median over the runs."""
+    last = results[-1]
+    steps = {k: statistics.median(r.seconds.get(k, 0.0) for r in results)
+             for k in last.seconds}
+    goal = GOALS.get((case, hosts))
+    median = statistics.median(seconds)
+    return {"case": case, "what": CASES[case], "hosts": hosts, "median_s": median,
+            "runs_s": list(seconds), "goal_s": goal,
+            "met": None if goal is None else median <= goal,
+            "bytes_sent": sum(h.bytes_sent for h in last.hosts.values()),
+            "steps_s": steps, "compiled": any(h.compiled for h in last.hosts.values())}
 
 
 def bench_link(work: Path, c: cluster.Cluster) -> list[dict]:
@@ -202,47 +231,71 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="Redeploys per case (median).")
     ap.add_argument("--model", default="resnet50", help="Zoo model for the deploy times.")
+    ap.add_argument("--scale-model", default="squeezenet",
+                    help="Zoo model for the redeploy to many hosts.")
+    ap.add_argument("--scale-hosts", type=int, default=32, help="Hosts of the scale row.")
     ap.add_argument("--e2e-model", default="squeezenet", help="Zoo model for frames/s.")
     ap.add_argument("--frames", type=int, default=60, help="Frames per end-to-end run.")
+    ap.add_argument("--parts", default="deploy,link,e2e,scale",
+                    help="Comma-separated parts to run: deploy, link, e2e, scale.")
     ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "deploy.json")
     ap.add_argument("--keep", action="store_true", help="Leave the cluster up afterwards.")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     if os.geteuid() != 0:
         sys.exit("deploy_bench needs root (it brings up the emulated cluster)")
     work = ROOT / "build" / "bench" / "deploy"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    c = cluster.up(HOSTS, bandwidth="1gbit")
+    deploy_rows, link_rows, e2e_rows = [], [], []
     try:
-        deploy_rows = bench_deploy_time(model_path(args.model), work / "time", c, args.repeat)
-        link_rows = bench_link(work, c)
-        e2e_rows = bench_e2e(model_path(args.e2e_model), work, c, args.frames)
+        if parts & {"deploy", "link", "e2e"}:
+            c = cluster.up(HOSTS, bandwidth="1gbit")
+            if "deploy" in parts:
+                deploy_rows += bench_deploy_time(model_path(args.model), work / "time", c,
+                                                 args.repeat)
+            if "link" in parts:
+                link_rows = bench_link(work, c)
+            if "e2e" in parts:
+                e2e_rows = bench_e2e(model_path(args.e2e_model), work, c, args.frames)
+        if "scale" in parts:
+            deploy_rows += bench_deploy_scale(model_path(args.scale_model), work / "scale",
+                                              args.scale_hosts, args.repeat)
     finally:
         if not args.keep:
             cluster.down()
-    print(f"\n1. deploy {args.model} to {len(HOSTS)} emulated hosts (median of {args.repeat}):")
-    print(f"   {'case':<52} {'seconds':>8} {'sent':>10} {'compiled':>8}  steps (s)")
-    for r in deploy_rows:
-        steps = ", ".join(f"{k} {v:.2f}" for k, v in r["steps_s"].items())
-        print(f"   {r['case']:<52} {r['median_s']:>8.2f} {r['bytes_sent'] / 1e6:>8.2f}MB "
-              f"{'yes' if r['compiled'] else 'no':>8}  {steps}")
-    print("\n2. tensor throughput edge01 -> edge02 over 1 Gbit/s tbf links (autodice::Transfer):")
-    print(f"   {'shape':<18} {'MiB':>6} {'one-way s':>10} {'MB/s':>8} {'of 125 MB/s':>12}")
-    for r in link_rows:
-        print(f"   {r['shape']:<18} {r['bytes'] / 2**20:>6.0f} {r['one_way_s']:>10.4f} "
-              f"{r['bytes_per_s'] / 1e6:>8.1f} {r['of_shaped_rate']:>11.1%}")
-    print(f"\n3. {args.e2e_model}, {args.frames} frames pipelined:")
-    print(f"   {'hosts':>5} {'deployed fps':>13} {'local fps':>10} {'link-bound fps':>15}")
-    for r in e2e_rows:
-        print(f"   {r['hosts']:>5} {r['deployed_fps']:>13.2f} {r['local_fps']:>10.2f} "
-              f"{r['link_bound_fps']:>15.2f}")
-    print("   (local: the same ranks on this machine, no network; link-bound: 1 Gbit/s over the "
-          "busiest host link's cut tensors per frame)")
+    if deploy_rows:
+        print(f"\n1. deploy {args.model} to {len(HOSTS)} emulated hosts, {args.scale_model} to "
+              f"{args.scale_hosts} (median of {args.repeat}):")
+        print(f"   {'case':<52} {'hosts':>5} {'seconds':>8} {'goal':>7} {'sent':>10} "
+              f"{'compiled':>8}  steps (s)")
+        for r in deploy_rows:
+            steps = ", ".join(f"{k} {v:.2f}" for k, v in r["steps_s"].items())
+            goal = "" if r["goal_s"] is None else f"{'✔' if r['met'] else '✘'} {r['goal_s']:g}"
+            print(f"   {r['what']:<52} {r['hosts']:>5} {r['median_s']:>8.2f} {goal:>7} "
+                  f"{r['bytes_sent'] / 1e6:>8.2f}MB {'yes' if r['compiled'] else 'no':>8}  "
+                  f"{steps}")
+    if link_rows:
+        print("\n2. tensor throughput edge01 -> edge02 over 1 Gbit/s tbf links "
+              "(autodice::Transfer):")
+        print(f"   {'shape':<18} {'MiB':>6} {'one-way s':>10} {'MB/s':>8} {'of 125 MB/s':>12}")
+        for r in link_rows:
+            print(f"   {r['shape']:<18} {r['bytes'] / 2**20:>6.0f} {r['one_way_s']:>10.4f} "
+                  f"{r['bytes_per_s'] / 1e6:>8.1f} {r['of_shaped_rate']:>11.1%}")
+    if e2e_rows:
+        print(f"\n3. {args.e2e_model}, {args.frames} frames pipelined:")
+        print(f"   {'hosts':>5} {'deployed fps':>13} {'local fps':>10} {'link-bound fps':>15}")
+        for r in e2e_rows:
+            print(f"   {r['hosts']:>5} {r['deployed_fps']:>13.2f} {r['local_fps']:>10.2f} "
+                  f"{r['link_bound_fps']:>15.2f}")
+        print("   (local: the same ranks on this machine, no network; link-bound: 1 Gbit/s over "
+              "the busiest host link's cut tensors per frame)")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "benchmark": "deploy", "machine_cpus": os.cpu_count(), "deploy_model": args.model,
-        "e2e_model": args.e2e_model, "deploy": deploy_rows, "link": link_rows,
-        "e2e": e2e_rows}, indent=2) + "\n")
+        "benchmark": "deploy", "machine_cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "deploy_model": args.model,
+        "scale_model": args.scale_model, "e2e_model": args.e2e_model, "deploy": deploy_rows,
+        "link": link_rows, "e2e": e2e_rows}, indent=2, ensure_ascii=False) + "\n")
     print(f"\nwrote {args.json}")
 
 

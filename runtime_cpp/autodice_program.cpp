@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "autodice_runtime.h"
 #include "net.h"
 #if NCNN_VULKAN
 #include "gpu.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "autodice_runtime.h"
+#include "autodice_types.h"  // not autodice_runtime.h: no MPI or ncnn for the generated tables
 
 namespace autodice {
 

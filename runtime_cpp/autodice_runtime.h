@@ -17,13 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "autodice_types.h"
 #include "mat.h"  // ncnn (its include dir is <prefix>/include/ncnn)
 
 namespace autodice {
-
-using Shape = std::vector<int64_t>;
-
-enum class DType { Float32, Int64 };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);  // "float32", "int64": numpy's spelling

@@ -28,6 +28,8 @@ from autodice.core.model import load_model
 from autodice.core.spec import mapping_json
 from autodice.deploy import cluster
 from autodice.deploy.deploy import deploy
+from autodice.deploy.inventory import load_inventory
+from autodice.deploy.ssh import Ssh, close_connections
 from autodice.frontend.split import split
 from autodice.frontend.suggest import balanced_mapping
 
@@ -119,6 +121,26 @@ def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2, emu):
     assert [r["frames"] for r in res.run.stats["ranks"]] == [5, 5, 3, 2]
 
 
+def test_a_redeploy_touches_only_what_changed_on_the_hosts(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    deploy(d / "out", d / "inventory.toml")
+    again = deploy(d / "out", d / "inventory.toml")
+    assert all(r.bytes_sent == 0 and not r.files and not r.compiled
+               for r in again.hosts.values()), again.hosts
+    # Something changed on the boards since: the next deploy puts the package back.
+    program = remote(emu, "edge02") / "package" / "program.cpp"
+    program.write_text(program.read_text() + "// edited on the board\n")
+    (remote(emu, "edge04") / "package" / "models" / "stray.bin").write_bytes(b"x")
+    fixed = deploy(d / "out", d / "inventory.toml", keep_connections_s=0)
+    assert fixed.hosts["edge02"].files == ("program.cpp",)
+    assert fixed.hosts["edge04"].files == ("deleting models/stray.bin",)
+    assert not fixed.hosts["edge01"].files and not fixed.hosts["edge02"].compiled
+    assert program.read_text() == (d / "out" / "packages" / "edge02" / "program.cpp").read_text()
+    # keep_connections_s=0: no ssh master connection is left open.
+    inv = load_inventory(d / "inventory.toml")
+    assert not [s for s in Ssh(inv, d).sockets.values() if s.exists()]
+
+
 def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
     d = fig2_three_hosts
     for host in ("edge01", "edge02", "edge04"):
@@ -183,7 +205,9 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     assert failure["at"] - killed_at < 10
     assert failure["error"].problems[0] == (
         "edge02 (root@10.77.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
-    # No rank, Open MPI daemon or ssh of the job is left: each namespace holds only its sshd.
+    # No rank, Open MPI daemon or ssh of the job is left: each namespace holds only its sshd
+    # (once the connections deploy keeps open for the next deploy are closed).
+    close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
     deadline = time.monotonic() + 5
     while (left := _leftovers()) and time.monotonic() < deadline:
         time.sleep(0.1)

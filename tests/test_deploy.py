@@ -1,7 +1,10 @@
-"""The parts of `autodice deploy` that need no network: the inventory, launch files, the mpirun
-command and failure reports (tests/test_cluster.py runs deploy for real)."""
+"""The parts of `autodice deploy` that need no network: the inventory, ssh connections, sync
+stamps, launch files, the mpirun command and failure reports (tests/test_cluster.py runs deploy
+for real)."""
 
+import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,8 @@ from autodice.core.errors import AutodiceError
 from autodice.deploy.inventory import load_inventory
 from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
 from autodice.deploy.remote_build import build_groups
-from autodice.deploy.ssh import Host, ssh_config
+from autodice.deploy.ssh import Host, Ssh, connection_key, control_dir, ssh_config
+from autodice.deploy.sync import STAMPS, Digests, folder_digest
 from autodice.frontend.split import split
 
 INVENTORY = """
@@ -141,6 +145,76 @@ def test_ssh_config_keeps_host_key_checking_on(fig2_plan):
     assert "Host edge01\n  HostName 10.77.0.11\n" in text
     assert "StrictHostKeyChecking yes" in text and "BatchMode yes" in text
     assert f"UserKnownHostsFile {d / 'known_hosts'}" in text
+
+
+def test_master_connections_are_shared_only_by_deploys_that_check_the_host_alike(fig2_plan):
+    d, plan = fig2_plan
+    inv = load_inventory(d / "inventory.toml", plan.hosts())
+    ssh = Ssh(inv, d)
+    a, b = inv.targets["edge01"], inv.targets["edge04"]
+    assert ssh.sockets[a.host].parent == control_dir()
+    assert oct(control_dir().stat().st_mode & 0o777) == "0o700"
+    text = ssh.config.read_text()
+    assert "Host edge01\n" in text and f"  ControlPath {ssh.sockets['edge01']}\n" in text
+    assert "ControlMaster no" in text  # only the check opens one (-o ControlMaster=auto)
+    assert len(ssh.sockets[a.host].as_posix()) < 90  # sockets: 108 bytes, ssh adds a suffix
+    key = connection_key(a)
+    assert key != connection_key(b) and key == connection_key(load_inventory(
+        d / "inventory.toml").targets["edge01"])
+    # Another known key for the host (or another identity, port, user...): another connection.
+    (d / "known_hosts").write_text("10.77.0.11 ssh-ed25519 AAAA\n")
+    assert connection_key(a) != key
+
+
+STAMP = STAMPS + r"""
+r=$1; shift
+[ "$1" = write ] && echo "$2 $(fp "$r/package")" > "$r/package.synced"
+stamps "$r" package launch
+"""
+
+
+def test_a_sync_stamp_holds_while_the_remote_folder_is_untouched(tmp_path):
+    """The check's stamps (run here by sh, as a host runs them): the digest a sync recorded is
+    reported until a file of the folder changes, appears or goes."""
+    (tmp_path / "package" / "models").mkdir(parents=True)
+    (tmp_path / "package" / "program.cpp").write_text("int main() {}\n")
+    (tmp_path / "package" / "models" / "a.bin").write_bytes(b"\0" * 100)
+
+    def stamps(*args):
+        return subprocess.run(["sh", "-c", STAMP, "sh", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    assert stamps() == ""
+    assert stamps("write", "d1g3st") == "synced_package=d1g3st\n"
+    assert stamps() == "synced_package=d1g3st\n"
+    (tmp_path / "package" / "models" / "a.bin").write_bytes(b"\1" * 100)  # same size
+    assert stamps() == ""
+    assert stamps("write", "d2") == "synced_package=d2\n"
+    (tmp_path / "package" / "extra").write_text("")
+    assert stamps() == ""
+    (tmp_path / "package" / "extra").unlink()
+    assert stamps() == "synced_package=d2\n"
+    (tmp_path / "package" / "program.cpp").unlink()
+    assert stamps() == ""
+
+
+def test_digests_are_remembered_until_a_file_changes(tmp_path):
+    folder = tmp_path / "pkg"
+    (folder / "models").mkdir(parents=True)
+    (folder / "models" / "a.bin").write_bytes(b"x" * 3000)
+    (folder / "program.cpp").write_text("int main() {}\n")
+    first = folder_digest(folder)
+    cache = Digests(tmp_path / "digests.json")
+    assert folder_digest(folder, cache) == first
+    cache.save()
+    again = Digests(tmp_path / "digests.json")
+    assert folder_digest(folder, again) == first and len(again.used) == 2
+    (folder / "models" / "a.bin").write_bytes(b"y" * 3000)
+    assert folder_digest(folder, again) != first
+    changed = folder_digest(folder, again)
+    assert folder_digest(folder, Digests()) == changed
+    os.chmod(folder / "program.cpp", 0o755)  # rsync -p carries the mode: so does the digest
+    assert folder_digest(folder, again) != changed
 
 
 def test_failure_report_names_rank_and_host(fig2_plan):

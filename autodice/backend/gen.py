@@ -131,8 +131,8 @@ def render_run_script(plan: Plan) -> str:
     return _env().get_template("run.sh.j2").render({"ranks": len(plan.ranks)})
 
 
-RUNTIME_SOURCES = ("autodice_runtime.h", "autodice_runtime.cpp", "autodice_program.h",
-                   "autodice_program.cpp")
+RUNTIME_SOURCES = ("autodice_types.h", "autodice_runtime.h", "autodice_runtime.cpp",
+                   "autodice_program.h", "autodice_program.cpp")
 
 
 def check_submodels(plan: Plan, out_dir: Path) -> None:

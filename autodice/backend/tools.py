@@ -17,7 +17,8 @@ from pathlib import Path
 from ..core.errors import AutodiceError
 from .engine import cache_root, cmake_args, mpi_prefix
 
-SOURCES = ("profile_layers.cpp", "ncnn_check.cpp", "autodice_runtime.cpp", "autodice_runtime.h")
+SOURCES = ("profile_layers.cpp", "ncnn_check.cpp", "autodice_runtime.cpp", "autodice_runtime.h",
+           "autodice_types.h")
 TOOLS = ("profile_layers", "ncnn_check")
 
 

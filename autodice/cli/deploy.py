@@ -94,8 +94,11 @@ def _cluster_table(c) -> None:
 @click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
 @job_options
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
+@click.option("--keep-connections", default=300.0, show_default=True, metavar="SECONDS",
+              help="Keep each host's ssh connection open this long when idle, for the next "
+                   "deploy (0: close them when done).")
 def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,
-           timeout):
+           timeout, keep_connections):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -113,7 +116,8 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
         res = run_deploy(output, inventory, run=run_job, inputs=given if run_job else None,
                          frames=frames, pipeline=not no_pipeline, timeout_s=timeout,
                          progress=lambda h, step: bar.update(tasks[h], description=step),
-                         gpu_fallback=gpu_fallback == "cpu")
+                         gpu_fallback=gpu_fallback == "cpu",
+                         keep_connections_s=keep_connections)
     table = Table(title=f"deployed to {len(res.hosts)} hosts in "
                         f"{sum(res.seconds.values()):.1f} s "
                         f"({', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items())})")

@@ -1,21 +1,28 @@
 """Step 1 of deploy, ``connect`` + ``check``: reach every host and check it can build and run.
 
-The check itself opens each host's ssh master connection (see :class:`~.ssh.Ssh`) and, in one
-remote shell, reports the architecture, cores and CPU features, the tools that are missing
-(compiler, cmake, rsync, MPI, ncnn) and what an earlier deploy left there (a build stamp, the
-binary's checksum, an ncnn it built). Every failing host is reported at once, before anything is
-copied anywhere.
+The check itself opens each host's ssh master connection, or reuses the one an earlier deploy
+left open (see :class:`~.ssh.Ssh`), and, in one remote shell, reports the architecture, cores
+and CPU features, the tools that are missing (compiler, cmake, rsync, MPI, ncnn) and what an
+earlier deploy left there (the folders it synced, see :mod:`.sync`; a build stamp, the binary's
+checksum, an ncnn it built). Every failing host is reported at once, before anything is copied
+anywhere.
+
+Nothing of it is cached here: the one remote shell per host is what a redeploy cannot do
+without (it is how deploy learns what the host holds), and the prerequisites add a few forks
+to it; measured on the emulated hosts, no difference beside the shell itself.
 """
 
 from __future__ import annotations
 
 from ..core.errors import AutodiceError
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, parallel, why_ssh_failed
+from .sync import STAMPS, SYNCED
 
 # Prerequisites, run on each host. Values arrive as "$1"...: never spliced into the script.
-# $3 is the remote dir, $4 the folder of the program being deployed (see Build), $5 its name.
-_CHECK = r"""
-m=$1; n=$2; d=$3; b=$4; e=$5
+# $3 is the remote dir, $4 the folder of the program being deployed (see Build), $5 its name,
+# then the folders whose sync stamps to read.
+_CHECK = STAMPS + r"""
+m=$1; n=$2; d=$3; b=$4; e=$5; shift 5
 echo "arch=$(uname -m)"
 echo "cpus=$(nproc 2>/dev/null || echo 1)"
 echo "cpus_all=$(nproc --all 2>/dev/null || echo 1)"
@@ -34,6 +41,7 @@ if [ -n "$n" ] && [ ! -f "$n/lib/cmake/ncnn/ncnnConfig.cmake" ]; then
   echo "missing=ncnn ($n/lib/cmake/ncnn/ncnnConfig.cmake)"
 fi
 # What an earlier deploy left (read only): lets deploy skip a build or a copy that is done.
+stamps "$b" "$@"
 [ -f "$b/build/autodice-built" ] && echo "built=$(cat "$b/build/autodice-built")"
 [ -x "$b/build/$e" ] && echo "program=$(cksum < "$b/build/$e")"
 for f in "$d"/ncnn/*/install/lib/cmake/ncnn/ncnnConfig.cmake; do
@@ -51,7 +59,7 @@ def check_all(ssh: Ssh, hosts: list[Host], progress: Progress, build: Build = PR
     def check(h: Host) -> None:
         t = h.target
         proc = ssh.open(t, "sh", "-c", _CHECK, "sh", t.mpi_prefix or "", t.ncnn_dir or "", h.dir,
-                        build.root(h), build.exe)
+                        build.root(h), build.exe, *SYNCED)
         if proc.returncode == 255:
             raise AutodiceError("connect: " + why_ssh_failed(proc.stderr))
         if proc.returncode != 0:

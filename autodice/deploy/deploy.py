@@ -1,26 +1,33 @@
 """``autodice deploy``: ship each host's package over ssh, build it there, run mpirun across hosts.
 
 Steps, each over all hosts at once (one thread per host), each finished by every host before the
-next starts, so a broken host stops the deploy before anything runs anywhere:
+next starts (but for the build, which overlaps the sync), so a broken host stops the deploy
+before anything runs anywhere:
 
-1. ``connect`` + ``check`` (:mod:`.check`): one ssh master connection per host (later steps
-   reuse it: no new handshakes), opened by the check itself: architecture, cores, tools
-   (compiler, cmake, rsync, MPI, ncnn) and what an earlier deploy left there. Every failing host
-   is reported at once.
+1. ``connect`` + ``check`` (:mod:`.check`): one ssh master connection per host, reused from
+   an earlier deploy when one is still open (all later ssh and rsync go through it: no new
+   handshakes), and in one remote shell: architecture, cores, tools (compiler, cmake, rsync,
+   MPI, ncnn) and what an earlier deploy left there. Every failing host is reported at once.
 2. ``sync`` (:mod:`.sync`): rsync the package into ``<remote_dir>/package`` by content (``-c``,
    no times), so only changed files move and unchanged sources keep their remote mtimes (make
-   rebuilds nothing it need not). Bytes sent per host come from ``rsync --stats``.
+   rebuilds nothing it need not); a host whose package is already there (its sync stamp, as
+   the check read it) is not touched. Bytes sent per host come from ``rsync --stats``.
 3. ``build`` (:mod:`.remote_build`): hosts that share an architecture (``uname -m``) and a
-   filesystem label (and MPI and ncnn prefixes) build once, on the first of them; the others
-   receive the binary by rsync. Hosts without a shared filesystem build their own. A build runs
-   only when the sources or flags differ from the last one that succeeded there (a stamp it
-   leaves), a copy only when the binaries differ. A host with no ncnn builds the pinned ncnn
-   once in its remote directory.
+   filesystem label (and MPI and ncnn prefixes) build once, on the first of them, as soon as
+   its own package is there (while the others still sync); the others receive the binary by
+   rsync. Hosts without a shared filesystem build their own. A build runs only when the
+   sources or flags differ from the last one that succeeded there (a stamp it leaves), a copy
+   only when the binaries differ. A host with no ncnn builds the pinned ncnn once in its
+   remote directory.
 4. ``run`` (``--run``, :mod:`.launch`): the real-address hostfile, rankfile and an ssh config go
-   to the head node (the host of rank 0), which starts ``mpirun`` with Open MPI's ssh launcher;
-   one MPMD app context per rank gives each its own host's directory. Outputs and
-   ``stats.json`` come back into ``OUT/results/``. Whatever happens, no rank of ours is left
-   running on any host.
+   to the head node (the host of rank 0; only when they changed), which starts ``mpirun`` with
+   Open MPI's ssh launcher; one MPMD app context per rank gives each its own host's directory.
+   Outputs and ``stats.json`` come back into ``OUT/results/``. Whatever happens, no rank of
+   ours is left running on any host.
+
+So a redeploy costs one remote shell per host plus one rsync per host whose package changed
+(and the build where the program changed); the master connections stay open for
+``keep_connections_s`` idle seconds after a deploy, for the next one.
 
 How deploy reaches the hosts (ssh and rsync over shared connections, one step on every host at
 once) is :mod:`.ssh`.
@@ -45,8 +52,8 @@ from .check import check_all
 from .inventory import load_inventory
 from .launch import check_launchable, run_job, write_launch_files
 from .remote_build import build_all, source_digest
-from .ssh import Host, Progress, Ssh
-from .sync import sync_all
+from .ssh import KEEP_S, Host, Progress, Ssh
+from .sync import Digests, sync_package
 
 
 @dataclass(frozen=True)
@@ -67,14 +74,14 @@ class HostReport:
 @dataclass(frozen=True)
 class DeployResult:
     hosts: dict[str, HostReport]
-    seconds: dict[str, float]  # per step, wall time
+    seconds: dict[str, float]  # per step, wall time; "build": what it took after the last sync
     run: RunResult | None = None
 
 
 def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
            inputs: dict[str, Path] | None = None, frames: int = 1, pipeline: bool = True,
            timeout_s: float = 600, progress: Progress | None = None, gpu_fallback: bool = False,
-           ) -> DeployResult:
+           keep_connections_s: float = KEEP_S) -> DeployResult:
     """Deploy ``out_dir``'s packages to the inventory's hosts; with ``run``, run the job there.
 
     Args:
@@ -83,6 +90,8 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         timeout_s: the longest the job may run before it is stopped.
         progress: called with (host, step) as each host moves on.
         gpu_fallback: GPU ranks on hosts without a Vulkan device compute on the CPU.
+        keep_connections_s: how long each host's ssh master connection stays open, idle, for
+            the next deploy (0: closed at the end of this one).
     Returns:
         Per host what moved and where it was built; with ``run``, outputs and stats.
     Raises:
@@ -120,17 +129,25 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     if run:
         stage_inputs(plan, inputs, work / "inputs")
     hosts = [Host(inv.targets[name]) for name in hosts_of_plan]
-    ssh = Ssh(inv, work)
+    ssh = Ssh(inv, work, keep_connections_s)
     seconds: dict[str, float] = {}
     result_run = None
     try:
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
-        _timed(seconds, "sync", lambda: sync_all(ssh, hosts, lambda h: out_dir / "packages" / h,
-                                                 progress))
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
-        _timed(seconds, "build", lambda: build_all(ssh, hosts, sources, work / "bin", progress,
-                                                   gpu_hosts=gpu_hosts))
+        synced: list[float] = []
+        digests = Digests(work / "digests.json")
+
+        def sync(h: Host) -> None:
+            sync_package(ssh, h, out_dir / "packages" / h.target.host, digests=digests)
+            synced.append(time.monotonic())
+
+        start = time.monotonic()
+        build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync)
+        seconds["sync"] = round(max(synced) - start, 3)
+        seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
+        digests.save()
         write_launch_files(ssh, plan, inv, hosts, work, progress)
         if run:
             result_run = _timed(seconds, "run", lambda: run_job(

@@ -27,6 +27,7 @@ from ..core.outdir import tensor_files
 from ..core.plan import Plan
 from .inventory import Inventory
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel, ssh_config
+from .sync import sync_folder
 
 # Leave nothing of the job behind on a host: our ranks (their exe is our binary), the Open MPI
 # daemons of our job (their namespace names mpirun's pid) and, on the head, the ssh sessions
@@ -127,16 +128,17 @@ def launch_files(plan: Plan, inv: Inventory) -> dict[str, str]:
 def write_launch_files(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], work: Path,
                        progress: Progress) -> None:
     """:func:`launch_files` into ``work/launch`` here, then into the head's launch folder (the
-    head is ``hosts[0]``, the host of rank 0)."""
+    head is ``hosts[0]``, the host of rank 0) unless it holds them already."""
     folder = work / "launch"
     folder.mkdir(exist_ok=True)
     for name, text in launch_files(plan, inv).items():
         (folder / name).write_text(text)
     head = hosts[0]
     progress(head.target.host, "launch files")
-    must(["rsync", "-rpc", "-e", ssh.rsh(), f"{folder}/",
-          f"{head.target.host}:{head.dir}/launch/"],
-         f"{head.target.where()}: sending the launch files failed")
+    sent = head.sent
+    sync_folder(ssh, head, folder, head.dir, "launch",
+                what=f"{head.target.where()}: sending the launch files failed")
+    head.sent = sent  # what the report counts is the package
 
 
 def mpirun_head(inv: Inventory, head: Host, env: dict[str, str], hostfile: str,

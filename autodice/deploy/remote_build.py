@@ -3,14 +3,16 @@
 Hosts that share an architecture (``uname -m``), a filesystem label and the MPI and ncnn prefixes
 form one build group: the first of them builds, the others receive its binary by rsync. A build
 runs only when the sources or flags differ from the stamp the last successful one left there, a
-copy only when the binaries differ. A host with no ncnn builds the pinned ncnn once in its remote
-directory, with the instruction sets that every host of its group has.
+copy only when the binaries differ. Within a deploy the build overlaps the sync step: a builder
+starts as soon as its own package is there. A host with no ncnn builds the pinned ncnn once in
+its remote directory, with the instruction sets that every host of its group has.
 """
 
 from __future__ import annotations
 
 import hashlib
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ..backend.gen import RUNTIME_SOURCES
@@ -67,12 +69,19 @@ def build_groups(hosts: list[Host]) -> dict[str, list[Host]]:
 
 def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
               progress: Progress, build: Build = PROGRAM,
-              gpu_hosts: frozenset[str] = frozenset()) -> None:
+              gpu_hosts: frozenset[str] = frozenset(),
+              sync: Callable[[Host], None] | None = None) -> None:
     """Build once per group where sources or flags changed; copy the binary where it differs.
 
     ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
     that travel between hosts pass through ``bin_dir/BUILDER/``. A group with a host in
     ``gpu_hosts`` (it runs GPU ranks) gets an ncnn with Vulkan.
+
+    Args:
+        sync: the sync step for one host, overlapped with this one: every host syncs at once,
+            and a builder starts building as soon as its own package is there (it needs no other
+            host's), while the others still receive theirs. Problems of both steps, of every
+            host, come in one error.
     """
     groups = build_groups(hosts)
     builders = [g[0] for g in groups.values()]
@@ -81,43 +90,58 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
             h.builder = b.target.host
     ncnn = {b.target.host: group_ncnn_flags(groups[b.target.host], gpu_hosts)
             for b in builders}
-    problems = parallel([b for b in builders if not b.target.ncnn_dir], "build ncnn",
-                        lambda b: _build_ncnn(ssh, b, ncnn[b.target.host]), progress)
-    if problems:
-        raise AutodiceError(*problems)
     plans = {b.target.host: build_flags(b, ncnn[b.target.host]) for b in builders}
     stamps = {k: f"{sources}-{hashlib.sha256(' '.join(f).encode()).hexdigest()[:12]}"
               for k, f in plans.items()}
-    stale = [b for b in builders
-             if b.facts.get("built") != stamps[b.target.host] or not b.program]
-    problems = parallel(stale, "build", lambda b: _build(ssh, b, plans[b.target.host],
-                                                         stamps[b.target.host], build), progress)
+    fetched: dict[str, Path] = {}
+
+    def prepare(h: Host) -> None:
+        """Sync ``h``; if it builds for its group, build ncnn (if needed) and the program (if
+        stale) there, and fetch the binary if another host of the group lacks it."""
+        name = h.target.host
+        if sync is not None:
+            _step("sync", sync, h)
+        if h.builder != name:
+            return
+        if not h.target.ncnn_dir:
+            progress(name, "build ncnn")
+            _step("build ncnn", lambda b: _build_ncnn(ssh, b, ncnn[name]), h)
+        if h.facts.get("built") != stamps[name] or not h.program:
+            progress(name, "build")
+            _step("build", lambda b: _build(ssh, b, plans[name], stamps[name], build), h)
+        if any(m.program != h.program for m in groups[name]):
+            progress(name, "fetch program")
+            local = bin_dir / name / build.exe
+            local.parent.mkdir(parents=True, exist_ok=True)
+            _step("fetch program", lambda b: must(
+                ["rsync", "-pc", "-e", ssh.rsh(), f"{name}:{build.binary(b)}", str(local)],
+                "fetching the program failed"), h)
+            fetched[name] = local
+
+    problems = parallel(hosts, "", prepare, progress, label="sync + build" if sync else "build")
     if problems:
         raise AutodiceError(*problems)
     by_name = {b.target.host: b for b in builders}
-    needy = [h for h in hosts if h.builder != h.target.host
-             and h.program != by_name[h.builder].program]
-    fetched: dict[str, Path] = {}
-
-    def fetch(b: Host) -> None:
-        local = bin_dir / b.target.host / build.exe
-        local.parent.mkdir(parents=True, exist_ok=True)
-        must(["rsync", "-pc", "-e", ssh.rsh(), f"{b.target.host}:{build.binary(b)}",
-              str(local)], "fetching the program failed")
-        fetched[b.target.host] = local
-
-    problems = parallel([by_name[k] for k in dict.fromkeys(h.builder for h in needy)],
-                        "fetch program", fetch, progress)
 
     def receive(h: Host) -> None:
         must(["rsync", "-pc", "-e", ssh.rsh(), str(fetched[h.builder]),
               f"{h.target.host}:{build.binary(h)}"], "sending the program failed")
         h.program = by_name[h.builder].program
 
-    problems += parallel([h for h in needy if h.builder in fetched], "receive program",
-                         receive, progress)
+    problems = parallel([h for h in hosts if h.builder != h.target.host
+                         and h.program != by_name[h.builder].program], "receive program",
+                        receive, progress)
     if problems:
         raise AutodiceError(*problems)
+
+
+def _step(step: str, fn: Callable[[Host], object], h: Host) -> None:
+    """``fn(h)``, its problem lines prefixed with ``step``."""
+    try:
+        fn(h)
+    except AutodiceError as e:
+        first, *rest = e.problems
+        raise AutodiceError(f"{step}: {first}", *rest) from None
 
 
 def source_digest(package: Path) -> str:

@@ -1,16 +1,27 @@
 """How deploy reaches its hosts: ssh and rsync argument lists, and one step run on all at once.
 
-One :class:`Ssh` per deploy writes an ssh config for the inventory and keeps one master
-connection per host (opened by the first step, reused by every later ssh and rsync: no new
-handshakes). :class:`Host` is a host's live state as the steps learn it, :class:`Build` where a
-program lives on it, and :func:`parallel` runs a step on every host at once, turning each host's
-failure into one line that names the host.
+One :class:`Ssh` per deploy writes an ssh config for the inventory. Every ssh and rsync of a
+host goes through one master connection (OpenSSH ControlMaster), opened by the first step and
+kept open for ``keep_s`` seconds of idleness after the deploy (``ControlPersist``), so a
+redeploy starts no new ssh handshake either. The masters are deliberate and bounded: each exits
+by itself after ``keep_s`` idle seconds, or when its host goes away; ``keep_s=0`` closes them at
+the end of the deploy. Their sockets live in a private directory of this user
+(:func:`control_dir`), one per host *and* per way of checking that host (its config block and
+the contents of the known_hosts files it trusts), so a connection is only reused by a deploy
+that would have verified the host key exactly as the one that opened it did.
+:func:`close_connections` closes them before their time.
+
+:class:`Host` is a host's live state as the steps learn it, :class:`Build` where a program lives
+on it, and :func:`parallel` runs a step on every host at once, turning each host's failure into
+one line that names the host.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
-import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -63,15 +74,24 @@ class Build:
 PROGRAM = Build()  # what deploy builds: the generated program
 
 
-class Ssh:
-    """ssh/rsync argument lists for one deploy: a config file plus shared master connections."""
+KEEP_S = 300  # default: how long an idle master connection waits for the next deploy
 
-    def __init__(self, inv: Inventory, work: Path):
+
+class Ssh:
+    """ssh/rsync argument lists for one deploy: a config file plus shared master connections.
+
+    Args:
+        keep_s: seconds an idle master stays open after the deploy for the next one (0: closed
+            by :meth:`close`).
+    """
+
+    def __init__(self, inv: Inventory, work: Path, keep_s: float = KEEP_S):
+        self.keep_s = keep_s
+        control = control_dir()
+        self.sockets = {t.host: control / connection_key(t) for t in inv.targets.values()}
         self.config = work / "ssh_config"
-        self.config.write_text(ssh_config(inv.targets.values(), by="host"))
-        # Socket paths must stay short (108 bytes), so not inside OUT.
-        self.control = Path(tempfile.mkdtemp(prefix="adc-ssh-"))
-        self.opts = ["-F", str(self.config), "-o", f"ControlPath={self.control}/%C"]
+        self.config.write_text(ssh_config(inv.targets.values(), by="host", control=self.sockets))
+        self.opts = ["-F", str(self.config)]
 
     def rsh(self) -> str:
         """rsync's ``-e``: a command line rsync splits itself, so quote each word."""
@@ -85,25 +105,93 @@ class Ssh:
         return self.cmd(t, "sh", "-c", script, "sh", *args)
 
     def open(self, t: Target, *argv: str) -> subprocess.CompletedProcess:
-        """Start the master connection by running ``argv``; ssh exits 255 if it cannot connect.
+        """Run ``argv`` through the host's master connection, opening one if there is none
+        (ssh then exits 255 if it cannot connect).
 
-        The master stays in the background (its stdio on /dev/null); later calls reuse it.
+        A master that is open but whose connection died under it (the host went away since)
+        also makes ssh exit 255: then it is closed and ``argv`` runs once more on a fresh
+        connection, so the error is the one that connection gives. A new master goes to the
+        background (its stdio on /dev/null) once ``argv`` is done; later calls reuse it.
         """
-        return subprocess.run(["ssh", *self.opts, "-o", "ControlMaster=yes",
-                               "-o", "ControlPersist=900", t.host, "--",
-                               " ".join(shlex.quote(a) for a in argv)],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=120)
+        def run() -> subprocess.CompletedProcess:
+            return subprocess.run(["ssh", *self.opts, "-o", "ControlMaster=auto",
+                                   "-o", f"ControlPersist={max(1, round(self.keep_s))}",
+                                   t.host, "--", " ".join(shlex.quote(a) for a in argv)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=120)
+
+        reused = self.sockets[t.host].exists()
+        proc = run()
+        if proc.returncode == 255 and reused:
+            close_connections([t])
+            proc = run()
+        return proc
 
     def close(self, targets) -> None:
-        for t in targets:
-            subprocess.run(["ssh", *self.opts, "-O", "exit", t.host], capture_output=True,
-                           timeout=30)
-        shutil.rmtree(self.control, ignore_errors=True)
+        """End of a deploy: with ``keep_s=0`` close the masters, else leave them to their idle
+        timeout."""
+        if self.keep_s <= 0:
+            close_connections(targets)
 
 
-def ssh_config(targets, by: str) -> str:
-    """An ssh config naming each target ``by`` its host name (local) or its address (head).
+def close_connections(targets) -> list[str]:
+    """Close the master connections deploys keep open to ``targets`` (each also ends by itself
+    once idle for the ``keep_s`` of the deploy that opened it, or when its host goes away).
+
+    Returns:
+        The hosts whose connection was open.
+    """
+    open_ = [(t, control_dir() / connection_key(t)) for t in targets]
+    open_ = [(t, sock) for t, sock in open_ if sock.exists()]
+
+    def close(item) -> None:
+        t, sock = item
+        subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit",
+                        t.host], capture_output=True, timeout=30)
+        sock.unlink(missing_ok=True)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(close, open_))
+    return [t.host for t, _ in open_]
+
+
+def control_dir() -> Path:
+    """This user's private directory for master sockets (short: a socket path has 108 bytes).
+
+    Raises:
+        AutodiceError: the directory exists but is not this user's own, private directory.
+    """
+    path = Path(tempfile.gettempdir()) / f"autodice-ssh-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = path.lstat()
+    if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+            or info.st_mode & 0o077):
+        raise AutodiceError(f"{path}: not a private directory of this user (mode "
+                            f"{stat.S_IMODE(info.st_mode):o}, owner {info.st_uid}); remove it")
+    return path
+
+
+def connection_key(t: Target) -> str:
+    """Names a master connection by everything that decides how ssh reaches and verifies the
+    host: its config block and the contents of the known_hosts files that vouch for its key."""
+    digest = hashlib.sha256(ssh_config([t], by="host").encode())
+    files = [t.known_hosts] if t.known_hosts else [  # ssh's defaults
+        str(Path(f"~/.ssh/{name}").expanduser()) for name in ("known_hosts", "known_hosts2")]
+    files += ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]  # always read
+    for f in files:
+        try:
+            digest.update(b"\0" + Path(f).read_bytes())
+        except OSError:
+            digest.update(b"\0-")
+    return digest.hexdigest()[:24]
+
+
+def ssh_config(targets, by: str, control: dict[str, Path] | None = None) -> str:
+    """An ssh config naming each target ``by`` its host name (local) or its address (head);
+    ``control``: host -> the socket of its master connection.
 
     Host-key checking stays strict: a host whose key is not in known_hosts is refused.
     """
@@ -115,6 +203,8 @@ def ssh_config(targets, by: str) -> str:
             lines += [f"  IdentityFile {t.identity}", "  IdentitiesOnly yes"]
         if t.known_hosts:
             lines.append(f"  UserKnownHostsFile {t.known_hosts}")
+        if control:
+            lines += [f"  ControlPath {control[t.host]}", "  ControlMaster no"]
         blocks.append("\n".join(lines))
     blocks.append("\n".join(["Host *", "  StrictHostKeyChecking yes", "  BatchMode yes",
                              "  ConnectTimeout 10", "  ServerAliveInterval 5",
