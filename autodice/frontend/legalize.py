@@ -6,7 +6,8 @@ and each keeps the function exactly:
 
 * Softmax before opset 13 on inputs of rank > 2 (SqueezeNet): through a 2-D reshape.
 * AveragePool with asymmetric pads (Inception-v1): zero padding + an unpadded pool.
-* 4-D inputs read only by batch-blind ops: an identity 1x1 MaxPool tells pnnx axis 0 is the batch.
+* 4-D and 5-D inputs read only by batch-blind ops: an identity MaxPool tells pnnx axis 0 is the
+  batch (else a 5-D Transpose becomes an identity).
 * Gather of ``arange(N)`` from a 1-D tensor (torch's dynamo exporter, ConvNeXt's head): a Reshape
   (ncnn has no Gather layer).
 * Opset 18's Reduce* with the axes as an input (dynamo exports): pnnx reads a one-element axes
@@ -127,16 +128,19 @@ BATCH_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "Globa
 
 
 def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
-    """Put an identity 1x1 MaxPool in front of 4-D inputs that only batch-blind ops read.
+    """Put an identity MaxPool (1x1, or 1x1x1) in front of 4-D and 5-D inputs that only
+    batch-blind ops read.
 
     pnnx decides whether axis 0 is the batch from the ops that read a tensor. A sub-model whose
     input goes straight into Mul/Add/Concat/MatMul (a DenseNet cut inside its batch norm, spelled
     Mul + Add; Figure 2's FC1 + Add1) gets no hint, and pnnx then takes 1x64x56x56 for a 4-D
     tensor without batch: a 64-vector broadcasts along the wrong axis and the rank sends 4x the
-    elements. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
+    elements. A 5-D input (ShuffleNet's channel shuffle cut between its Reshape to 1x2xCxHxW and
+    its Transpose) is worse: pnnx finds no batch, has no 5-D Permute, and writes an identity in
+    its place, with no error. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
     """
     for spec in inputs:
-        if len(spec.shape) != 4 or spec.shape[0] != 1 or spec.dtype != "float32":
+        if len(spec.shape) not in (4, 5) or spec.shape[0] != 1 or spec.dtype != "float32":
             continue
         users = [n for n in g.node if spec.name in n.input]
         if all(n.op_type in BATCH_OPS for n in users):
@@ -145,7 +149,7 @@ def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
         for n in users:
             n.input[:] = [pinned if t == spec.name else t for t in n.input]
         g.node.insert(0, helper.make_node("MaxPool", [spec.name], [pinned], name=pinned,
-                                          kernel_shape=[1, 1]))
+                                          kernel_shape=[1] * (len(spec.shape) - 2)))
 
 
 class Constants:
