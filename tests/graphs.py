@@ -42,3 +42,125 @@ def symbolic_model() -> onnx.ModelProto:
              helper.make_node("Relu", ["r"], ["y"], name="relu2")]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
                              opset_imports=[helper.make_opsetid("", 13)])
+
+
+class _Builder:
+    """Nodes and seeded initializers, named the way torch's dynamo exporter names them."""
+
+    def __init__(self, seed: int):
+        self.rng, self.nodes, self.inits, self.count = np.random.default_rng(seed), [], [], 0
+
+    def weight(self, name: str, shape, scale: float = 0.2, offset: float = 0.0) -> str:
+        value = offset + scale * self.rng.standard_normal(shape)
+        self.inits.append(numpy_helper.from_array(value.astype(np.float32), name))
+        return name
+
+    def const(self, value, dtype=np.float32) -> str:
+        self.count += 1
+        name = f"val_{self.count}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def op(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=f"node_{output}", **attrs))
+        return output
+
+
+def convnext_dynamo(seed: int = 0) -> onnx.ModelProto:
+    """A small ConvNeXt spelled as ``torch.onnx.export(..., dynamo=True)`` (opset 18) spells it::
+
+        input 1x3x32x32 -> Conv 4x4/4 -> block(16) -> channel LN -> Conv 2x2/2 -> block(32) -> head
+
+        block(C): x -> Conv dw 7x7 -> Transpose NHWC -> LayerNormalization(axis -1)
+                    -> MatMul C->4C -> Add -> GELU: x*(0.5*(Erf(x/sqrt2)+1)) -> MatMul 4C->C -> Add
+                    -> Transpose NCHW -> Mul gamma[C,1,1] -> Add x (residual)
+        channel LN (facebook's channels_first LayerNorm):
+                    ReduceMean(axes input [1]) -> Sub -> Pow 2 -> ReduceMean -> Add eps -> Sqrt
+                    -> Div -> Mul w[C,1,1] -> Add b[C,1,1]
+        head:       ReduceMean(axes input [-1,-2]) -> Reshape [-1] -> Gather(arange(32) as
+                    [1,32,1,1]) (torchvision's as_strided) -> Transpose -> LayerNormalization
+                    -> Transpose -> Reshape [1,32] -> Gemm -> logits 1x10
+    """
+    b = _Builder(seed)
+    x = b.op("Conv", ["input", b.weight("stem.weight", (16, 3, 4, 4)), b.weight("stem.bias", 16)],
+             "conv2d", kernel_shape=[4, 4], strides=[4, 4])
+    sqrt2, one, half = b.const(np.sqrt(2.0)), b.const(1.0), b.const(0.5)
+
+    def block(x: str, p: str, c: int) -> str:
+        y = b.op("Conv", [x, b.weight(f"{p}.dwconv.weight", (c, 1, 7, 7)),
+                          b.weight(f"{p}.dwconv.bias", c)], f"{p}_dw", group=c,
+                 kernel_shape=[7, 7], pads=[3, 3, 3, 3])
+        y = b.op("Transpose", [y], f"{p}_permute", perm=[0, 2, 3, 1])
+        y = b.op("LayerNormalization", [y, b.weight(f"{p}.norm.weight", c, 0.1, 1.0),
+                                        b.weight(f"{p}.norm.bias", c)], f"{p}_layer_norm",
+                 axis=-1, epsilon=1e-6, stash_type=1)
+        y = b.op("MatMul", [y, b.weight(f"{p}.pw1.weight", (c, 4 * c))], f"{p}_mm1")
+        h = b.op("Add", [y, b.weight(f"{p}.pw1.bias", 4 * c)], f"{p}_linear")
+        g = b.op("Div", [h, sqrt2], f"{p}_div")
+        g = b.op("Erf", [g], f"{p}_erf")
+        g = b.op("Add", [g, one], f"{p}_erf1")
+        g = b.op("Mul", [half, g], f"{p}_half")
+        g = b.op("Mul", [h, g], f"{p}_gelu")
+        y = b.op("MatMul", [g, b.weight(f"{p}.pw2.weight", (4 * c, c))], f"{p}_mm2")
+        y = b.op("Add", [y, b.weight(f"{p}.pw2.bias", c)], f"{p}_linear_1")
+        y = b.op("Transpose", [y], f"{p}_permute_1", perm=[0, 3, 1, 2])
+        y = b.op("Mul", [b.weight(f"{p}.gamma", (c, 1, 1), 0.5, 1.0), y], f"{p}_mul")
+        return b.op("Add", [x, y], f"{p}_add")
+
+    x = block(x, "stage1", 16)
+    axis1, two, eps = b.const([1], np.int64), b.const(2.0), b.const(1e-6)
+    mean = b.op("ReduceMean", [x, axis1], "mean", keepdims=1)
+    sub = b.op("Sub", [x, mean], "sub")
+    var = b.op("ReduceMean", [b.op("Pow", [sub, two], "pow"), axis1], "mean_1", keepdims=1)
+    std = b.op("Sqrt", [b.op("Add", [var, eps], "add_eps")], "sqrt")
+    y = b.op("Mul", [b.weight("down.0.weight", (16, 1, 1), 0.1, 1.0),
+                     b.op("Div", [sub, std], "div")], "mul_ln")
+    y = b.op("Add", [y, b.weight("down.0.bias", (16, 1, 1))], "add_ln")
+    x = b.op("Conv", [y, b.weight("down.1.weight", (32, 16, 2, 2)), b.weight("down.1.bias", 32)],
+             "conv2d_down", kernel_shape=[2, 2], strides=[2, 2])
+    x = block(x, "stage2", 32)
+    y = b.op("ReduceMean", [x, b.const([-1, -2], np.int64)], "mean_2", keepdims=1)
+    y = b.op("Reshape", [y, b.const([-1], np.int64)], "flat")
+    y = b.op("Gather", [y, b.const(np.arange(32).reshape(1, 32, 1, 1), np.int64)], "as_strided",
+             axis=0)
+    y = b.op("Transpose", [y], "permute_head", perm=[0, 2, 3, 1])
+    y = b.op("LayerNormalization", [y, b.weight("head.norm.weight", 32, 0.1, 1.0),
+                                    b.weight("head.norm.bias", 32)], "layer_norm_head",
+             axis=-1, epsilon=1e-6, stash_type=1)
+    y = b.op("Transpose", [y], "permute_head_1", perm=[0, 3, 1, 2])
+    y = b.op("Reshape", [y, b.const([1, 32], np.int64)], "view", allowzero=1)
+    b.op("Gemm", [y, b.weight("fc.weight", (10, 32)), b.weight("fc.bias", 10)], "logits",
+         transB=1)
+    graph = helper.make_graph(
+        b.nodes, "convnext_dynamo",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], b.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10,
+                             producer_name="autodice-tests")
+
+
+def channel_shuffle(seed: int = 0) -> onnx.ModelProto:
+    """ShuffleNet's channel shuffle between two 1x1 convolutions: its two middle tensors are
+    5-D::
+
+        input 1x8x6x6 -> Conv conv1 -> Reshape to_groups (1x2x4x6x6) -> Transpose swap
+                      (1x4x2x6x6) -> Reshape back (1x8x6x6) -> Conv conv2 -> output
+    """
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), w)
+             for w in ("w1", "w2")]
+    inits += [numpy_helper.from_array(np.array(s, np.int64), n)
+              for n, s in (("groups", [1, 2, 4, 6, 6]), ("flat", [1, 8, 6, 6]))]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1"], ["c1"], name="conv1"),
+        helper.make_node("Reshape", ["c1", "groups"], ["g"], name="to_groups"),
+        helper.make_node("Transpose", ["g"], ["t"], name="swap", perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t", "flat"], ["s"], name="back"),
+        helper.make_node("Conv", ["s", "w2"], ["output"], name="conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "channel_shuffle",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                             producer_name="autodice-tests")

@@ -22,6 +22,9 @@ from ..core.plan import Plan, Rank
 from .engine import cache_root
 
 PNNX_VERSION = "20261020"
+# Part of the cache key: bumped when the way pnnx is called changes what it writes (2: external
+# weights read from the sub-model's own data file; before, pnnx read zeros and garbage).
+RECIPE = 2
 
 
 def pnnx_binary() -> Path:
@@ -36,7 +39,7 @@ def pnnx_binary() -> Path:
 
 
 def _digest(path: Path, fp16: bool) -> str:
-    h = hashlib.sha256(f"pnnx {PNNX_VERSION} fp16={int(fp16)}\n".encode())
+    h = hashlib.sha256(f"pnnx {PNNX_VERSION} recipe {RECIPE} fp16={int(fp16)}\n".encode())
     for p in (path, Path(str(path) + ".data")):
         if p.exists():
             with open(p, "rb") as f:
@@ -56,13 +59,17 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
     if not (entry / "model.ncnn.param").exists():
         with tempfile.TemporaryDirectory(prefix="pnnx-") as tmp:
             work = Path(tmp)
-            os.symlink(onnx_path.resolve(), work / "model.onnx")
-            if Path(str(onnx_path) + ".data").exists():
-                os.symlink(Path(str(onnx_path) + ".data").resolve(),
-                           work / Path(str(onnx_path) + ".data").name)
-            proc = subprocess.run([str(pnnx_binary()), "model.onnx", f"fp16={int(fp16)}"],
+            # pnnx reads external weights from "<model path>.data" whatever the tensors'
+            # location says, and its onnxruntime from that location: both names must agree,
+            # so the model keeps its own name (sub-models' data is "<key>.onnx.data").
+            os.symlink(onnx_path.resolve(), work / onnx_path.name)
+            data = Path(str(onnx_path) + ".data")
+            if data.exists():
+                _place(data, work / data.name)
+            stem = onnx_path.name.removesuffix(".onnx")
+            proc = subprocess.run([str(pnnx_binary()), onnx_path.name, f"fp16={int(fp16)}"],
                                   cwd=work, capture_output=True, text=True)
-            if proc.returncode != 0 or not (work / "model.ncnn.param").exists():
+            if proc.returncode != 0 or not (work / f"{stem}.ncnn.param").exists():
                 tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
                 more = "..." if len(rank.layers) > 6 else ""
                 raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
@@ -70,7 +77,7 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                     f"pnnx could not convert {onnx_path.name}: {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             for suffix in ("param", "bin"):
-                shutil.move(work / f"model.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
+                shutil.move(work / f"{stem}.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
                 (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
             try:
                 staging.rename(entry)
@@ -83,6 +90,16 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
         target = Path(f"{dest}.{suffix}")
         target.unlink(missing_ok=True)
         shutil.copyfile(entry / f"model.ncnn.{suffix}", target)
+
+
+def _place(src: Path, dest: Path) -> None:
+    """``src`` at ``dest`` as a real file (a hard link, else a copy), never a symlink: pnnx's
+    onnxruntime resolves a symlinked external-data file to its target and refuses it as a path
+    that escapes the model's directory (every dynamo export keeps its weights external)."""
+    try:
+        os.link(src, dest)
+    except OSError:  # another file system
+        shutil.copyfile(src, dest)
 
 
 def _ensure(path: Path) -> Path:

@@ -76,6 +76,14 @@ def random_inputs(plan: Plan, seed: int) -> dict[str, np.ndarray]:
 def run_chain(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
               sessions: dict | None = None) -> dict[str, np.ndarray]:
     """The model outputs computed by the sub-models, step by step as the ranks would."""
+    values = chain_values(plan, out_dir, feeds, sessions)
+    return {t.name: values[t.name] for t in plan.model_outputs}
+
+
+def chain_values(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
+                 sessions: dict | None = None) -> dict[str, np.ndarray]:
+    """Every tensor the sub-models exchange or output (and the model inputs), computed step by
+    step as the ranks would."""
     sessions = sessions if sessions is not None else {}
     values = {name: feeds[name] for name in feeds}
     pos = [0] * len(plan.ranks)
@@ -100,7 +108,7 @@ def run_chain(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
                 moved = True
         if not moved:
             raise AutodiceError("internal error: the plan's steps cannot all run")
-    return {t.name: values[t.name] for t in plan.model_outputs}
+    return values
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from ..core.plan import Plan, Rank, TensorSpec
 from .legalize import (
     Constants,
     gather_as_reshape,
+    gelu_in_pnnx_order,
     ir_version,
     legalize,
     main_opset,
@@ -61,6 +62,7 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
         rewritten.extend(gather_as_reshape(graph, node, constants) or [node])
     del g.node[:]
     g.node.extend(rewritten)
+    gelu_in_pnnx_order(g, constants)
     reduce_axes_as_attributes(model, constants)
     pin_batch(g, rank.submodel_inputs)
     g.input.extend(_value_info(graph, s) for s in rank.submodel_inputs)

@@ -6,13 +6,16 @@ and each keeps the function exactly:
 
 * Softmax before opset 13 on inputs of rank > 2 (SqueezeNet): through a 2-D reshape.
 * AveragePool with asymmetric pads (Inception-v1): zero padding + an unpadded pool.
-* 4-D inputs read only by batch-blind ops: an identity 1x1 MaxPool tells pnnx axis 0 is the batch.
+* 4-D and 5-D inputs read only by batch-blind ops: an identity MaxPool tells pnnx axis 0 is the
+  batch (else a 5-D Transpose becomes an identity).
 * Gather of ``arange(N)`` from a 1-D tensor (torch's dynamo exporter, ConvNeXt's head): a Reshape
   (ncnn has no Gather layer).
 * Opset 18's Reduce* with the axes as an input (dynamo exports): pnnx reads a one-element axes
   input as a scalar and writes a Reduction over no axes (a LayerNorm over channels then comes out
   wrong by 100 %, with no error); the axes become an attribute again and the sub-model opset 17,
   when no other op of it changed at opset 18.
+* Dynamo's GELU (Erf, then the halving, then x) in TorchScript's order, which pnnx fuses into
+  one ncnn GELU layer (speed only: both orders compute the same bits).
 * The IR version: pnnx's bundled onnxruntime refuses IR 14 (what onnx 1.23's make_model stamps)
   and pnnx then crashes; a sub-model gets the lowest IR its opsets allow.
 """
@@ -127,16 +130,19 @@ BATCH_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "Globa
 
 
 def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
-    """Put an identity 1x1 MaxPool in front of 4-D inputs that only batch-blind ops read.
+    """Put an identity MaxPool (1x1, or 1x1x1) in front of 4-D and 5-D inputs that only
+    batch-blind ops read.
 
     pnnx decides whether axis 0 is the batch from the ops that read a tensor. A sub-model whose
     input goes straight into Mul/Add/Concat/MatMul (a DenseNet cut inside its batch norm, spelled
     Mul + Add; Figure 2's FC1 + Add1) gets no hint, and pnnx then takes 1x64x56x56 for a 4-D
     tensor without batch: a 64-vector broadcasts along the wrong axis and the rank sends 4x the
-    elements. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
+    elements. A 5-D input (ShuffleNet's channel shuffle cut between its Reshape to 1x2xCxHxW and
+    its Transpose) is worse: pnnx finds no batch, has no 5-D Permute, and writes an identity in
+    its place, with no error. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
     """
     for spec in inputs:
-        if len(spec.shape) != 4 or spec.shape[0] != 1 or spec.dtype != "float32":
+        if len(spec.shape) not in (4, 5) or spec.shape[0] != 1 or spec.dtype != "float32":
             continue
         users = [n for n in g.node if spec.name in n.input]
         if all(n.op_type in BATCH_OPS for n in users):
@@ -145,7 +151,7 @@ def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
         for n in users:
             n.input[:] = [pinned if t == spec.name else t for t in n.input]
         g.node.insert(0, helper.make_node("MaxPool", [spec.name], [pinned], name=pinned,
-                                          kernel_shape=[1, 1]))
+                                          kernel_shape=[1] * (len(spec.shape) - 2)))
 
 
 class Constants:
@@ -187,6 +193,50 @@ def gather_as_reshape(graph: Graph, node: onnx.NodeProto,
     return [helper.make_node("Constant", [], [shape], name=shape, value=numpy_helper.from_array(
                 np.array(indices.shape, np.int64), shape)),
             helper.make_node("Reshape", [node.input[0], shape], list(node.output), name=name)]
+
+
+def _scalar(constants: Constants, name: str, value: float) -> bool:
+    v = constants.get(name)
+    return v is not None and v.size == 1 and bool(np.isclose(float(v.ravel()[0]), value))
+
+
+def gelu_in_pnnx_order(g: onnx.GraphProto, constants: Constants) -> None:
+    """Dynamo's GELU, ``x * (0.5 * (erf(x / sqrt2) + 1))``, in TorchScript's order,
+    ``(x * (erf(x / sqrt2) + 1)) * 0.5``, which pnnx fuses into one ncnn GELU layer instead of
+    five element-wise passes over the MLP's widest tensor (ConvNeXt). Halving is exact in
+    floating point, so both orders give the same result; the inner Mul changes what it
+    multiplies only when nothing else reads its output.
+    """
+    producer = {t: n for n in g.node for t in n.output}
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for t in n.input:
+            readers[t] = readers.get(t, 0) + 1
+    outputs = {o.name for o in g.output}
+    for outer in g.node:
+        if outer.op_type != "Mul" or len(outer.input) != 2:
+            continue
+        a, b = outer.input
+        for x, m in ((a, b), (b, a)):
+            inner = producer.get(m)
+            if (inner is None or inner.op_type != "Mul" or readers.get(m) != 1
+                    or m in outputs):
+                continue
+            half = next((t for t in inner.input if _scalar(constants, t, 0.5)), None)
+            add = producer.get(next((t for t in inner.input if t != half), ""))
+            if half is None or add is None or add.op_type != "Add":
+                continue
+            erf = next((producer[t] for t in add.input if t in producer
+                        and producer[t].op_type == "Erf"), None)
+            if erf is None or not any(_scalar(constants, t, 1.0) for t in add.input):
+                continue
+            div = producer.get(erf.input[0])
+            if (div is None or div.op_type != "Div" or div.input[0] != x
+                    or not _scalar(constants, div.input[1], float(np.sqrt(2.0)))):
+                continue
+            inner.input[:] = [x, add.output[0]]
+            outer.input[:] = [m, half]
+            break
 
 
 AXES_INPUT_AT_18 = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",

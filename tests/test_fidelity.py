@@ -1,0 +1,230 @@
+"""Fidelity: models as users bring them, split under random mappings, run distributed, equal to
+onnxruntime within 1e-4 of the output's scale and with the same top-1.
+
+Two parts:
+
+* Drawn with onnx.helper (no torch), CI runs them: a small ConvNeXt spelled as torch's dynamo
+  exporter spells it, and ShuffleNet's channel shuffle cut at its 5-D tensors.
+* The suite (marked ``slow``): eight torchvision CNNs, each exported by the dynamo exporter
+  (opset 18) and the TorchScript one (opset 17), each split under three seeded mappings (2, 3
+  and 4 keys; contiguous, or interleaved runs of layers) and put through split -> gen (every
+  conversion checked in ncnn) -> build -> run under mpirun. It needs torch and torchvision (the
+  ``fidelity`` extra) and skips without them; ``AUTODICE_TORCH_PYTHON=/path/to/python`` exports
+  with another Python that has them instead. Exports are cached under
+  ``~/.cache/autodice/fidelity``, keyed by the torch, torchvision and onnx versions and the
+  export script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from fidelity_export import MODELS, OPSETS
+from graphs import channel_shuffle, convnext_dynamo
+
+from autodice.backend.build import build
+from autodice.backend.engine import cache_root
+from autodice.backend.gen import gen
+from autodice.backend.run import run
+from autodice.core.model import load_model
+from autodice.frontend.check import session
+from autodice.frontend.split import split
+
+HERE = Path(__file__).parent
+EXPORT = HERE / "fidelity_export.py"
+RTOL = 1e-4
+
+
+def random_mapping(model: Path, seed: int, most: int = 4) -> dict[str, list[str]]:
+    """A seeded mapping of every layer of ``model`` over 2 + seed % 3 keys (at most ``most``).
+
+    Seed 0 (mod 3) cuts the layers into one contiguous run per key at random places; seed 1
+    deals runs of 1-12 layers, seed 2 runs of 1-3 layers, to random keys (ping-pong between
+    ranks, many runs per key, cuts inside blocks and between a branch and its join).
+    """
+    graph = load_model(model)
+    layers = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    rng = random.Random(seed)
+    keys = [f"edge01_x86{k}" for k in range(min(2 + seed % 3, most))]
+    mapping: dict[str, list[str]] = {k: [] for k in keys}
+    if seed % 3 == 0:
+        cuts = sorted(rng.sample(range(1, len(layers)), len(keys) - 1))
+        for key, lo, hi in zip(keys, [0, *cuts], [*cuts, len(layers)]):
+            mapping[key] = layers[lo:hi]
+        return mapping
+    longest = 12 if seed % 3 == 1 else 3
+    start, turn = 0, 0
+    while start < len(layers):
+        length = rng.randint(1, longest)
+        # The first runs go to each key in turn, so that every key gets layers.
+        key = keys[turn] if turn < len(keys) else rng.choice(keys)
+        mapping[key] += layers[start:start + length]
+        start, turn = start + length, turn + 1
+    return {k: v for k, v in mapping.items() if v}
+
+
+def run_distributed(model: Path, mapping: dict[str, list[str]], work: Path,
+                    x: np.ndarray) -> dict[str, float]:
+    """split -> gen -> build -> run ``model`` under ``mapping`` on ``x``; assert every output
+    equals onnxruntime's within RTOL of its scale with the same top-1. Returns output -> rel."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "platform.txt").write_text("edge01, x86, slots=0-3\n")
+    (work / "mapping.json").write_text(json.dumps(mapping, indent=1))
+    split(model, work / "mapping.json", work / "platform.txt", work / "out")
+    gen(work / "out")
+    build(work / "out")
+    ref = session(model)
+    name = ref.get_inputs()[0].name
+    np.save(work / "x.npy", x)
+    got = run(work / "out", {name: work / "x.npy"}).outputs
+    rels = {}
+    for spec, want in zip(ref.get_outputs(), ref.run(None, {name: x})):
+        diff = float(np.max(np.abs(got[spec.name] - want)))
+        rels[spec.name] = diff / float(np.max(np.abs(want)))
+        assert rels[spec.name] <= RTOL, f"{spec.name}: max|diff| {diff:.3g}, {rels[spec.name]:.3g}"
+        assert np.argmax(got[spec.name]) == np.argmax(want), f"{spec.name}: top-1 differs"
+    return rels
+
+
+# The ConvNeXt graph cut where the legalize rewrites matter: inside the channel LayerNorm (a
+# rank holding only its second ReduceMean), between the head's Reshape and its Gather (a rank
+# whose input is the 1-D mean), and through a block's GELU.
+CONVNEXT_MAPPINGS = {
+    "contiguous": 0,
+    "interleaved": 1,
+    "cuts": {"edge01_x860": ["node_conv2d", "node_stage1_dw", "node_stage1_permute",
+                             "node_stage1_layer_norm", "node_stage1_mm1", "node_stage1_linear",
+                             "node_stage1_div", "node_stage1_erf"],
+             "edge01_x861": ["node_stage1_erf1", "node_stage1_half", "node_stage1_gelu",
+                             "node_stage1_mm2", "node_stage1_linear_1", "node_stage1_permute_1",
+                             "node_stage1_mul", "node_stage1_add", "node_mean", "node_sub",
+                             "node_pow", "node_flat", "node_as_strided", "node_permute_head",
+                             "node_layer_norm_head", "node_permute_head_1", "node_view",
+                             "node_logits"],
+             "edge01_x862": ["node_mean_1", "node_add_eps", "node_sqrt", "node_div",
+                             "node_mul_ln", "node_add_ln", "node_conv2d_down", "node_stage2_dw",
+                             "node_stage2_permute", "node_stage2_layer_norm", "node_stage2_mm1",
+                             "node_stage2_linear", "node_stage2_div", "node_stage2_erf",
+                             "node_stage2_erf1", "node_stage2_half", "node_stage2_gelu",
+                             "node_stage2_mm2", "node_stage2_linear_1", "node_stage2_permute_1",
+                             "node_stage2_mul", "node_stage2_add", "node_mean_2"]},
+}
+
+
+@pytest.mark.cpp
+@pytest.mark.parametrize("how", list(CONVNEXT_MAPPINGS))
+def test_convnext_as_dynamo_spells_it_runs_like_onnxruntime(tmp_path, how):
+    model = tmp_path / "convnext.onnx"
+    # Weights beside the model as dynamo writes them (the sub-models' weights stay external).
+    onnx.save(convnext_dynamo(), model, save_as_external_data=True,
+              location="convnext.onnx.data", size_threshold=1024)
+    mapping = CONVNEXT_MAPPINGS[how]
+    if isinstance(mapping, int):
+        mapping = random_mapping(model, mapping, most=3)
+    assert 2 <= len(mapping) <= 3
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    run_distributed(model, mapping, tmp_path, x)
+
+
+
+@pytest.mark.cpp
+def test_dynamo_gelu_becomes_one_ncnn_layer(tmp_path):
+    """x * (0.5 * (erf(x / sqrt2) + 1)), reordered for pnnx: one GELU layer per block."""
+    model = tmp_path / "convnext.onnx"
+    onnx.save(convnext_dynamo(), model)
+    graph = load_model(model)
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-3\n")
+    (tmp_path / "mapping.json").write_text(json.dumps({"edge01_x860": [
+        graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]}))
+    split(model, tmp_path / "mapping.json", tmp_path / "platform.txt", tmp_path / "out")
+    gen(tmp_path / "out")  # checks the conversion against onnxruntime, too
+    layers = [line.split()[0] for line in
+              (tmp_path / "out" / "ncnn" / "edge01_x860.ncnn.param").read_text().splitlines()[2:]]
+    assert layers.count("GELU") == 2 and "Erf" not in layers
+
+
+@pytest.mark.cpp
+def test_a_channel_shuffle_cut_at_both_5d_tensors_runs_like_onnxruntime(tmp_path):
+    """Each rank gets a 5-D tensor: pnnx must see its batch axis or the Transpose is lost."""
+    onnx.save(channel_shuffle(), tmp_path / "shuffle.onnx")
+    mapping = {"edge01_x860": ["conv1", "to_groups"], "edge01_x861": ["swap"],
+               "edge01_x862": ["back", "conv2"]}
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    run_distributed(tmp_path / "shuffle.onnx", mapping, tmp_path, x)
+
+
+CASES = [pytest.param(m, e, seed, id=f"{m}-{e}-m{seed}")
+         for m in MODELS for e in OPSETS for seed in range(3)]
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> str:
+    """A Python with torch and torchvision: ``$AUTODICE_TORCH_PYTHON``, else this one."""
+    python = os.environ.get("AUTODICE_TORCH_PYTHON")
+    if python:
+        return python
+    why = "the fidelity suite exports with torch: pip install -e '.[fidelity]' (see README)"
+    pytest.importorskip("torch", reason=why)
+    pytest.importorskip("torchvision", reason=why)
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def exported(torch_python):
+    """exported(model, exporter) -> the model's ONNX export, made once and cached by the torch,
+    torchvision and onnx versions and the export script."""
+    said = subprocess.run([torch_python, "-c", "import onnx, torch, torchvision; print("
+                           "torch.__version__, torchvision.__version__, onnx.__version__)"],
+                          capture_output=True, text=True)
+    if said.returncode != 0:
+        pytest.fail(f"{torch_python} cannot import torch and torchvision: {said.stderr[-300:]}")
+    torch_v, vision_v, onnx_v = said.stdout.split()
+    digest = hashlib.sha256(f"{said.stdout}\n".encode() + EXPORT.read_bytes()).hexdigest()[:10]
+    root = cache_root() / "fidelity" / f"torch{torch_v}-torchvision{vision_v}-onnx{onnx_v}-{digest}"
+
+    def get(model: str, exporter: str) -> Path:
+        name = f"{model}-{exporter}"
+        path = root / name / f"{name}.onnx"
+        if not path.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            work = Path(tempfile.mkdtemp(dir=root))
+            proc = subprocess.run([torch_python, str(EXPORT), model, exporter,
+                                   str(work / f"{name}.onnx")], capture_output=True, text=True)
+            if proc.returncode != 0:
+                shutil.rmtree(work)
+                pytest.fail(f"exporting {name} failed: {proc.stderr[-2000:]}")
+            try:
+                work.rename(root / name)
+            except OSError:  # another session exported it first
+                shutil.rmtree(work)
+        return path
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.cpp
+@pytest.mark.parametrize("model, exporter, seed", CASES)
+def test_torchvision_export_runs_like_onnxruntime(tmp_path, monkeypatch, exported,
+                                                  record_property, model, exporter, seed):
+    # A large stage (most of ConvNeXt-Tiny) on a busy shared core can take longer than the 8 s
+    # a rank waits for its input by default before it calls the sender dead.
+    monkeypatch.setenv("AUTODICE_TIMEOUT_S", "300")
+    path = exported(model, exporter)
+    x = np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    mapping = random_mapping(path, seed)
+    record_property("keys", len(mapping))
+    for output, rel in run_distributed(path, mapping, tmp_path, x).items():
+        record_property(f"rel {output}", f"{rel:.2e}")
+
