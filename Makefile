@@ -52,6 +52,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
 	$(BIN)/python bench/backend_bench.py
 	$(BIN)/python bench/dse_bench.py
+	$(BIN)/python bench/parallel_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py; \
 	else echo "note: bench/deploy_bench.py needs root (emulated cluster): skipped"; fi
 
