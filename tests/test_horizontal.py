@@ -256,6 +256,25 @@ def test_random_mappings_mixing_all_three_kinds(tmp_path_factory, data):
         assert d.rel < 1e-5, (mapping, d)
 
 
+def test_resnet50_stem_and_first_bottleneck_by_rows_like_onnxruntime(tmp_path):
+    """The zoo's ResNet-50 is opset 9, where Slice takes its bounds as attributes: the bands'
+    Slices must be spelled so (onnx's shape inference refused the opset-10 form)."""
+    from autodice.core.model import load_model
+    from autodice.frontend.layers import layer_table
+    from autodice.frontend.zoo import cached
+
+    names = [r["name"] for r in layer_table(load_model(cached("resnet50"))) if not r["follows"]]
+    block = [{"layer": n, "split": "rows"} for n in names[:16]]
+    mapping = {"e1_x860": block, "e1_x861": block, "e2_x860": names[16:]}
+    (tmp_path / "mapping.json").write_text(json.dumps(mapping))
+    (tmp_path / "platform.txt").write_text(PLATFORM)
+    plan = split(cached("resnet50"), tmp_path / "mapping.json", tmp_path / "platform.txt",
+                 tmp_path / "out")
+    assert [r.key for r in plan.ranks] == ["e1_x860", "e1_x861", "e2_x860"]
+    for d in check(tmp_path / "out", samples=1):
+        assert d.rel < 1e-5, (d.name, d.rel)
+
+
 @pytest.mark.cpp
 def test_split_layers_and_a_replicated_stage_run_on_ncnn_like_onnxruntime(tmp_path):
     mapping = {"e1_x860": [{"layer": x, "split": "rows"} for x in ("c1", "r1", "c2")],

@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 from ...core.errors import Problems
 from ...core.model import Graph
 from ...core.onnxio import TensorFile, TensorRef, read_array
+from ..legalize import main_opset
 
 KINDS = ("channels", "rows")
 # Layers that act on each channel (and each row) alone: they follow a split without gathering.
@@ -95,6 +96,7 @@ class State:
             graph.tensors) | set(graph.inputs)
         self.pieces: dict[str, Pieces] = {}
         self.whole: set[str] = set()  # split tensors also gathered (their parts stay usable)
+        self.opset = main_opset(graph.lazy.proto)
 
     # -- names and small helpers
 
@@ -174,10 +176,13 @@ class State:
               origin: str) -> list[onnx.NodeProto]:
         """A Slice of ``x`` on ``axis``, run on ``x``'s producer's key (only the slice moves)."""
         out = self.fresh(f"{x}/{axis}:{start}:{end}")
+        name, where = self.fresh(f"{out}/slice"), self.producer_key(x, key)
+        if self.opset < 10:  # Slice took its bounds as attributes then (ResNet-50 of the zoo)
+            return [self.node("Slice", [x], out, name, where, origin, 0.0, starts=[start],
+                              ends=[end], axes=[axis])]
         starts, ends, axes = (self.const(f"{out}/{w}", [v]) for w, v in
                               (("starts", start), ("ends", end), ("axes", axis)))
-        return [self.node("Slice", [x, starts, ends, axes], out, self.fresh(f"{out}/slice"),
-                          self.producer_key(x, key), origin, 0.0)]
+        return [self.node("Slice", [x, starts, ends, axes], out, name, where, origin, 0.0)]
 
     # -- gathering
 
