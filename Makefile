@@ -46,8 +46,9 @@ test-tools:
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
 
-# Every benchmark; each prints a table and writes build/bench/<name>.json. The deploy one needs
-# root (an emulated cluster); it is skipped with a note otherwise.
+# Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
+# every goal with the figure measured and ✔/✘. The deploy one needs root (an emulated cluster);
+# it is skipped with a note otherwise.
 bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
 	$(BIN)/python bench/backend_bench.py
@@ -55,6 +56,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/parallel_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py; \
 	else echo "note: bench/deploy_bench.py needs root (emulated cluster): skipped"; fi
+	$(BIN)/python bench/goals.py
 
 clean:
 	rm -rf build

@@ -2,7 +2,9 @@
 // the strided MPI datatype that sends the padded Mat's elements in place ("datatype",
 // autodice::mat_datatype with blocking MPI_Send/MPI_Recv), and autodice::Transfer ("transfer",
 // what the programs use: the Mat's storage as one block, see autodice::wire_layout), whose wait
-// polls MPI_Test under the watchdog. Every receiver reuses its Mat from frame to frame, as the
+// polls MPI_Test under the watchdog; beside them "mpi", Open MPI alone moving the same bytes
+// from one contiguous buffer to another (no Mat at either end: the most any Mat transfer built
+// on it can reach). Every receiver reuses its Mat from frame to frame, as the
 // generated program does (a fresh 64 MiB Mat per frame would time page faults, not transfers).
 //
 //   mpirun -n 2 bench_transfer [out.json] [reps]
@@ -70,6 +72,16 @@ void hop_transfer(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, 
   t.wait();
 }
 
+// Method 4, the limit: the same bytes between two contiguous buffers, Open MPI alone.
+void hop_mpi(const TensorInfo&, const ncnn::Mat&, ncnn::Mat&, bool sending,
+             std::vector<float>& scratch) {
+  const int n = static_cast<int>(scratch.size());
+  if (sending)
+    MPI_Send(scratch.data(), n, MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD);
+  else
+    MPI_Recv(scratch.data(), n, MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+}
+
 using Hop = void (*)(const TensorInfo&, const ncnn::Mat&, ncnn::Mat&, bool,
                      std::vector<float>&);
 
@@ -129,24 +141,27 @@ int main(int argc, char** argv) {
                                      {1, 1000}};
   std::string json = "{\"reps\": " + std::to_string(reps) + ", \"rows\": [";
   if (g_rank == 0)
-    std::printf("%-16s %9s %10s %11s %11s %10s %9s %14s\n", "shape", "bytes", "packed_us",
-                "datatype_us", "transfer_us", "memcpy_us", "GB/s", "memcpy/transfer");
+    std::printf("%-16s %9s %10s %11s %11s %8s %10s %9s %14s\n", "shape", "bytes", "packed_us",
+                "datatype_us", "transfer_us", "mpi_us", "memcpy_us", "GB/s", "memcpy/transfer");
   for (size_t i = 0; i < shapes.size(); ++i) {
     const TensorInfo info{"t", shapes[i], DType::Float32};
     const double packed = median_one_way_us(hop_packed, info, reps);
     const double datatype = median_one_way_us(hop_datatype, info, reps);
     const double transfer = median_one_way_us(hop_transfer, info, reps);
+    const double mpi = median_one_way_us(hop_mpi, info, reps);
     if (g_rank != 0) continue;
     const double copy = median_memcpy_us(info.bytes(), reps);
     const std::string shape = autodice::shape_str(info.shape);
     const long long bytes = static_cast<long long>(info.bytes());
-    std::printf("%-16s %9lld %10.1f %11.1f %11.1f %10.1f %9.2f %13.2fx\n", shape.c_str(), bytes,
-                packed, datatype, transfer, copy, bytes / transfer / 1e3, copy / transfer);
-    char row[320];
+    std::printf("%-16s %9lld %10.1f %11.1f %11.1f %8.1f %10.1f %9.2f %13.2fx\n", shape.c_str(),
+                bytes, packed, datatype, transfer, mpi, copy, bytes / transfer / 1e3,
+                copy / transfer);
+    char row[360];
     std::snprintf(row, sizeof row,
                   "%s{\"shape\": \"%s\", \"bytes\": %lld, \"packed_us\": %.2f, "
-                  "\"datatype_us\": %.2f, \"transfer_us\": %.2f, \"memcpy_us\": %.2f}",
-                  i ? ", " : "", shape.c_str(), bytes, packed, datatype, transfer, copy);
+                  "\"datatype_us\": %.2f, \"transfer_us\": %.2f, \"mpi_us\": %.2f, "
+                  "\"memcpy_us\": %.2f}",
+                  i ? ", " : "", shape.c_str(), bytes, packed, datatype, transfer, mpi, copy);
     json += row;
   }
   if (g_rank == 0 && json_path) {

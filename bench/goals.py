@@ -1,0 +1,123 @@
+"""The performance goals in one table, read from what the benchmarks wrote under build/bench/.
+
+    python bench/goals.py [--dir build/bench] [--json build/bench/goals.json]
+
+Each row: the goal, the figure measured (medians side by side in one run of its benchmark),
+✔ or ✘, and for a ✘ the measured figure that limits it. A benchmark that has not run (no JSON)
+is one line saying so; `make bench` runs them all, then this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple
+
+
+class Goal(NamedTuple):
+    area: str
+    goal: str
+    measured: str
+    ok: bool
+    why: str = ""
+
+
+def backend(d: dict) -> Iterator[Goal]:
+    """P4 (pipeline scaling, overhead) and P5 (tensor transfer on one host)."""
+    for m in d["models"]:
+        r, name = m["ratios"], m["model"]
+        ceiling = r["ceiling: 2 x ncnn alone at once / alone"]
+        ranks = "; ".join(f"rank {k} compute {x['compute_s'] * 1e3:.0f} ms, waits "
+                          f"{(x['recv_wait_s'] + x['send_wait_s']) * 1e3:.0f} ms"
+                          for k, x in enumerate(m["2x1 per frame"]))
+        limit = (f"two whole-model ncnn processes at once reach {ceiling:.2f}x one here"
+                 if ceiling < 1.9 else f"per frame: {ranks}")
+        yield Goal("P4", f"{name} 2 ranks x 1 thread >= 1.9x 1 rank x 1 thread",
+                   f"{r['2x1 / 1x1']:.2f}x", r["2x1 / 1x1"] >= 1.9, limit)
+        yield Goal("P4", f"{name} 2 ranks x 1 thread >= 1.05x 1 rank x 2 threads",
+                   f"{r['2x1 / 1x2']:.2f}x", r["2x1 / 1x2"] >= 1.05, f"per frame: {ranks}")
+        yield Goal("P4", f"{name} 1 rank = plain ncnn loop (>= 0.97x)",
+                   f"{r['1x1 / ncnn alone']:.2f}x", r["1x1 / ncnn alone"] >= 0.97)
+    for w in d["wire"]:
+        if w["bytes"] < 1e6:
+            continue
+        share, alone = w["memcpy_us"] / w["transfer_us"], w["memcpy_us"] / w["mpi_us"]
+        yield Goal("P5", f"{w['shape']} ({w['bytes'] / 2**20:.0f} MiB) between 2 ranks >= 0.8 "
+                   "of memcpy", f"{share:.2f}", share >= 0.8,
+                   f"Open MPI alone moves the same bytes at {alone:.2f} of memcpy")
+
+
+def parallel(d: dict) -> Iterator[Goal]:
+    """Issue 14: horizontal split memory, stage copies."""
+    split = d["vgg_memory"]["rows"]["fc split by channels"]
+    yield Goal("parallel", "VGG-19, FC split by channels over 4 keys: largest rank <= 35 % of the "
+               "weights", f"{split['largest_params_share']:.0%} (RSS "
+               f"{split['largest_rss_share']:.0%})", split["largest_params_share"] <= 0.35)
+    p = d["pipeline"]
+    yield Goal("parallel", "ResNet-50 body copied once: >= 1.6x frames/s (with enough cores)",
+               f"{p['ratio']:.2f}x", p["ratio"] >= 1.6,
+               f"4 ranks on {p['cores']} cores" if p["cores"] < 4 else "")
+
+
+def deploy(d: dict) -> Iterator[Goal]:
+    """P7 (redeploy) and P5's link half."""
+    for r in d["deploy"]:
+        if r["goal_s"] is None:
+            continue
+        steps = ", ".join(f"{k} {v:.2f}" for k, v in r["steps_s"].items())
+        yield Goal("P7", f"{r['what']} ({r['hosts']} hosts) <= {r['goal_s']:g} s",
+                   f"{r['median_s']:.2f} s", r["met"], f"steps (s): {steps}")
+    for r in d["link"]:
+        if r["bytes"] >= 16 * 2**20:
+            yield Goal("P5", f"{r['shape']} over a 1 Gbit/s link >= 90 % of its rate",
+                       f"{r['of_shaped_rate']:.0%}", r["of_shaped_rate"] >= 0.9)
+
+
+def split(d: dict) -> Iterator[Goal]:
+    """P1: the front end against a plain copy of the model file."""
+    for r in d["results"]:
+        for g in r["goals"]:
+            yield Goal("P1", f"{r['model']}: {g['goal']}", g["shown"], g["ok"], g["why"])
+
+
+def dse(d: dict) -> Iterator[Goal]:
+    yield Goal("DSE", f"{d['evaluations']} NSGA-II evaluations on DenseNet-121 <= "
+               f"{d['goal_s']:g} s", f"{d['search_s']:.1f} s", d["search_s"] <= d["goal_s"])
+    yield Goal("DSE", "the front dominates 1,000 random valid mappings",
+               f"{d['dominated_weakly']:.1%}", d["dominated_weakly"] >= 1.0)
+
+
+READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
+    "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=Path("build/bench"))
+    ap.add_argument("--json", type=Path, default=None, help="default: DIR/goals.json")
+    args = ap.parse_args()
+    goals, missing = [], []
+    for name, read in READERS.items():
+        path = args.dir / f"{name}.json"
+        if path.exists():
+            goals += read(json.loads(path.read_text()))
+        else:
+            missing.append(f"{path} (bench/{name}_bench.py has not run)")
+    width = max((len(g.goal) for g in goals), default=10)
+    for g in goals:
+        print(f"{'✔' if g.ok else '✘'} {g.area:<8} {g.goal:<{width}} {g.measured:>12}"
+              + ("" if g.ok or not g.why else f"   {g.why}"))
+    for m in missing:
+        print(f"- not measured: {m}")
+    print(f"{sum(g.ok for g in goals)} of {len(goals)} goals met")
+    out = args.json or args.dir / "goals.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"goals": [g._asdict() for g in goals], "missing": missing},
+                              indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
