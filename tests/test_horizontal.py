@@ -256,9 +256,12 @@ def test_random_mappings_mixing_all_three_kinds(tmp_path_factory, data):
         assert d.rel < 1e-5, (mapping, d)
 
 
+@pytest.mark.cpp
 def test_resnet50_stem_and_first_bottleneck_by_rows_like_onnxruntime(tmp_path):
-    """The zoo's ResNet-50 is opset 9, where Slice takes its bounds as attributes: the bands'
-    Slices must be spelled so (onnx's shape inference refused the opset-10 form)."""
+    """The zoo's ResNet-50 is opset 9, where Slice and Pad take their bounds as attributes: the
+    bands' Slices must be spelled so (onnx's shape inference refused the opset-10 form). Its
+    stem pool's bands pad unevenly, which pnnx converts wrongly unless a Pad does it; gen
+    checks every conversion in ncnn against onnxruntime."""
     from autodice.core.model import load_model
     from autodice.frontend.layers import layer_table
     from autodice.frontend.zoo import cached
@@ -273,6 +276,7 @@ def test_resnet50_stem_and_first_bottleneck_by_rows_like_onnxruntime(tmp_path):
     assert [r.key for r in plan.ranks] == ["e1_x860", "e1_x861", "e2_x860"]
     for d in check(tmp_path / "out", samples=1):
         assert d.rel < 1e-5, (d.name, d.rel)
+    gen(tmp_path / "out", precision="fp32")
 
 
 @pytest.mark.cpp

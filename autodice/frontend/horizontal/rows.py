@@ -5,6 +5,7 @@ Per-element layers, joins (Add, Mul, ...) and Concat over channels go band by ba
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -45,7 +46,7 @@ def split_rows(st: State, name: str, node: onnx.NodeProto,
             made.extend(sliced)
             source = sliced[0].output[0]
         out = st.fresh(f"{y}/{k}")
-        made.append(_row_part(st, node, source, out, f"{name}/{k}", keys[k], name,
+        made.extend(_row_part(st, node, source, out, f"{name}/{k}", keys[k], name,
                               (e - a) / ys[2], top, bottom, window))
         parts.append(out)
     st.pieces[y] = (parts, 2, keys, bands)
@@ -129,17 +130,44 @@ def _rows_from_bands(st: State, x: str, got: Pieces, lo: int, hi: int, key: str,
 
 def _row_part(st: State, node: onnx.NodeProto, x: str, out: str, base: str, key: str,
               origin: str, fraction: float, top: int, bottom: int,
-              window: list[int]) -> onnx.NodeProto:
+              window: list[int]) -> list[onnx.NodeProto]:
     """A Conv or pool on a band: its pads at the top and bottom only where the band meets the
-    map's edge (elsewhere the halo rows are real rows)."""
+    map's edge (elsewhere the halo rows are real rows).
+
+    A MaxPool whose band pads differ top to bottom gets its rows of padding from a Concat
+    before it: pnnx 20261020 turns such a MaxPool into ncnn's Padding *and* a Pooling that pads
+    again, on every side (ResNet-50's stem pool came out 2 columns wide)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     pads = _explicit_pads(node, st.shape(node.input[0]), st.shape(node.output[0]), window)
     attrs.pop("auto_pad", None)
     attrs["pads"] = [top, pads[1], bottom, pads[3]]
     if "ceil_mode" in attrs:  # the bottom pad now makes the last window explicit
         attrs["ceil_mode"] = 0
-    return st.node(node.op_type, [x, *node.input[1:]], out, st.fresh(base), key, origin,
-                   fraction, **attrs)
+    made = []
+    if node.op_type == "MaxPool" and top != bottom:
+        x = _pad_rows(st, x, st.shape(node.input[0]), top, bottom, key, origin, made)
+        attrs["pads"] = [0, pads[1], 0, pads[3]]
+    made.append(st.node(node.op_type, [x, *node.input[1:]], out, st.fresh(base), key, origin,
+                        fraction, **attrs))
+    return made
+
+
+def _pad_rows(st: State, x: str, whole: tuple[int, ...], top: int, bottom: int, key: str,
+              origin: str, made: list[onnx.NodeProto]) -> str:
+    """``x``, a band of a map shaped ``whole``, with ``top`` and ``bottom`` rows of the lowest
+    float around it, as a max pool pads: a Concat with constants, which pnnx lowers in every
+    opset (ONNX Pad before opset 11 it cannot)."""
+    n, c, _, w = whole
+
+    def rows(count: int, where: str) -> list[str]:
+        lowest = np.full((n, c, count, w), np.finfo(np.float32).min)
+        return [st.const(f"{x}/{where}", lowest, np.float32)] if count else []
+
+    pieces = [*rows(top, "top"), x, *rows(bottom, "bottom")]
+    out = st.fresh(f"{x}/padded")
+    made.append(st.node("Concat", pieces, out, st.fresh(f"{out}/concat"), key, origin, 0.0,
+                        axis=2))
+    return out
 
 
 def _axis(node: onnx.NodeProto) -> int:

@@ -115,12 +115,14 @@ class State:
         self.derived[name] = Derived(origin, fraction)
         return node
 
-    def const(self, base: str, values: list[int]) -> str:
+    def const(self, base: str, values, dtype=np.int64) -> str:
         name = self.fresh(base)
-        array = np.array(values, np.int64)
+        array = np.array(values, dtype)
         self.new_small[name] = numpy_helper.from_array(array, name)
         self.new_tensors[name] = (self.weights.add(name, array) if self.weights is not None else
-                                  TensorRef(name, array.shape, 7, array.nbytes, Path(), 0, 0,
+                                  TensorRef(name, array.shape,
+                                            helper.np_dtype_to_tensor_dtype(array.dtype),
+                                            array.nbytes, Path(), 0, 0,
                                             None, False))
         return name
 
