@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.version_converter
 
 import autodice
 from autodice.backend.build import build
@@ -148,9 +147,6 @@ def early_block_rows(work: Path, frames: int, rounds: int) -> dict:
     last = graph.nodes[graph.index[block[-1]]].output[0]
     model = work / "resnet50-block.onnx"
     onnx.utils.extract_model(str(full), str(model), [graph.inputs[0]], [last])
-    # The zoo's ResNet-50 is opset 9; pnnx mis-converts its bands there (gen says so), so the
-    # block is measured at opset 13, as a current export would be.
-    onnx.save(onnx.version_converter.convert_version(onnx.load(str(model)), 13), str(model))
     one = {"edge01_x860": layers_of(model)}
     two = {k: [{"layer": n, "split": "rows"} for n in layers_of(model)]
            for k in ("edge01_x860", "edge01_x861")}
