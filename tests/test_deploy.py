@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
+from autodice.deploy import sync
 from autodice.deploy.inventory import load_inventory
 from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
 from autodice.deploy.remote_build import build_groups
@@ -198,13 +199,39 @@ def test_a_sync_stamp_holds_while_the_remote_folder_is_untouched(tmp_path):
     assert stamps() == ""
 
 
-def test_digests_are_remembered_until_a_file_changes(tmp_path):
+@pytest.mark.parametrize("status", [0, 23])
+def test_the_remote_rsync_end_stamps_only_what_it_can_fingerprint(tmp_path, status):
+    """rsync's status is the remote end's, also where find cannot fingerprint (BusyBox)."""
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    (fakes / "rsync").write_text(f"#!/bin/sh\nexit {status}\n")
+    (fakes / "find").write_text("#!/bin/sh\nexit 1\n")
+    for f in fakes.iterdir():
+        f.chmod(0o755)
+
+    def remote(find_works: bool) -> int:
+        if find_works:
+            (fakes / "find").unlink(missing_ok=True)
+        line = sync.rsync_path(str(tmp_path / "r"), "package", (), "d1") + " --server ."
+        env = {**os.environ, "PATH": f"{fakes}:{os.environ['PATH']}"}
+        return subprocess.run(["sh", "-c", line], env=env).returncode  # as the login shell
+
+    assert remote(find_works=False) == status
+    assert not (tmp_path / "r" / "package.synced").exists()
+    assert remote(find_works=True) == status
+    assert (tmp_path / "r" / "package.synced").exists() == (status == 0)
+
+
+def test_digests_are_remembered_until_a_file_changes(tmp_path, monkeypatch):
     folder = tmp_path / "pkg"
     (folder / "models").mkdir(parents=True)
     (folder / "models" / "a.bin").write_bytes(b"x" * 3000)
     (folder / "program.cpp").write_text("int main() {}\n")
     first = folder_digest(folder)
     cache = Digests(tmp_path / "digests.json")
+    assert folder_digest(folder, cache) == first
+    assert cache.used == {}  # just written: changed again within the clock's tick, unseen
+    monkeypatch.setattr(sync, "RACY_NS", -1)  # as if written long before this deploy
     assert folder_digest(folder, cache) == first
     cache.save()
     again = Digests(tmp_path / "digests.json")
@@ -215,6 +242,9 @@ def test_digests_are_remembered_until_a_file_changes(tmp_path):
     assert folder_digest(folder, Digests()) == changed
     os.chmod(folder / "program.cpp", 0o755)  # rsync -p carries the mode: so does the digest
     assert folder_digest(folder, again) != changed
+    for damaged in ("[1, 2]", '{"x": [1]}', "{"):
+        (tmp_path / "digests.json").write_text(damaged)
+        assert folder_digest(folder, Digests(tmp_path / "digests.json")) == folder_digest(folder)
 
 
 def test_failure_report_names_rank_and_host(fig2_plan):

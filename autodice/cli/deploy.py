@@ -95,6 +95,7 @@ def _cluster_table(c) -> None:
 @job_options
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
 @click.option("--keep-connections", default=300.0, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(0, 86400),
               help="Keep each host's ssh connection open this long when idle, for the next "
                    "deploy (0: close them when done).")
 def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,

@@ -241,13 +241,14 @@ def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
         (exit code, whether it timed out, seconds).
     """
     head = hosts[0]
-    folder = f"{build.root(head)}/launch"
-    pid_file = f"{folder}/mpirun.pid"
+    folder = f"{build.root(head)}/launch"  # in every rank's command line: names our mpirun
+    job = f"{build.root(head)}/job"
+    pid_file = f"{job}/mpirun.pid"
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(ssh.script(head.target, _LAUNCH, pid_file,
-                                           f"{folder}/mpirun.log", *argv),
+                                           f"{job}/mpirun.log", *argv),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout_s)

@@ -75,6 +75,7 @@ PROGRAM = Build()  # what deploy builds: the generated program
 
 
 KEEP_S = 300  # default: how long an idle master connection waits for the next deploy
+WHILE_DEPLOYING_S = 900  # with keep_s=0: long enough to outlive a deploy's idle moments
 
 
 class Ssh:
@@ -114,8 +115,10 @@ class Ssh:
         background (its stdio on /dev/null) once ``argv`` is done; later calls reuse it.
         """
         def run() -> subprocess.CompletedProcess:
+            # keep_s=0: the masters live through the deploy, and close() ends them after it.
+            persist = round(self.keep_s) if self.keep_s > 0 else WHILE_DEPLOYING_S
             return subprocess.run(["ssh", *self.opts, "-o", "ControlMaster=auto",
-                                   "-o", f"ControlPersist={max(1, round(self.keep_s))}",
+                                   "-o", f"ControlPersist={max(1, persist)}",
                                    t.host, "--", " ".join(shlex.quote(a) for a in argv)],
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=120)
@@ -123,7 +126,7 @@ class Ssh:
         reused = self.sockets[t.host].exists()
         proc = run()
         if proc.returncode == 255 and reused:
-            close_connections([t])
+            close_connections([t], now=True)
             proc = run()
         return proc
 
@@ -134,9 +137,13 @@ class Ssh:
             close_connections(targets)
 
 
-def close_connections(targets) -> list[str]:
+def close_connections(targets, now: bool = False) -> list[str]:
     """Close the master connections deploys keep open to ``targets`` (each also ends by itself
     once idle for the ``keep_s`` of the deploy that opened it, or when its host goes away).
+
+    Deploys to the same hosts share masters, so a master stops taking new sessions and ends
+    with its last one (``-O stop``): another deploy's rsync or mpirun through it goes on.
+    ``now``: end it at once, sessions and all (``-O exit``; for a master whose connection died).
 
     Returns:
         The hosts whose connection was open.
@@ -146,9 +153,11 @@ def close_connections(targets) -> list[str]:
 
     def close(item) -> None:
         t, sock = item
-        subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit",
-                        t.host], capture_output=True, timeout=30)
-        sock.unlink(missing_ok=True)
+        said = subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O",
+                               "exit" if now else "stop", t.host], capture_output=True,
+                              timeout=30)
+        if now or said.returncode != 0:  # (a stopped master removes its socket itself)
+            sock.unlink(missing_ok=True)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(close, open_))

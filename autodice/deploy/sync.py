@@ -19,14 +19,18 @@ import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import AutodiceError
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
-REMOTE_FOLDERS = ("package", "build", "inputs", "results", "launch")  # all inside remote_dir
+# All inside remote_dir; "job" holds the running mpirun's pid and log, out of the stamped
+# "launch" (whose fingerprint they would change, making every deploy after a run resend it).
+REMOTE_FOLDERS = ("package", "build", "inputs", "results", "launch", "job")
 SYNCED = ("package", "launch")  # folders deploy sends with a stamp
+RACY_NS = 2_000_000_000  # files younger than this are hashed again by the next deploy
 
 # Shell functions. fp: the fingerprint of folder $1 as one word (GNU find's -printf; where find
 # cannot, it fails, and no stamp is written or believed: every deploy syncs). stamps: prints
@@ -77,19 +81,28 @@ def sync_folder(ssh: Ssh, h: Host, local: Path, root: str, folder: str,
         h.sent = (0, 0, ())
         return
     t = h.target
-    stamp = f"{root}/{folder}.synced"
-    # rsync starts its remote end through the remote shell, which appends the server's
-    # arguments to --rsync-path: so the folders are made first, and the function stamps the
-    # folder once the transfer succeeded (nothing on stdout: that is rsync's channel).
-    made = " ".join(shlex.quote(f"{root}/{d}") for d in dict.fromkeys((*make, folder)))
-    q = shlex.quote
-    remote = (f"{_FINGERPRINT}; s() {{ mkdir -p {made} && rm -f {q(stamp)} && rsync \"$@\" "
-              f"&& p=$(fp {q(f'{root}/{folder}')}) && echo {q(digest)} \"$p\" > {q(stamp)}; }}; s")
     proc = must(["rsync", "-rpc", "--delete", "--exclude=/build/", "--stats",
-                 "--out-format=%n", "-e", ssh.rsh(), f"--rsync-path={remote}",
+                 "--out-format=%n", "-e", ssh.rsh(),
+                 f"--rsync-path={rsync_path(root, folder, make, digest)}",
                  f"{local}/", f"{t.host}:{root}/{folder}/"], what)
     h.sent = _rsync_stats(proc.stdout)
     h.facts[f"synced_{folder}"] = digest
+
+
+def rsync_path(root: str, folder: str, make: tuple[str, ...], digest: str) -> str:
+    """The remote end of rsync for ``root/folder``: rsync starts it through the remote shell,
+    which appends the server's arguments (``$@`` here), so the folders are made first, and the
+    folder is
+    stamped once the transfer succeeded (nothing on stdout: that is rsync's channel). The exit
+    status is rsync's: a host whose find cannot fingerprint gets no stamp, and syncs each time.
+    """
+    q = shlex.quote
+    made = " ".join(q(f"{root}/{d}") for d in dict.fromkeys((*make, folder)))
+    stamp = q(f"{root}/{folder}.synced")
+    script = (f"{_FINGERPRINT}; mkdir -p {made} && rm -f {stamp} && rsync \"$@\" || exit; "
+              f"p=$(fp {q(f'{root}/{folder}')}) && echo {q(digest)} \"$p\" > {stamp}; exit 0")
+    # Through sh: the user's login shell (fish, tcsh...) only has to run one quoted command.
+    return f"sh -c {q(script)} sh"
 
 
 def folder_digest(folder: Path, digests: Digests | None = None) -> str:
@@ -114,21 +127,30 @@ class Digests:
         self.used: dict[str, list] = {}
         if path is not None:
             try:
-                self.known = json.loads(path.read_text())
+                known = json.loads(path.read_text())
             except (OSError, ValueError):
-                pass
+                known = None
+            self.known = known if isinstance(known, dict) else {}  # damaged: read files again
 
     def file(self, f: Path, info: os.stat_result) -> bytes:
         stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
         seen = self.known.get(str(f))
-        if isinstance(seen, list) and seen[:4] == stamp:
-            self.used[str(f)] = seen
-            return bytes.fromhex(seen[4])
+        if isinstance(seen, list) and len(seen) == 5 and seen[:4] == stamp:
+            try:
+                digest = bytes.fromhex(seen[4])
+                self.used[str(f)] = seen
+                return digest
+            except (TypeError, ValueError):
+                pass
+        started = time.time_ns()
         digest = hashlib.sha256()
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
-        self.used[str(f)] = [*stamp, digest.hexdigest()]
+        # A file written within a timestamp tick of being read could change again without its
+        # times changing (1 s clocks on some filesystems): such a digest is not remembered.
+        if started - max(info.st_mtime_ns, info.st_ctime_ns) > RACY_NS:
+            self.used[str(f)] = [*stamp, digest.hexdigest()]
         return digest.digest()
 
     def save(self) -> None:

@@ -37,7 +37,7 @@ from ..deploy.sync import sync_all
 from .profile import Link, link_from_rows
 
 TOOLS = Build(folder="tools", exe="profile_layers")
-TOOLS_FOLDERS = ("package", "build", "launch", "results")  # inside <remote_dir>/tools
+TOOLS_FOLDERS = ("package", "build", "launch", "results", "job")  # inside <remote_dir>/tools
 # The ranks' environment. A slow link may take seconds per 4 MiB message: the runtime's hang
 # detection (8 s by default) must not mistake that for a dead peer.
 RANK_ENV = {"OMP_WAIT_POLICY": "passive", "AUTODICE_TIMEOUT_S": "120"}
