@@ -141,6 +141,22 @@ def test_a_redeploy_touches_only_what_changed_on_the_hosts(fig2_three_hosts, emu
     assert not [s for s in Ssh(inv, d).sockets.values() if s.exists()]
 
 
+def test_a_build_folder_left_half_written_is_built_again(fig2_three_hosts, emu):
+    """An interrupted build leaves truncated objects newer than their sources: make trusts them
+    and the link fails, so the host builds once more from nothing."""
+    d = fig2_three_hosts
+    deploy(d / "out", d / "inventory.toml")
+    objects = list((remote(emu, "edge01") / "build").rglob("*.o"))  # the hosts' one builder
+    assert objects
+    for o in objects:
+        o.write_bytes(b"")
+    for host in ("edge01", "edge02", "edge04"):
+        with open(d / "out" / "packages" / host / "program.cpp", "a") as f:
+            f.write("// a layer moved\n")
+    again = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
+    assert again.hosts["edge01"].compiled and again.run is not None
+
+
 def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
     d = fig2_three_hosts
     for host in ("edge01", "edge02", "edge04"):

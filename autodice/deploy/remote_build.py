@@ -21,20 +21,25 @@ from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
 # Configure (unless done with these flags) and build; $3 names the sources and flags, and is
 # written only once the build succeeded; $4 is the executable. The log stays on the host (its
-# tail comes back).
+# tail comes back). A build folder configured with other flags (another MPI or ncnn) starts
+# afresh; one reused that then fails to build (left half-written by an interrupted build) is
+# built once more from nothing before the failure counts.
 _BUILD = r"""
 cd "$1" || exit 1
 jobs=$2; stamp=$3; exe=$4; shift 4
 flags="$*"
-mkdir -p build
-rm -f build/autodice-built
+configure() {
+  rm -rf build && mkdir -p build && cmake -S package -B build "$@" > build.log 2>&1 \
+    && printf '%s' "$flags" > build/autodice-flags
+}
 if [ -f build/CMakeCache.txt ] && [ "$(cat build/autodice-flags 2>/dev/null)" = "$flags" ]; then
+  rm -f build/autodice-built
   : > build.log  # configured with these flags before: make re-runs cmake if a CMakeLists changed
+  cmake --build build -j "$jobs" >> build.log 2>&1 \
+    || { configure "$@" && cmake --build build -j "$jobs" >> build.log 2>&1; } || exit 1
 else
-  cmake -S package -B build "$@" > build.log 2>&1 || exit 1
-  printf '%s' "$flags" > build/autodice-flags
+  configure "$@" && cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
 fi
-cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
 printf '%s' "$stamp" > build/autodice-built
 echo "program=$(cksum < "build/$exe")"
 """
