@@ -394,8 +394,10 @@ def test_a_build_interrupted_half_way_is_not_trusted_and_the_next_run_builds(tmp
     env.pop("AUTODICE_NCNN_DIR", None)
     script = ("import sys; from pathlib import Path; from autodice.backend import engine; "
               "engine.sdist = lambda console: Path(sys.argv[1]); print(engine.ensure_ncnn())")
+    # As from a terminal: a job started in the background by a shell inherits SIGINT ignored.
     proc = subprocess.Popen([sys.executable, "-c", script, str(slow)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     root = tmp_path / "cache" / "ncnn"
     deadline = time.monotonic() + 60
     while not list(root.glob(".tmp-*/build")) and time.monotonic() < deadline:
