@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job on the bundled default: SqueezeNet (full size, seeded weights) over 2 ranks.
-# The first run also builds ncnn once (~7 min on 2 cores; cached in ~/.cache/autodice); the
+# The first run also builds ncnn once (~6 min on 2 cores; cached in ~/.cache/autodice); the
 # tests use the same build.
 demo: $(STAMP)
 	mkdir -p $(DEMO)
