@@ -331,6 +331,37 @@ def test_the_cost_model_prices_parts_and_copies(tmp_path):
     assert c1["e1_x861"] < c1["e1_x860"] and halves.throughput > alone.throughput
 
 
+def test_the_fullest_boards_largest_weights_are_spread_when_every_resource_is_in_use(tmp_path):
+    """Searched points often use every resource: a share of a layer needs no idle core, and a
+    leaner proposal stands even where it is slower (the front sorts it out)."""
+    from test_cost import fixture_profile
+
+    from autodice.core.model import load_model
+    from autodice.core.spec import parse_platform
+    from autodice.dse.expand import _price, expand
+    from autodice.dse.front import Point
+    from autodice.dse.timing import make_timing
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4096, 256)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((10, 4096)).astype(np.float32), "w2")
+    onnx.save(model([helper.make_node("Gemm", ["x", "w1"], ["h"], name="fc1", transB=1),
+                     helper.make_node("Relu", ["h"], ["a"], name="r"),
+                     helper.make_node("Gemm", ["a", "w2"], ["y"], name="fc2", transB=1)],
+                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                    [w1, w2]), tmp_path / "m.onnx")
+    (tmp_path / "platform.txt").write_text("e1, x86, slots=0\ne2, x86, slots=0\n")
+    graph = load_model(tmp_path / "m.onnx")
+    timing = make_timing(parse_platform(tmp_path / "platform.txt"), fixture_profile(graph))
+    mapping = {"e1_x860": ["fc1"], "e2_x860": ["r", "fc2"]}  # every core in use
+    start = Point("p0", mapping, _price(mapping, graph, timing.platform, timing))
+    grown = expand((start,), graph, timing.platform, timing, ("horizontal",), steps=1)
+    assert [p.name for p in grown] == ["p0+spread:e2_x860"]
+    assert grown[0].mapping == {"e1_x860": ["fc1"], "e2_x860": ["r", "fc2", "fc1"]}
+    assert grown[0].cost.max_memory < start.cost.max_memory
+
+
 def test_the_search_proposes_copies_and_split_layers_that_pay(tmp_path):
     """With idle resources, copying the bottleneck stage or splitting its heaviest layer beats
     every vertical mapping on throughput; each proposal is a mapping split accepts."""

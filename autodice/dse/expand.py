@@ -62,8 +62,6 @@ def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
                slots: tuple[Slot, ...], kinds: tuple[str, ...]) -> Point | None:
     """The move that gains most throughput (or memory on the fullest board), if any does."""
     idle = _idle(p.mapping, slots)
-    if not idle:
-        return None
     slow = max(p.cost.ranks, key=lambda r: max(r.compute_s + r.comm_s, r.span_s))
     tries: list[tuple[str, dict]] = []
     for s in idle[:3]:
@@ -73,23 +71,37 @@ def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
             layer = _heaviest(p.mapping.get(slow.key), graph, timing, slow.host)
             if layer:
                 tries.append((f"split:{s.key}", _share(p.mapping, layer, s.key)))
-            full = max(p.cost.devices, key=lambda d: d.memory).host
-            big = _largest_weights(p.mapping, graph, full)
-            if big and s.host != full:
-                tries.append((f"spread:{s.key}", _share(p.mapping, big, s.key)))
+    if "horizontal" in kinds:
+        full = max(p.cost.devices, key=lambda d: d.memory).host
+        big = _largest_weights(p.mapping, graph, full)
+        for key in _spread_to(p, idle, full) if big else ():
+            tries.append((f"spread:{key}", _share(p.mapping, big, key)))
     best = None
     for move, mapping in tries:
         cost = _price(mapping, graph, platform, timing)
         if cost is None:
             continue
+        # Leaner at any speed: a board that cannot hold the weights cannot run the mapping at
+        # all, and the front keeps the proposal only where nothing else is as lean and as fast.
         faster = cost.throughput > p.cost.throughput * 1.02
-        leaner = cost.max_memory < p.cost.max_memory * 0.98 and \
-            cost.throughput >= p.cost.throughput * 0.9
+        leaner = cost.max_memory < p.cost.max_memory * 0.98
         if (faster or leaner) and (best is None or _score(cost) > _score(best[2])):
             best = (move, mapping, cost)
     if best is None:
         return None
     return Point(f"{p.name}+{best[0]}", best[1], best[2], proposed=True)
+
+
+def _spread_to(p: Point, idle: list[Slot], full: str) -> list[str]:
+    """Keys that may take a share of the fullest board's largest weights: idle resources of
+    other boards, else the keys already on the leanest other board (a share of a layer needs no
+    free core of its own: searched points often use every resource)."""
+    keys = [s.key for s in idle[:3] if s.host != full]
+    if keys:
+        return keys
+    others = sorted((d for d in p.cost.devices if d.host != full), key=lambda d: d.memory)
+    return [k for d in others[:1] for k, v in p.mapping.items()
+            if isinstance(v, list) and parse_key(k).host == d.host][:2]
 
 
 def _score(c: Cost) -> float:
