@@ -1,14 +1,15 @@
 """Data and horizontal parallelism proposed on top of the searched front.
 
 The genes encode vertical mappings (each layer on one resource). From each of the front's most
-promising points this step tries, greedily, what the other two kinds add with the resources the
-point leaves idle, and keeps what the cost model says pays:
+promising points this step tries, greedily, what the other two kinds add (mostly with the
+resources the point leaves idle), and keeps what the cost model says pays:
 
 * **copies** (data parallelism): the bottleneck stage copied onto an idle resource, the copies
   taking turns frame by frame -- more throughput for more memory;
-* **a split layer** (horizontal, by channels): the heaviest layer of the bottleneck stage, or the
-  largest weights of the fullest board, shared with an idle resource in proportion to the two
-  resources' speed -- more throughput, or less memory on the fullest board.
+* **a split layer** (horizontal, by channels): the heaviest layer of the bottleneck stage shared
+  with an idle resource in proportion to the two resources' speed -- more throughput; or the
+  largest weights of the fullest board shared with an idle resource of another board, else with
+  the keys of the leanest other board -- less memory on the fullest board.
 
 Every proposal is planned by the compiler's own passes (:func:`partition_mapping`) and priced
 from its plan (:func:`plan_cost`), so it is a mapping ``split`` accepts and its figures are the
