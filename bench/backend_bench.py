@@ -1,5 +1,6 @@
 """Back-end benchmark (issue 3): the generated program against ncnn alone, pipelines against one
-rank, pipelined against frame by frame, the wire against memcpy, and fp16 against fp32.
+rank, pipelined against frame by frame, the wire against memcpy, fp16 against fp32, and the
+program's blobs from malloc against ncnn's own pool allocators (speed and peak memory).
 
     python bench/backend_bench.py [--models resnet50,densenet121] [--frames 20] [--rounds 3]
 
@@ -73,17 +74,21 @@ def build_tools(dest: Path) -> Path:
     return dest / "runtime_cpp"
 
 
-def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,)) -> float:
-    """fps of the whole model in a plain ncnn loop, 1 thread, on core 0 like rank 0.
+def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,),
+               pools: bool = False) -> tuple[float, int]:
+    """(fps, peak RSS bytes) of the whole model in a plain ncnn loop, 1 thread, on core 0 like
+    rank 0; blobs from malloc as the program's, or from ncnn's own pools with ``pools``.
 
     With several ``cores``, one such process per core at once, and the sum of their fps: the
     most any 2-rank split could reach on this machine (both cores share caches and memory)."""
     base = out / "ncnn" / "edge01_x860.ncnn"
     procs = [subprocess.Popen(["taskset", "-c", str(c), str(tools / "ncnn_alone"),
                                f"{base}.param", f"{base}.bin", str(x), "x".join(map(str, shape)),
-                               "1", str(frames)], stdout=subprocess.PIPE, text=True, env=ENV)
+                               "1", str(frames), *(["pools"] if pools else [])],
+                              stdout=subprocess.PIPE, text=True, env=ENV)
              for c in cores]
-    return sum(json.loads(p.communicate()[0])["fps"] for p in procs)
+    got = [json.loads(p.communicate()[0]) for p in procs]
+    return sum(g["fps"] for g in got), max(g["peak_rss"] for g in got)
 
 
 def wire(tools: Path, dest: Path) -> list[dict]:
@@ -101,15 +106,20 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     np.save(work / "x.npy", x)
     feeds = {spec.inputs[0]: work / "x.npy"}
-    fps: dict[str, list[float]] = {k: [] for k in ("alone", "2 alone", "1x1", "1x2", "2x1",
-                                                   "2x1 flops", "2x1 frame")}
+    fps: dict[str, list[float]] = {k: [] for k in ("alone", "alone pools", "2 alone", "1x1",
+                                                   "1x2", "2x1", "2x1 flops", "2x1 frame")}
+    rss: dict[str, list[int]] = {"alone": [], "alone pools": []}
     stages: list[dict] = []  # the 2x1 runs' ranks: where each one's time went
     worst = 0.0
     want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
     for r in range(rounds):
-        fps["alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames))
+        for k in ("alone", "alone pools"):
+            f, m = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
+                              pools=k == "alone pools")
+            fps[k].append(f)
+            rss[k].append(m)
         fps["2 alone"].append(ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
-                                         cores=(0, 1)))
+                                         cores=(0, 1))[0])
         for k in ("1x1", "1x2", "2x1", "2x1 flops"):
             res = run(outs[k], feeds, frames)
             fps[k].append(res.stats["fps"])
@@ -124,8 +134,11 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
     med = {k: statistics.median(v) for k, v in fps.items()}
     typical = sorted(stages, key=lambda s: s["fps"])[len(stages) // 2]
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps, "median_fps": med,
-            "max_rel_error": worst, "2x1 per frame": typical["ranks"],
+            "peak_rss": rss, "max_rel_error": worst, "2x1 per frame": typical["ranks"],
             "ratios": {"1x1 / ncnn alone": med["1x1"] / med["alone"],
+                       "malloc / ncnn's pools, fps": med["alone"] / med["alone pools"],
+                       "malloc / ncnn's pools, peak RSS": statistics.median(rss["alone"])
+                       / statistics.median(rss["alone pools"]),
                        "ceiling: 2 x ncnn alone at once / alone": med["2 alone"] / med["alone"],
                        "2x1 / 1x1": med["2x1"] / med["1x1"],
                        "2x1 by time / by FLOPs": med["2x1"] / med["2x1 flops"],
@@ -167,16 +180,17 @@ def main() -> None:
                 for m in args.models.split(",")]
         wire_rows = wire(tools, work / "wire.json")
         fp16 = bench_fp16(args.frames * 5, work)
-    cols = ("alone", "2 alone", "1x1", "1x2", "2x1", "2x1 flops", "2x1 frame")
-    print(f"\n{'model':<12} " + " ".join(f"{c:>9}" for c in cols) + "   (frames/s, medians)")
+    cols = ("alone", "alone pools", "2 alone", "1x1", "1x2", "2x1", "2x1 flops", "2x1 frame")
+    print(f"\n{'model':<12} " + " ".join(f"{c:>11}" for c in cols) + "   (frames/s, medians)")
     for r in rows:
-        print(f"{r['model']:<12} " + " ".join(f"{r['median_fps'][c]:9.2f}" for c in cols))
+        print(f"{r['model']:<12} " + " ".join(f"{r['median_fps'][c]:11.2f}" for c in cols))
     names = list(rows[0]["ratios"]) if rows else []
     print(f"\n{'model':<12} " + " ".join(f"{n[:24]:>24}" for n in names))
     for r in rows:
         print(f"{r['model']:<12} " + " ".join(f"{r['ratios'][n]:24.3f}" for n in names))
     print("goals: 1x1 / ncnn alone >= 0.97, 2x1 / 1x1 >= 1.9, 2x1 / 1x2 >= 1.05; ceiling: what "
-          "two independent single-thread ncnn processes reach together over one")
+          "two independent single-thread ncnn processes reach together over one; alone pools: "
+          "ncnn's own pool allocators instead of malloc (the program's)")
     for r in rows:
         print(f"{r['model']} 2x1, per frame: " + "; ".join(
             f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits recv "

@@ -117,6 +117,8 @@ void start_clock(Stats& st, const Timer& loading, int threads) {
 void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   net.opt.num_threads = r.threads;
   net.opt.lightmode = r.steps.size() <= 1;  // a rank with several steps revisits earlier blobs
+  net.opt.blob_allocator = heap_allocator();
+  net.opt.workspace_allocator = heap_allocator();
   if (!r.fp16) {  // fp32 end to end, so outputs match onnxruntime
     net.opt.use_fp16_packed = false;
     net.opt.use_fp16_storage = false;
@@ -335,6 +337,7 @@ std::string choose_device(const RankPlan& r, bool fallback_cpu) {
 }
 
 int run_program(int argc, char** argv, const ProgramPlan& plan) {
+  use_heap_allocator();
   MPI_Init(&argc, &argv);
   init_runtime();
   int rank = 0, size = 0;

@@ -1,6 +1,7 @@
 // autodice runtime; see autodice_runtime.h for what each piece is for.
 #include "autodice_runtime.h"
 
+#include <malloc.h>
 #include <omp.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -112,6 +113,28 @@ void abort_run(const std::string& message, int code) {
   log(message, stderr);
   if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
+}
+
+namespace {
+
+class HeapAllocator final : public ncnn::Allocator {
+ public:
+  void* fastMalloc(size_t size) override { return ncnn::fastMalloc(size); }
+  void fastFree(void* ptr) override { ncnn::fastFree(ptr); }
+};
+
+}  // namespace
+
+ncnn::Allocator* heap_allocator() {
+  static HeapAllocator allocator;
+  return &allocator;
+}
+
+void use_heap_allocator() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
 }
 
 int64_t peak_rss_bytes() {

@@ -59,6 +59,16 @@ class Timer {
 // Peak resident set size of this process so far, in bytes (getrusage).
 int64_t peak_rss_bytes();
 
+// Where a rank's blobs and workspace come from: malloc, set up once by use_heap_allocator().
+// ncnn's Net otherwise keeps them in its pool allocators, which hand any larger cached block to
+// a smaller request and never give a block back: a rank whose layers meet growing sizes keeps
+// one block of each. Through malloc (glibc coalesces freed chunks) with a fixed 32 MiB mmap
+// threshold (a block below it is reused, never unmapped and faulted in again each frame) and
+// no trimming, one thread measured here: DenseNet-121 116 -> 97 MB, VGG-19's first 17 layers
+// 183 -> 138 MB, both as fast or faster (bench/backend_bench.py keeps the comparison).
+ncnn::Allocator* heap_allocator();
+void use_heap_allocator();  // call once at start-up, before loading a net
+
 // The cores this process may run on (sched_getaffinity), ascending.
 std::vector<int> allowed_cpus();
 

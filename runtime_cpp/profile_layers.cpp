@@ -11,14 +11,17 @@
 //   layers one Extractor extracts the first output blob of every layer in file order and times
 //          each extract. File order is topological and every earlier blob is still held, so
 //          each extract runs exactly that one layer.
-// Two details keep "layers" honest: the Extractor gets its own pool allocators (with the net's
-// local pool, extract() deep-copies every blob it returns), and blobs are taken unpacked
-// (type 1) and dropped at once, so no extra conversion runs and no in-place consumer finds a
-// blob shared with us and clones it.
+// Two details keep "layers" honest: the nets allocate through malloc as the generated program's
+// do (autodice::heap_allocator; with the net's local pool, extract() would deep-copy every blob
+// it returns), and blobs are taken unpacked (type 1) and dropped at once, so no extra
+// conversion runs and no in-place consumer finds a blob shared with us and clones it.
 //
 // One untimed pass first records a fingerprint (element count, sum, sum of |x|, sum of x^2) of
 // every layer output; autodice matches them against onnxruntime's tensors to learn which ONNX
 // layers each ncnn layer computes (pnnx fuses Conv+BatchNorm+ReLU and renames everything).
+// Each layer's entry also holds the heap bytes its weights take as read ("loaded") and once
+// ncnn has repacked them ("resident"), and what its forward allocates only while it runs
+// ("workspace"), measured in one more load and run of the net (layer_bytes).
 // OUT.json holds the raw times of every run; autodice takes the medians. Progress goes to
 // stderr as "progress DONE TOTAL" lines.
 //
@@ -39,17 +42,23 @@
 // 4 MiB; autodice fits latency + bytes / bandwidth to the fastest (a busy machine only adds time).
 #include <mpi.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "allocator.h"
 #include "autodice_runtime.h"
+#include "datareader.h"
 #include "layer.h"
+#include "modelbin.h"
 #include "net.h"
 #if NCNN_VULKAN
 #include "command.h"
@@ -127,18 +136,145 @@ Args parse_args(int argc, char** argv) {
 }
 
 // The generated program's net options (templates/program.cpp.j2, load_net) for a CPU rank.
-void load(ncnn::Net& net, const Args& args, int threads) {
+void cpu_options(ncnn::Net& net, int threads) {
   net.opt.num_threads = threads;
+  net.opt.blob_allocator = autodice::heap_allocator();
+  net.opt.workspace_allocator = autodice::heap_allocator();
   net.opt.use_vulkan_compute = false;
   net.opt.lightmode = true;
   net.opt.use_fp16_packed = false;
   net.opt.use_fp16_storage = false;
   net.opt.use_fp16_arithmetic = false;
   net.opt.use_bf16_storage = false;
+}
+
+void load(ncnn::Net& net, const Args& args, int threads) {
+  cpu_options(net, threads);
   if (net.load_param(args.param.c_str()) != 0)
     autodice::abort_run("cannot load " + args.param + " (missing or corrupt)", 4);
   if (net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.bin + " (missing or corrupt)", 4);
+}
+
+// Bytes malloc has handed out and not taken back: exact, where resident memory would also count
+// pages freed but kept by the allocator. One thread allocates here, so the main arena and the
+// mmapped chunks are all of it.
+int64_t heap_in_use() {
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 33)
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks) + static_cast<int64_t>(m.hblkhd);
+#elif defined(__GLIBC__)
+  const struct mallinfo m = mallinfo();
+  return static_cast<int64_t>(static_cast<unsigned>(m.uordblks)) +
+         static_cast<int64_t>(static_cast<unsigned>(m.hblkhd));
+#else
+  return 0;
+#endif
+}
+
+struct LayerBytes {
+  int64_t loaded = 0;     // the weights as read from the file
+  int64_t resident = 0;   // what the layer keeps once ncnn has repacked them (light mode)
+  int64_t workspace = 0;  // what its forward allocates and frees again (im2col, Winograd tiles)
+};
+
+// Hands out what ncnn asks for and counts it: bytes held now, and the most held since reset().
+class CountingAllocator : public ncnn::Allocator {
+ public:
+  void* fastMalloc(size_t size) override {
+    void* p = ncnn::fastMalloc(size);
+    std::lock_guard<std::mutex> lock(mutex_);
+    sizes_[p] = size;
+    held_ += static_cast<int64_t>(size);
+    most_ = std::max(most_, held_);
+    return p;
+  }
+  void fastFree(void* p) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = sizes_.find(p);
+      if (it != sizes_.end()) {
+        held_ -= static_cast<int64_t>(it->second);
+        sizes_.erase(it);
+      }
+    }
+    ncnn::fastFree(p);
+  }
+  int64_t held() const { return held_; }
+  int64_t most() const { return most_; }
+  void reset() { most_ = held_; }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+  int64_t held_ = 0, most_ = 0;
+};
+
+// What every layer holds in memory, as the generated program loads and runs it: ncnn's own
+// Net::load_model loop (read the layer's weights, then create_pipeline with the layer's masked
+// options) with the heap measured around each step, then one run extracting every layer's
+// output in turn through counting allocators. A whole-model peak cannot tell which rank holds
+// what: a 3x3 convolution's Winograd weights take several times the bytes in the file, an
+// InnerProduct's the same bytes; the file's copy is dropped in light mode, but only after the
+// repacked copy exists, which is a rank's peak while it loads a large layer; and a convolution
+// over a large image may allocate several times its output while it runs.
+std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
+                                    const std::vector<ncnn::Mat>& inputs) {
+  ncnn::Net net;
+  cpu_options(net, threads);
+  if (net.load_param(args.param.c_str()) != 0)
+    autodice::abort_run("cannot load " + args.param + " (missing or corrupt)", 4);
+  FILE* fp = std::fopen(args.bin.c_str(), "rb");
+  if (!fp) autodice::abort_run("cannot open " + args.bin, 4);
+  std::vector<LayerBytes> bytes;
+  {
+    ncnn::DataReaderFromStdio reader(fp);
+    ncnn::ModelBinFromDataReader weights(reader);
+    for (ncnn::Layer* layer : net.mutable_layers()) {
+      const int mask = layer->featmask;
+      ncnn::Option opt = net.opt;  // ncnn's get_masked_option, for the CPU
+      opt.use_fp16_arithmetic = opt.use_fp16_arithmetic && !(mask & (1 << 0));
+      opt.use_fp16_packed = opt.use_fp16_packed && !(mask & (1 << 1));
+      opt.use_fp16_storage = opt.use_fp16_storage && !(mask & (1 << 1));
+      opt.use_bf16_storage = opt.use_bf16_storage && !(mask & (1 << 2));
+      opt.use_int8_packed = opt.use_int8_packed && !(mask & (1 << 3));
+      opt.use_int8_storage = opt.use_int8_storage && !(mask & (1 << 3));
+      opt.use_int8_arithmetic = opt.use_int8_arithmetic && !(mask & (1 << 3));
+      opt.use_sgemm_convolution = opt.use_sgemm_convolution && !(mask & (1 << 5));
+      opt.use_winograd_convolution = opt.use_winograd_convolution && !(mask & (1 << 6));
+      if (mask & (1 << 7)) opt.num_threads = 1;
+      const int64_t before = heap_in_use();
+      if (layer->load_model(weights) != 0)
+        autodice::abort_run("cannot load the weights of layer " + layer->name, 4);
+      const int64_t read = heap_in_use();
+      if (layer->create_pipeline(opt) != 0)
+        autodice::abort_run("cannot prepare layer " + layer->name, 4);
+      bytes.push_back({read - before, heap_in_use() - before, 0});
+    }
+  }
+  std::fclose(fp);
+  CountingAllocator blobs, workspace;
+  ncnn::Extractor ex = net.create_extractor();
+  ex.set_blob_allocator(&blobs);
+  ex.set_workspace_allocator(&workspace);
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (ex.input(("in" + std::to_string(k)).c_str(), inputs[k]) != 0)
+      autodice::abort_run("the net has no input blob in" + std::to_string(k), 4);
+  const std::vector<ncnn::Layer*>& layers = net.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i]->type == "Input" || layers[i]->tops.empty()) continue;
+    blobs.reset();
+    workspace.reset();
+    const int64_t start = blobs.held() + workspace.held();
+    ncnn::Mat m;
+    if (ex.extract(layers[i]->tops[0], m, 1) != 0)
+      autodice::abort_run("extracting the output of layer " + layers[i]->name + " failed", 5);
+    // Blobs and workspace peak at different moments; their sum bounds the layer's peak.
+    const int64_t most = blobs.most() + workspace.most();
+    bytes[i].workspace = std::max<int64_t>(most - std::max(start, blobs.held() +
+                                                                      workspace.held()), 0);
+  }
+  return bytes;
 }
 
 // A GPU rank's net: Vulkan device `index`, ncnn's default precision there (fp16 where the device
@@ -151,6 +287,8 @@ void load_gpu(ncnn::Net& net, const Args& args, int index) {
   net.opt.use_vulkan_compute = true;
   net.set_vulkan_device(index);
   net.opt.lightmode = true;
+  net.opt.blob_allocator = autodice::heap_allocator();
+  net.opt.workspace_allocator = autodice::heap_allocator();
   if (net.load_param(args.param.c_str()) != 0 || net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.param + " on Vulkan device " +
                         std::to_string(index), 4);
@@ -218,20 +356,8 @@ std::string gpu_transfer_rows(int index) {
   return json + "]";
 }
 
-// Allocators that live across runs, as the net's own local pools would.
-struct Pools {
-  ncnn::PoolAllocator blobs;
-  ncnn::PoolAllocator workspace;
-  Pools() {
-    blobs.set_size_compare_ratio(0.f);
-    workspace.set_size_compare_ratio(0.f);
-  }
-};
-
-ncnn::Extractor start(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs) {
+ncnn::Extractor start(const ncnn::Net& net, const std::vector<ncnn::Mat>& inputs) {
   ncnn::Extractor ex = net.create_extractor();
-  ex.set_blob_allocator(&pools.blobs);
-  ex.set_workspace_allocator(&pools.workspace);
   for (size_t k = 0; k < inputs.size(); ++k)
     if (ex.input(("in" + std::to_string(k)).c_str(), inputs[k]) != 0)
       autodice::abort_run("the net has no input blob in" + std::to_string(k), 4);
@@ -239,8 +365,8 @@ ncnn::Extractor start(const ncnn::Net& net, Pools& pools, const std::vector<ncnn
 }
 
 // Timed like the generated program's compute: from the first extract to the last.
-double run_whole(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs) {
-  ncnn::Extractor ex = start(net, pools, inputs);
+double run_whole(const ncnn::Net& net, const std::vector<ncnn::Mat>& inputs) {
+  ncnn::Extractor ex = start(net, inputs);
   autodice::Timer timer;
   for (int blob : net.output_indexes()) {
     ncnn::Mat m;
@@ -249,9 +375,9 @@ double run_whole(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat
   return timer.elapsed_ms();
 }
 
-void run_layers(const ncnn::Net& net, Pools& pools, const std::vector<ncnn::Mat>& inputs,
+void run_layers(const ncnn::Net& net, const std::vector<ncnn::Mat>& inputs,
                 const std::vector<int>& layers, std::vector<double>& ms) {
-  ncnn::Extractor ex = start(net, pools, inputs);
+  ncnn::Extractor ex = start(net, inputs);
   ms.assign(layers.size(), 0.0);
   for (size_t i = 0; i < layers.size(); ++i) {
     ncnn::Mat m;
@@ -369,17 +495,16 @@ int measure_corun(const Args& args, const std::vector<ncnn::Mat>& inputs) {
   const int64_t base_rss = autodice::peak_rss_bytes();
   ncnn::Net net;
   load(net, args, 1);
-  Pools pools;
   const double patience_s = 600;
   std::vector<double> alone, together;
   for (int r = -args.warmup; r < args.runs; ++r) {
     autodice::barrier(MPI_COMM_WORLD, patience_s, "corun: before running alone");
     if (rank == 0) {
-      const double ms = run_whole(net, pools, inputs);
+      const double ms = run_whole(net, inputs);
       if (r >= 0) alone.push_back(ms);
     }
     autodice::barrier(MPI_COMM_WORLD, patience_s, "corun: before running together");
-    const double ms = run_whole(net, pools, inputs);
+    const double ms = run_whole(net, inputs);
     if (r >= 0) together.push_back(ms);
     if (rank == 0)
       std::fprintf(stderr, "progress %d %d\n", r + args.warmup + 1, args.warmup + args.runs);
@@ -402,6 +527,7 @@ int measure_corun(const Args& args, const std::vector<ncnn::Mat>& inputs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  autodice::use_heap_allocator();
   if (argc == 3 && std::string(argv[1]) == "--link") return measure_link(argv[2]);
   const Args args = parse_args(argc, argv);
   std::vector<ncnn::Mat> inputs;
@@ -422,14 +548,18 @@ int main(int argc, char** argv) {
   // Fingerprints, and which layers to time.
   std::string json = "{\n \"layers\": [";
   std::vector<int> timed;
+  const std::vector<LayerBytes> bytes = layer_bytes(args, args.threads[0], inputs);
+  LayerBytes untimed;  // of layers not timed (Input): counted with the next timed one
   {
     ncnn::Net net;
     load(net, args, args.threads[0]);
-    Pools pools;
-    ncnn::Extractor ex = start(net, pools, inputs);
+    ncnn::Extractor ex = start(net, inputs);
     const std::vector<ncnn::Layer*>& layers = net.layers();
     for (size_t i = 0; i < layers.size(); ++i) {
       const ncnn::Layer* layer = layers[i];
+      untimed.loaded += bytes[i].loaded;
+      untimed.resident += bytes[i].resident;
+      untimed.workspace += bytes[i].workspace;
       if (layer->type == "Input" || layer->tops.empty()) continue;
       std::string tops;
       for (int blob : layer->tops) {
@@ -440,7 +570,10 @@ int main(int argc, char** argv) {
       }
       json += std::string(timed.empty() ? "\n  " : ",\n  ") + "{\"type\": " +
               json_string(layer->type) + ", \"name\": " + json_string(layer->name) +
-              ", \"tops\": [" + tops + "]}";
+              ", \"tops\": [" + tops + "], \"loaded\": " + std::to_string(untimed.loaded) +
+              ", \"resident\": " + std::to_string(untimed.resident) +
+              ", \"workspace\": " + std::to_string(untimed.workspace) + "}";
+      untimed = LayerBytes{};
       timed.push_back(static_cast<int>(i));
     }
     progress();
@@ -456,7 +589,6 @@ int main(int argc, char** argv) {
   if (args.gpu >= 0) keys.push_back("gpu");
   const size_t n_threads = keys.size();
   std::vector<std::unique_ptr<ncnn::Net>> nets(n_threads);
-  std::vector<Pools> pools(n_threads);
   for (size_t t = 0; t < n_threads; ++t) {
     nets[t] = std::make_unique<ncnn::Net>();
     if (keys[t] == "gpu")
@@ -473,8 +605,8 @@ int main(int argc, char** argv) {
   for (auto [first, last] : {std::pair<size_t, size_t>{0, n_cpu}, {n_cpu, n_threads}}) {
     for (int r = -args.warmup; r < args.runs && first < last; ++r) {
       for (size_t t = first; t < last; ++t) {
-        const double w = run_whole(*nets[t], pools[t], inputs);
-        run_layers(*nets[t], pools[t], inputs, timed, ms);
+        const double w = run_whole(*nets[t], inputs);
+        run_layers(*nets[t], inputs, timed, ms);
         if (r >= 0) {
           whole[t].push_back(w);
           per_run[t].push_back(ms);

@@ -26,14 +26,19 @@ from autodice.frontend.split import plan_mapping, split
 
 def fixture_profile(graph, gflops: float = 10.0, gpu_speedup: float = 5.0) -> Profile:
     """FIXTURE, not a measurement: each layer costs 2 us + FLOPs at ``gflops`` on one core, 55 %
-    of its time beyond the 2 us on two, and 1/``gpu_speedup`` of it plus 10 us on the GPU."""
+    of its time beyond the 2 us on two, and 1/``gpu_speedup`` of it plus 10 us on the GPU; it
+    loads its ONNX weights, keeps three times them if a Conv (Winograd), and needs a workspace
+    of one byte per 100 FLOPs."""
     layers = []
     for row in layer_table(graph):
         if row["follows"]:
             continue
         t1 = 0.002 + row["flops"] / (gflops * 1e6)
+        onnx_bytes = graph.weight_bytes(graph.index[row["name"]])
         layers.append(LayerCost(row["name"], row["op"], {1: t1, 2: 0.002 + (t1 - 0.002) * 0.55},
-                                t1 / gpu_speedup + 0.01))
+                                t1 / gpu_speedup + 0.01, onnx_bytes,
+                                onnx_bytes * (3 if row["op"] == "Conv" else 1),
+                                row["flops"] // 100))
     return Profile(str(graph.path), "fixture", {"fixture": True}, {}, (1, 2), tuple(layers),
                    {"shm": Link(5e9, 2e-6)}, Corun(2, 1.2), 30_000_000)
 
@@ -188,6 +193,32 @@ def test_every_rank_process_pays_the_runtime_bytes(chain):
         assert (r0.memory, r1.memory) == (30_000_000 + 8000 + 4000, 30_000_000 + 1_000_000
                                           + 5000 + 4000)
         assert c.devices[0].memory == r0.memory + r1.memory
+
+
+@pytest.mark.parametrize("b_bytes, rank0", [
+    # B loads 1 MB and keeps 3 MB (repacked): loading peaks at both copies of w, 4 MB, above
+    # the 3 MB kept + activations {x, a} 8000 B + B's 50 kB workspace
+    ((1_000_000, 3_000_000, 50_000), 4_000_000),
+    # B keeps 1 MB but needs 3 MB of workspace while it runs: running peaks
+    ((500_000, 1_000_000, 3_000_000), 1_000_000 + 8000 + 3_000_000)])
+def test_cpu_rank_memory_is_what_ncnn_holds(chain, b_bytes, rank0):
+    layers = list(CHAIN_PROFILE.layers)
+    layers[1] = replace(layers[1], loaded_bytes=b_bytes[0], resident_bytes=b_bytes[1],
+                        workspace_bytes=b_bytes[2])
+    for k in (0, 2):  # the Relus: no weights, 1 kB of workspace
+        layers[k] = replace(layers[k], loaded_bytes=0, resident_bytes=0, workspace_bytes=1000)
+    profile = replace(CHAIN_PROFILE, layers=tuple(layers), runtime_bytes=20_000_000)
+    platform = parse_platform_text(CHAIN_PLATFORM.format(extra=""))
+    graph = load_model(chain)
+    timing = Timing(platform, profile)
+    cm = CostModel(graph, timing)
+    mapping = {"d1_arm01": ["A", "B"], "d2_arm0": ["C"]}
+    for c in (cm.cost(cm.slots_of(mapping)),
+              plan_cost(plan_of(graph, platform, mapping), timing, graph)):
+        r0, r1 = c.ranks
+        # + send b 1000 B; rank 1: runtime + peak {b, y} + C's workspace + recv b
+        assert r0.memory == 20_000_000 + rank0 + 1000
+        assert r1.memory == 20_000_000 + 2000 + 1000 + 1000
 
 
 def test_unmeasured_thread_count_is_extrapolated(chain):

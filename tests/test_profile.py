@@ -21,7 +21,12 @@ from autodice.cli import main
 from autodice.core.model import load_model
 from autodice.core.spec import parse_platform_text
 from autodice.dse import profiler
-from autodice.dse.attribution import attribute_times, fingerprint_onnx, match_layers
+from autodice.dse.attribution import (
+    attribute_bytes,
+    attribute_times,
+    fingerprint_onnx,
+    match_layers,
+)
 from autodice.dse.profile import LayerCost, Link, Profile, fit_link, load_profile, save_profile
 from autodice.dse.profiler import profile_model, run_profile, write_inputs
 from autodice.dse.timing import Timing
@@ -80,6 +85,14 @@ def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_pat
     assert p.corun.cores == os.cpu_count() and 0.5 < p.corun.slowdown < 4, p.corun
     # A rank holds MPI, ncnn and the runtime before its model: megabytes, below a gigabyte.
     assert 1e6 < p.runtime_bytes < 1e9
+    # ncnn read every weight of the file (SqueezeNet's 5 MB, give or take alignment) and kept
+    # more of them than that (its 3x3 convolutions' Winograd weights); layers without weights
+    # hold none, and the convolutions over 100+-pixel images need workspace.
+    onnx_bytes = sum(graph.weight_bytes(i) for i in range(len(graph.nodes)))
+    assert 0.95 < sum(lc.loaded_bytes for lc in p.layers) / onnx_bytes < 1.1
+    assert sum(lc.resident_bytes for lc in p.layers) > 1.2 * onnx_bytes
+    assert all(lc.resident_bytes == 0 for lc in p.layers if lc.op in ("Relu", "MaxPool"))
+    assert max(lc.workspace_bytes for lc in p.layers) > 1e5
 
     save_profile(p, tmp_path / "profile.json")
     assert load_profile(tmp_path / "profile.json") == p
@@ -255,3 +268,13 @@ def test_fused_layers_share_the_time_by_flops(tmp_path, external):
     assert sum(ms.values()) == pytest.approx(3.0 + 1.1)  # the Split's time rides with the pool
     assert ms[3] == pytest.approx(1.1)
     assert ms[0] > 0.9 * 3.0 and 0 < ms[1] < 0.05 * 3.0 and 0 < ms[2] < 0.05 * 3.0
+
+    # Bytes follow the same groups: weights by ONNX weight bytes (the Conv's 432 B against the
+    # BatchNorm's 64 B), workspace by FLOPs; the Split's carry into the pooling's group.
+    for layer, (loaded, kept, work) in zip(ncnn_layers, [(500, 1500, 64), (0, 0, 8), (0, 0, 32)]):
+        layer.update(loaded=loaded, resident=kept, workspace=work)
+    got = attribute_bytes(graph, {"layers": ncnn_layers}, groups)
+    assert got["loaded"].sum() == pytest.approx(500)
+    assert got["resident"].sum() == pytest.approx(1500)
+    assert 0.85 * 1500 < got["resident"][0] < 1500 and got["resident"][3] == 0
+    assert got["workspace"][3] == pytest.approx(40) and got["workspace"][0] > 0.9 * 64

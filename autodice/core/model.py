@@ -87,6 +87,11 @@ class Graph:
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.lazy.tensors
 
+    def weight_bytes(self, node: int) -> int:
+        """Bytes of the weights (initializers) node position ``node`` reads."""
+        return sum(self.tensors[t].nbytes for t in set(self.nodes[node].input)
+                   if t and self.is_weight(t))
+
     def resolve(self, layer: str) -> tuple[int, ...]:
         """The node(s) a mapping's layer name may mean: its layer name (what ``autodice layers``
         prints) first; else a node's first output, or that output as the original AutoDiCE tool

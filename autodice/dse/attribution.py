@@ -118,25 +118,43 @@ def attribute_times(graph: Graph, raw: dict, groups: list[list[int]],
                     threads: tuple[int, ...]) -> dict[int, dict[int, float]]:
     """threads -> node position -> median ms: each run's group time split by FLOPs, then the
     median over runs (a group's own time is a sum of ncnn layers, unmatched ones carried in)."""
-    weights = {i: max(layer_flops(graph, i), 1) for g in groups for i in g}
+    flops = {i: max(layer_flops(graph, i), 1) for g in groups for i in g}
     out: dict[int, dict[int, float]] = {}
     for t in threads:
         runs = np.asarray(raw["runs"][str(t)]["layer_ms"], dtype=float)  # runs x ncnn layers
-        per_node = np.zeros((runs.shape[0], len(graph.nodes)))
-        carry = np.zeros(runs.shape[0])
-        for k, group in enumerate(groups):
-            carry += runs[:, k]
-            if not group:
-                continue
+        med = np.median(_spread(groups, runs, flops, len(graph.nodes)), axis=0)
+        out[t] = {i: float(med[i]) for i in range(len(graph.nodes))}
+    return out
+
+
+def attribute_bytes(graph: Graph, raw: dict, groups: list[list[int]]) -> dict[str, np.ndarray]:
+    """"loaded", "resident", "workspace" -> bytes per node position: each ncnn layer's figures
+    from ``profile_layers`` split among its group, weights by ONNX weight bytes (a fused
+    Conv+BatchNorm puts them on the Conv), workspace by FLOPs as its time."""
+    params = {i: graph.weight_bytes(i) + 1 for g in groups for i in g}
+    flops = {i: max(layer_flops(graph, i), 1) for g in groups for i in g}
+    return {k: _spread(groups, np.array([[float(x[k]) for x in raw["layers"]]]),
+                       flops if k == "workspace" else params, len(graph.nodes))[0]
+            for k in ("loaded", "resident", "workspace")}
+
+
+def _spread(groups: list[list[int]], values: np.ndarray, weights: dict[int, float],
+            n_nodes: int) -> np.ndarray:
+    """(runs, ncnn layers) -> (runs, nodes): each ncnn layer's value shared among its group's
+    nodes in proportion to ``weights``; a layer whose group is empty (Split, pnnx's reshapes)
+    carries its value into the next group, trailing ones into the last non-empty group."""
+    per_node = np.zeros((values.shape[0], n_nodes))
+    carry = np.zeros(values.shape[0])
+    last = next((g for g in reversed(groups) if g), [])
+    for k, group in enumerate(groups):
+        carry = carry + values[:, k]
+        if group:
             total = sum(weights[i] for i in group)
             for i in group:
                 per_node[:, i] += carry * (weights[i] / total)
-            carry = np.zeros(runs.shape[0])
-        if carry.any():  # unmatched ncnn layers at the end: the last group ran them
-            last = next(g for g in reversed(groups) if g)
-            total = sum(weights[i] for i in last)
-            for i in last:
-                per_node[:, i] += carry * (weights[i] / total)
-        med = np.median(per_node, axis=0)
-        out[t] = {i: float(med[i]) for i in range(len(graph.nodes))}
-    return out
+            carry = np.zeros(values.shape[0])
+    if carry.any():
+        total = sum(weights[i] for i in last)
+        for i in last:
+            per_node[:, i] += carry * (weights[i] / total)
+    return per_node

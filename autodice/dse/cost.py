@@ -38,14 +38,24 @@ on frame i while rank k+1 works on frame i-1:
   rank's layers in order), from its first layer to its last; without round trips the span is its
   compute.
 * **throughput** = 1 / period, period = the largest stage, span or NIC time.
-* **memory** of rank r = parameters + peak live activations + receive and send buffers, exactly
-  the plan's static memory table (``Rank.memory``), plus what the profile measured a rank
-  process to hold beyond that table (``runtime_bytes``: MPI, ncnn's code, repacked weights and
-  workspace, the runtime; tens of MB, more than a small model's weights, paid once per rank).
-  A GPU rank holds its weights twice: ncnn loads them on the host and uploads a copy, so on a
-  shared-memory board (no ``gpu_mem``; the paper measured this on Jetsons) both copies are RAM;
-  with dedicated ``gpu_mem`` the GPU holds weights and activations and RAM the host copy and
-  buffers. Device memory = the sum over its
+* **memory** of a CPU rank r = its weights as ncnn holds them + the larger of (peak live
+  activations + the largest workspace of its layers) and (what loading adds) + receive and send
+  buffers + ``runtime_bytes``.
+  Weights are the profile's ``resident_bytes`` of r's layers: what each keeps once ncnn has
+  repacked it -- a 3x3 convolution's Winograd weights are several times its ONNX bytes, an
+  InnerProduct's the same, so a share of the ONNX parameters would misplace them. Loading
+  reads a layer's weights (``loaded_bytes``), repacks them, then drops the file's copy: while it
+  loads layer i a rank holds the layers before it, both copies of i
+  (:func:`weights_peak`), before any activation exists (:func:`held_bytes`). On VGG-19 the
+  rank that loads the 411 MB FC6 peaks there. Activations and buffers are the plan's static
+  memory table (``Rank.memory``); a layer's workspace (``workspace_bytes``: im2col and Winograd
+  tiles, padded copies -- 62 MB for VGG-19's second convolution, more than its activations)
+  exists only while it runs, so only the largest counts. ``runtime_bytes`` is what the profile
+  measured a rank process to hold beyond all that (MPI, ncnn's code, the runtime, what malloc
+  keeps; tens of MB, paid once per rank). A GPU rank counts its ONNX parameters twice: ncnn
+  loads them on the host and uploads a copy, so on a shared-memory board (no ``gpu_mem``; the
+  paper measured this on Jetsons) both copies are RAM; with dedicated ``gpu_mem`` the GPU holds
+  weights and activations and RAM the host copy and buffers. Device memory = the sum over its
   ranks; the constraint is RAM <= ``mem`` and GPU part <= ``gpu_mem``.
 * **energy** per frame of device d = ``power_idle * period`` (the board is on all the time) +
   ``power_cpu * threads * c_r`` per CPU rank + ``power_gpu * c_r`` per GPU rank +
@@ -97,7 +107,7 @@ class RankCost:
     compute_s: float
     comm_s: float
     span_s: float  # first to last layer of one frame, waiting for round trips (>= compute_s)
-    memory: int  # bytes: runtime + params + peak activations + buffers (+ GPU weight copy)
+    memory: int  # bytes: runtime + weights + peak activations (or loading) + buffers
 
 
 @dataclass(frozen=True)
@@ -203,8 +213,20 @@ def contention(timing: Timing, cols: RankColumns, compute: np.ndarray,
     return np.where(cpu, g(cols.threads + others) / g(cols.threads), 1.0)
 
 
-def combine(timing: Timing, cols: RankColumns, compute, comm, span, nic, params, peak, recv,
-            send, used) -> Scores:
+def weights_peak(resident: np.ndarray, loaded: np.ndarray) -> float:
+    """Most heap a rank's weights take while it loads its layers in order: layer i's weights
+    as read and as repacked at once, every earlier layer repacked."""
+    return float((np.cumsum(resident) + loaded).max()) if len(resident) else 0.0
+
+
+def held_bytes(runtime, resident, load_peak, activations, buffers):
+    """A CPU rank's peak memory: loading comes before the first frame, so its peak and the
+    activations' never add up (scalars or arrays alike)."""
+    return runtime + buffers + np.maximum(resident + activations, load_peak)
+
+
+def combine(timing: Timing, cols: RankColumns, compute, comm, span, nic, params, resident,
+            load_peak, workspace, peak, recv, send, used) -> Scores:
     """Per-rank figures -> throughput, device memory and energy.
 
     Both paths end here, so the fast path and :func:`plan_cost` cannot disagree on what the
@@ -229,8 +251,9 @@ def combine(timing: Timing, cols: RankColumns, compute, comm, span, nic, params,
     split_gpu = cols.gpu & dedicated
     weights_twice = np.where(cols.gpu, params, 0.0)
     runtime = np.array([timing.runtime_bytes[d.name] for d in devices])[cols.dev]
-    ram_r = runtime + np.where(split_gpu, params + recv + send,
-                               params + peak + recv + send + weights_twice)
+    ram_r = np.where(cols.gpu, runtime + np.where(split_gpu, params + recv + send,
+                                                  params + peak + recv + send + weights_twice),
+                     held_bytes(runtime, resident, load_peak, peak + workspace, recv + send))
     gmem_r = np.where(split_gpu, params + peak, 0.0)
     ram_r, gmem_r = ram_r * used, gmem_r * used
     ram_d, gmem_d = ram_r @ onehot, gmem_r @ onehot
@@ -324,17 +347,25 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
     at = {n: k for k, n in enumerate(names)}
     lg = np.zeros((1, len(names)), dtype=np.int64)
     d = np.zeros((1, len(names)))
-    compute = np.zeros((1, R))
+    compute, resident, load_peak, workspace = (np.zeros((1, R)) for _ in range(4))
     share = np.array([[1.0 / len(r.turns()) for r in plan.ranks]])
     for r in plan.ranks:
         origins = [plan.derived.get(n, (n, 1.0)) for n in r.layers]
         timed = [k for k, (_, f) in enumerate(origins) if f > 0]  # Slices, Concats: transfers
         full = np.zeros(len(origins))
+        loaded, kept, work = (np.zeros(len(origins)) for _ in range(3))
         if timed:
-            full[timed] = timing.seconds(r.host, [origins[k][0] for k in timed],
-                                         None if r.device == "gpu" else r.threads) * np.array(
-                [origins[k][1] for k in timed])
+            part = np.array([origins[k][1] for k in timed])
+            names = [origins[k][0] for k in timed]
+            full[timed] = timing.seconds(r.host, names,
+                                         None if r.device == "gpu" else r.threads) * part
+            # a part of a split layer holds its share; its weights in `graph` are that share
+            onnx = np.array([graph.weight_bytes(graph.index[r.layers[k]]) for k in timed])
+            whole = timing.memory_bytes(r.host, names, onnx / part)
+            loaded[timed], kept[timed], work[timed] = (x * part for x in whole)
         compute[0, r.rank] = full.sum() * share[0, r.rank]
+        resident[0, r.rank], load_peak[0, r.rank] = kept.sum(), weights_peak(kept, loaded)
+        workspace[0, r.rank] = work.max(initial=0.0)
         if r.turns()[0] == r.rank:  # the layer graph knows a stage once
             idx = [at[n] for n in r.layers]
             lg[0, idx] = r.rank
@@ -369,8 +400,9 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
             span[0, r.rank] = span[0, r.turns()[0]] * share[0, r.rank]
     mem = [r.memory for r in plan.ranks]
     arr = lambda f: np.array([[float(getattr(m, f)) for m in mem]])
-    s = combine(timing, cols, compute, comm, span, nic, arr("params"), arr("peak_activations"),
-                 arr("recv_bytes"), arr("send_bytes"), np.ones((1, R), dtype=bool))
+    s = combine(timing, cols, compute, comm, span, nic, arr("params"), resident, load_peak,
+                workspace, arr("peak_activations"), arr("recv_bytes"), arr("send_bytes"),
+                np.ones((1, R), dtype=bool))
     return report(timing, s, 0, list(range(R)), [r.key for r in plan.ranks],
                  [len(r.layers) for r in plan.ranks], cols)
 

@@ -23,6 +23,7 @@ from .scoring import (
     holders,
     last_uses,
     live_peaks,
+    ncnn_memory,
     population,
     round_trip_spans,
     transfers,
@@ -54,6 +55,7 @@ class CostModel:
         reach = self._follower_ranks()
         self._tensors_and_uses(layer_nodes, reach)
         self._weights(reach)
+        self._ncnn_memory(layer_nodes)
         self.edge_src, self.edge_dst, self.edge_bytes = layer_edges(graph)
 
     # -- what depends only on (model, platform, profile), once
@@ -190,6 +192,17 @@ class CostModel:
         self.shared_user = np.array(shared_user, dtype=np.int64)  # layer position
         self.shared_bytes = np.array(shared_bytes)
 
+    def _ncnn_memory(self, layer_nodes: list[int]) -> None:
+        """Each layer's bytes in ncnn on each slot's host, N x S: its weights as read
+        (``loaded``) and repacked (``resident``), its ``workspace``; what a CPU rank's memory is
+        made of. GPU ranks count ONNX parameters (:func:`~autodice.dse.cost.combine`); their
+        columns are never read."""
+        onnx = [self.graph.weight_bytes(i) for i in layer_nodes]
+        per_host = {h: self.timing.memory_bytes(h, self.names, onnx)
+                    for h in {s.host for s in self.slots}}
+        self.loaded, self.resident, self.workspace = (
+            np.column_stack([per_host[s.host][k] for s in self.slots]) for k in range(3))
+
     # -- scoring
 
     def evaluate(self, slots: np.ndarray) -> Scores:
@@ -201,13 +214,16 @@ class CostModel:
         """
         pop = population(self, slots)
         compute, params = compute_and_params(self, pop)
+        resident, load_peak, workspace = ncnn_memory(self, pop)
         uses = last_uses(self, pop)
         holder = holders(self, pop, uses)
         cut = transfers(self, pop, uses, holder)
         peak = live_peaks(self, pop, uses, holder, cut)
         span = round_trip_spans(self, pop, compute, cut)
         scores = combine(self.timing, self.cols, pop.to_slots(compute), pop.to_slots(cut.comm),
-                         pop.to_slots(span), cut.nic, pop.to_slots(params), pop.to_slots(peak),
+                         pop.to_slots(span), cut.nic, pop.to_slots(params),
+                         pop.to_slots(resident), pop.to_slots(load_peak),
+                         pop.to_slots(workspace), pop.to_slots(peak),
                          pop.to_slots(cut.recv), pop.to_slots(cut.send), pop.used)
         return Scores(**{**scores.__dict__, "bad_cuts": cut.bad_cuts})
 

@@ -12,11 +12,12 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
       "machine": {"arch": "x86_64", "cpu": "AMD EPYC ...", "cores": 2},
       "threads": [1, 2],                      # thread counts measured on the CPU
       "layers": [                             # every mappable layer, in execution order
-        {"name": "conv1", "op": "Conv", "cpu_ms": {"1": 3.21, "2": 1.70}, "gpu_ms": null},
+        {"name": "conv1", "op": "Conv", "cpu_ms": {"1": 3.21, "2": 1.70}, "gpu_ms": null,
+         "loaded_bytes": 37632, "resident_bytes": 147456, "workspace_bytes": 3211264},
         ...
       ],
       "corun": {"cores": 2, "slowdown": 1.12},  # see below; null when not measured
-      "runtime_bytes": 36700160,              # a rank's resident bytes beyond the plan's
+      "runtime_bytes": 36700160,              # a rank's resident bytes beyond its layers
       "links": {                              # bytes/s and seconds per message
         "shm": {"bandwidth": 5.1e9, "latency": 2e-6},
         "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
@@ -35,9 +36,16 @@ joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth
 fields. ``corun`` is how much longer the whole model
 takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
 and memory bandwidth): the cost model's contention between ranks on one board.
-``runtime_bytes`` is what a rank process holds beyond the plan's memory table (MPI, ncnn's code,
-its repacked weights and workspace, the runtime): the peak resident memory of a one-thread rank
-that ran the whole model, minus the whole model's table.
+``loaded_bytes`` and ``resident_bytes`` are the heap bytes a layer's weights take in ncnn as read
+from the file and once ncnn has repacked them (light mode drops the file's copy): a 3x3
+convolution's Winograd weights take several times its ONNX bytes, an InnerProduct's the same.
+``workspace_bytes`` is what the layer's forward allocates beyond its output and frees again
+(im2col and Winograd tiles, padded copies). Absent (profiles of older autodice, hand-written
+ones): the layer's ONNX weight bytes resident, nothing more.
+``runtime_bytes`` is what a rank process holds beyond its layers' weights and the plan's
+activations and buffers (MPI, ncnn's code and workspace, the runtime): the peak resident memory
+of a one-thread rank that ran the whole model, minus what the cost model counts for that rank
+(see :mod:`autodice.dse.cost`).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import numpy as np
 from ..core.errors import AutodiceError, Problems, parse_nested, read_text
 
 PROFILE_VERSION = 1
+MEMORY_FIELDS = ("loaded_bytes", "resident_bytes", "workspace_bytes")  # of a layer, optional
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class LayerCost:
     op: str
     cpu_ms: dict[int, float]  # threads -> median ms
     gpu_ms: float | None = None
+    loaded_bytes: int | None = None  # the weights in ncnn as read; None: not measured
+    resident_bytes: int | None = None  # ... and once repacked
+    workspace_bytes: int | None = None  # what its forward holds only while it runs
 
 
 @dataclass(frozen=True)
@@ -174,7 +186,11 @@ def profile_to_json(p: Profile) -> dict:
         "threads": list(p.threads),
         "layers": [{"name": lc.name, "op": lc.op,
                     "cpu_ms": {str(t): ms for t, ms in sorted(lc.cpu_ms.items())},
-                    "gpu_ms": lc.gpu_ms} for lc in p.layers],
+                    "gpu_ms": lc.gpu_ms,
+                    **({} if lc.resident_bytes is None else
+                       {"loaded_bytes": lc.loaded_bytes, "resident_bytes": lc.resident_bytes,
+                        "workspace_bytes": lc.workspace_bytes})}
+                   for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
         "corun": None if p.corun is None else {"cores": p.corun.cores,
@@ -207,7 +223,9 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
             machine=d["machine"], threads=tuple(int(t) for t in d["threads"]),
             layers=tuple(LayerCost(x["name"], x["op"],
                                    {int(t): float(ms) for t, ms in x["cpu_ms"].items()},
-                                   None if x.get("gpu_ms") is None else float(x["gpu_ms"]))
+                                   None if x.get("gpu_ms") is None else float(x["gpu_ms"]),
+                                   *(None if x.get(k) is None else int(x[k])
+                                     for k in MEMORY_FIELDS))
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
                    for k, v in d.get("links", {}).items()},
@@ -247,6 +265,11 @@ def check_profile(p: Profile, where: str) -> list[str]:
                 problems.add(f'{where}: layer "{lc.name}": cpu_ms "{t}": {t} threads is not one '
                              f"of the profile's threads {list(p.threads)}",
                              f"{where}: and {{n}} more layers timed at other thread counts")
+        got = [getattr(lc, k) for k in MEMORY_FIELDS]
+        if len({b is None for b in got}) > 1 or any(b is not None and b < 0 for b in got):
+            problems.add(f'{where}: layer "{lc.name}": ' + ", ".join(
+                f"{k} {b}" for k, b in zip(MEMORY_FIELDS, got)) + ": all or none, 0 or more",
+                f"{where}: and {{n}} more layers with impossible bytes")
         if lc.gpu_ms is not None and not time(lc.gpu_ms):
             problems.add(f'{where}: layer "{lc.name}": gpu_ms is {lc.gpu_ms}; times are numbers '
                          "of 0 or more", f"{where}: and {{n}} more layers with impossible times")

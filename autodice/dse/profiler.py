@@ -17,7 +17,8 @@ platform's ``bandwidth`` and ``latency`` fields (a message crosses both hosts' l
 rate, the latencies added), or are measured on the cluster by ``autodice.links`` (``--inventory``).
 Contention: ``profile_layers --corun`` (one rank per core) times the whole model on one thread
 alone and with every core running it (``Profile.corun``), and the peak resident memory of such a
-rank less the model's memory table gives ``Profile.runtime_bytes``.
+rank less what the cost model counts for it gives ``Profile.runtime_bytes``. Each layer's weight
+bytes in ncnn (as read and once repacked) come from ``profile_layers`` too, by the same groups.
 GPU latency is not measured (this profiler uses ncnn's CPU build): ``gpu_ms`` stays null.
 """
 
@@ -43,7 +44,8 @@ from ..core.plan import Memory, Rank, TensorSpec
 from ..core.spec import Platform, parse_platform
 from ..frontend.extract import submodel_proto
 from ..frontend.partition import static_memory
-from .attribution import attribute_times, fingerprint_onnx, match_layers
+from .attribution import attribute_bytes, attribute_times, fingerprint_onnx, match_layers
+from .cost import held_bytes, weights_peak
 from .probe import measure_corun, measure_shm, run_profiler
 from .profile import (
     GpuCopies,
@@ -56,7 +58,8 @@ from .profile import (
     six_digits,
 )
 
-CACHE_VERSION = 4  # 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings
+# 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings; 5: layer bytes
+CACHE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -297,14 +300,16 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
             tools / "profile_layers", param, feeds, warmup, runs, work,
             lambda d, n: progress.update(timing, completed=d, total=n))
         progress.update(step, advance=1)
-    # What the rank held beyond the plan's memory table for the whole model: MPI, ncnn's code,
-    # its repacked weights and workspace, the runtime. Counted whole for every rank, it
-    # overstates a rank with part of the weights a little: the safe side of a capacity check.
-    table = static_memory(graph, list(range(len(graph.nodes))), tuple(graph.inputs),
-                          set(graph.outputs), [], [])
-    runtime_bytes = max(peak_rss - table.params - table.peak_activations, 0)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
+    weights = attribute_bytes(graph, raw, groups)
+    # What the rank held beyond what the cost model counts for a rank with the whole model (its
+    # layers' weights, activations): MPI, ncnn's code and workspace, the runtime.
+    table = static_memory(graph, list(range(len(graph.nodes))), tuple(graph.inputs),
+                          set(graph.outputs), [], [])
+    resident, loaded = weights["resident"][mappable], weights["loaded"][mappable]
+    runtime_bytes = max(peak_rss - int(held_bytes(0, resident.sum(), weights_peak(
+        resident, loaded), table.peak_activations + weights["workspace"].max(), 0)), 0)
     copies = gpu_copies(raw) if "gpu" in raw["runs"] else None
     gpu_ms = (attribute_times(graph, without_downloads(raw, copies.download), groups, ("gpu",))
               ["gpu"] if copies else None)
@@ -313,7 +318,9 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         machine=machine_info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
                                {t: six_digits(cpu_ms[t][i]) for t in threads},
-                               six_digits(gpu_ms[i]) if gpu_ms else None)
+                               six_digits(gpu_ms[i]) if gpu_ms else None,
+                               *(round(weights[k][i]) for k in ("loaded", "resident",
+                                                                  "workspace")))
                      for i in mappable), gpu=copies)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}

@@ -39,6 +39,9 @@ class Population:
     used_slot: np.ndarray  # (nnz,)
     slot_of_rank: np.ndarray  # (P, K)
     flat: np.ndarray  # (P * N,) candidate * K + rank of each layer: one index per (cand, rank)
+    steps: np.ndarray  # (P * N,) flat (candidate, layer) indices laid out rank by rank, in order
+    counts: np.ndarray  # (P * K,) layers of each (candidate, rank)
+    offset: np.ndarray  # (P * K,) where each (candidate, rank) starts in ``steps``
     rows: np.ndarray  # (P, 1) candidate numbers, to index alongside (P, N) arrays
     layers: np.ndarray  # (N,) layer positions
     P: int
@@ -102,8 +105,29 @@ def population(cm: CostModel, slots: np.ndarray) -> Population:
     used_cand, used_slot = np.nonzero(used)
     slot_of_rank = np.zeros((P, K), dtype=np.int64)
     slot_of_rank[used_cand, rank_of_slot[used_cand, used_slot]] = used_slot
-    return Population(slot, rank, used, rank_of_slot, used_cand, used_slot, slot_of_rank,
-                      (rows * K + rank).ravel(), rows, np.arange(N), P, N, K)
+    flat = (rows * K + rank).ravel()
+    # a stable sort by rank keeps each rank's layers in order
+    steps = np.argsort(flat.astype(np.int16 if P * K < 2**15 else np.int64), kind="stable")
+    counts = np.bincount(flat, minlength=P * K)
+    return Population(slot, rank, used, rank_of_slot, used_cand, used_slot, slot_of_rank, flat,
+                      steps, counts, np.cumsum(counts) - counts, rows, np.arange(N), P, N, K)
+
+
+def ncnn_memory(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(P * K,) each rank's weights as ncnn holds them, the most its weights take while it
+    loads (:func:`~autodice.dse.cost.weights_peak`: one cumulative sum over the ranks' steps),
+    and the largest workspace of its layers."""
+    at = (pop.layers, pop.slot)
+    kept = cm.resident[at].ravel()[pop.steps]
+    total = np.cumsum(kept)
+    full = pop.counts > 0
+    start = pop.offset[full]
+    before = np.repeat(total[start] - kept[start], pop.counts[full])  # the earlier ranks'
+    loading = total - before + cm.loaded[at].ravel()[pop.steps]
+    peak, workspace = np.zeros(pop.P * pop.K), np.zeros(pop.P * pop.K)
+    peak[full] = np.maximum.reduceat(loading, start)
+    workspace[full] = np.maximum.reduceat(cm.workspace[at].ravel()[pop.steps], start)
+    return pop.per_rank(cm.resident[at]).ravel(), peak, workspace
 
 
 def compute_and_params(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.ndarray]:
@@ -190,16 +214,14 @@ def live_peaks(cm: CostModel, pop: Population, uses: LastUses, holder: np.ndarra
                cut: Transfers) -> np.ndarray:
     """(P * K,) peak live activation bytes per rank, as the plan's memory walk finds them.
 
-    Lay every candidate's steps out rank by rank (a stable sort by rank keeps each rank's
-    layers in order); a tensor held by a rank is live over a run of that rank's steps, so one
-    cumulative sum over P x N gives every rank's live bytes at every step.
+    Every candidate's steps are laid out rank by rank (``pop.steps``); a tensor held by a rank
+    is live over a run of that rank's steps, so one cumulative sum over P x N gives every rank's
+    live bytes at every step.
     """
     P, N, K = pop.P, pop.N, pop.K
-    counts = np.bincount(pop.flat, minlength=P * K)
-    offset = np.cumsum(counts) - counts  # each rank's first step
-    order = np.argsort(pop.flat.astype(np.int16 if P * K < 2**15 else np.int64), kind="stable")
+    counts, offset = pop.counts, pop.offset  # each rank's steps, its first one
     step = np.empty(P * N, dtype=np.int64)  # (candidate, layer) -> its step
-    step[order] = np.arange(P * N)
+    step[pop.steps] = np.arange(P * N)
     last_step = offset + counts - 1
 
     def step_or_last(cand, rank, position):

@@ -3,7 +3,8 @@
 :class:`Timing` turns a platform and its profiles into the figures the cost model
 (:mod:`autodice.dse.cost`) needs: a layer's seconds on any thread count (measured, or extrapolated
 with an Amdahl fit per op type for counts the profile did not measure), the bandwidth and latency
-of every host pair, the corun slowdown, the runtime bytes of a rank process, and each board's power.
+of every host pair, the corun slowdown, each layer's weight bytes in ncnn and the runtime bytes of
+a rank process, and each board's power.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..core.errors import AutodiceError, Problems
 from ..core.spec import Platform, parse_platform
-from .profile import Profile, load_profile
+from .profile import MEMORY_FIELDS, Profile, load_profile
 
 # A host pair the platform gives no figures for and no measurement covers: switched gigabit
 # Ethernet, as the paper's Jetson boards use (bytes/s, one-way seconds). Said in the front's notes.
@@ -239,6 +240,20 @@ class Timing:
                 ms = lc.cpu_ms[m] * (float(fit.time(t1, threads)) / base if base > 0 else 1.0)
             out[k] = ms / 1e3
         return out
+
+    def memory_bytes(self, host: str, names, onnx_bytes) -> tuple[np.ndarray, ...]:
+        """(loaded, resident, workspace) heap bytes of each layer in ncnn on ``host``
+        (:mod:`autodice.dse.profile`). Where the profile did not measure them (an older
+        autodice's: its ``runtime_bytes`` holds the repacking and workspace), the layer's ONNX
+        weight bytes ``onnx_bytes`` stay as they are: resident, and nothing more."""
+        layers = self._layers[id(self.profiles[host])]
+        got = [layers[n] for n in names]
+        onnx = np.asarray(onnx_bytes, dtype=float).reshape(len(got))
+        measured = np.array([lc.resident_bytes is not None for lc in got], dtype=bool)
+        loaded, resident, workspace = (np.array([getattr(lc, k) or 0 for lc in got], dtype=float)
+                                       for k in MEMORY_FIELDS)
+        return (np.where(measured, loaded, 0.0), np.where(measured, resident, onnx),
+                np.where(measured, workspace, 0.0))
 
     def transfer(self, a: str, b: str, nbytes) -> np.ndarray:
         bw, lat = self.links[a, b]

@@ -1,10 +1,12 @@
 // The baseline for the generated program's overhead: the same ncnn model, options and input,
 // run frame after frame by a plain loop with no MPI, no plan and no packing.
 //
-//   ncnn_alone MODEL.ncnn.param MODEL.ncnn.bin INPUT.npy 1x3x224x224 THREADS FRAMES
+//   ncnn_alone MODEL.ncnn.param MODEL.ncnn.bin INPUT.npy 1x3x224x224 THREADS FRAMES [pools]
 //
-// Prints {"frames": N, "seconds": S, "fps": F, "load_s": L}; the clock starts after loading,
-// as the generated program's does.
+// Prints {"frames": N, "seconds": S, "fps": F, "load_s": L, "peak_rss": B}; the clock starts
+// after loading, as the generated program's does. Blobs come from malloc as the program's do
+// (autodice::heap_allocator); with "pools", from ncnn's own pool allocators and glibc's default
+// settings, as a plain ncnn program has them.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -29,12 +31,19 @@ autodice::Shape parse_shape(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s PARAM BIN INPUT.npy SHAPE THREADS FRAMES\n", argv[0]);
+  const bool pools = argc == 8 && std::string(argv[7]) == "pools";
+  if (argc != 7 && !pools) {
+    std::fprintf(stderr, "usage: %s PARAM BIN INPUT.npy SHAPE THREADS FRAMES [pools]\n",
+                 argv[0]);
     return 2;
   }
   const autodice::Timer loading;
   ncnn::Net net;
+  if (!pools) {
+    autodice::use_heap_allocator();
+    net.opt.blob_allocator = autodice::heap_allocator();
+    net.opt.workspace_allocator = autodice::heap_allocator();
+  }
   net.opt.num_threads = std::atoi(argv[5]);
   net.opt.lightmode = true;
   // The generated program's fp32 options, so both run the same kernels.
@@ -63,7 +72,8 @@ int main(int argc, char** argv) {
     }
   }
   const double seconds = clock.elapsed_ms() / 1e3;
-  std::printf("{\"frames\": %d, \"seconds\": %.6f, \"fps\": %.4f, \"load_s\": %.6f}\n", frames,
-              seconds, frames / seconds, load_s);
+  std::printf("{\"frames\": %d, \"seconds\": %.6f, \"fps\": %.4f, \"load_s\": %.6f, "
+              "\"peak_rss\": %lld}\n", frames, seconds, frames / seconds, load_s,
+              static_cast<long long>(autodice::peak_rss_bytes()));
   return 0;
 }
