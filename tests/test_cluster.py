@@ -121,6 +121,28 @@ def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2, emu):
     assert [r["frames"] for r in res.run.stats["ranks"]] == [5, 5, 3, 2]
 
 
+def test_mappings_in_turn_each_run_their_own_program(fig2, emu):
+    """Two splits over the same hosts with the keys in opposite orders, deployed in turn (as
+    `dse --measure` does): the first host builds for both, so each deploy swaps who built the
+    binary the hosts hold; each run must still get its own program, not the other's."""
+    orders = {"a": {"edge01_arm1": ["Conv1", "MaxPool1", "Relu1"], "edge02_arm1": ["Add1", "FC1"]},
+              "b": {"edge02_arm1": ["Conv1", "MaxPool1"], "edge01_arm1": ["Relu1", "Add1", "FC1"]}}
+    x = np.random.default_rng(5).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.save(fig2 / "x.npy", x)
+    want = ort.InferenceSession(str(fig2 / "model.onnx")).run(None, {"input": x})[0]
+    write_inventory(emu, fig2, ["edge01", "edge02"])
+    for name, mapping in orders.items():
+        (fig2 / f"{name}.json").write_text(mapping_json(mapping))
+        split(fig2 / "model.onnx", fig2 / f"{name}.json", fig2 / "platform.txt", fig2 / name)
+        gen(fig2 / name)
+    for name in ("a", "b", "a"):
+        res = deploy(fig2 / name, fig2 / "inventory.toml", run=True,
+                     inputs={"input": fig2 / "x.npy"})
+        np.testing.assert_allclose(res.run.outputs["output"], want, rtol=1e-5, atol=1e-6)
+        first = next(iter(orders[name])).partition("_")[0]
+        assert res.hosts[first].compiled and res.hosts[first].built_by == first
+
+
 def test_a_redeploy_touches_only_what_changed_on_the_hosts(fig2_three_hosts, emu):
     d = fig2_three_hosts
     deploy(d / "out", d / "inventory.toml")

@@ -20,10 +20,10 @@ from ..core.errors import AutodiceError
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
 # Configure (unless done with these flags) and build; $3 names the sources and flags, and is
-# written only once the build succeeded; $4 is the executable. The log stays on the host (its
-# tail comes back). A build folder configured with other flags (another MPI or ncnn) starts
-# afresh; one reused that then fails to build (left half-written by an interrupted build) is
-# built once more from nothing before the failure counts.
+# written with the binary's checksum only once the build succeeded; $4 is the executable. The
+# log stays on the host (its tail comes back). A build folder configured with other flags
+# (another MPI or ncnn) starts afresh; one reused that then fails to build (left half-written by
+# an interrupted build) is built once more from nothing before the failure counts.
 _BUILD = r"""
 cd "$1" || exit 1
 jobs=$2; stamp=$3; exe=$4; shift 4
@@ -40,8 +40,9 @@ if [ -f build/CMakeCache.txt ] && [ "$(cat build/autodice-flags 2>/dev/null)" = 
 else
   configure "$@" && cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
 fi
-printf '%s' "$stamp" > build/autodice-built
-echo "program=$(cksum < "build/$exe")"
+p=$(cksum < "build/$exe")
+printf '%s %s' "$stamp" "$p" > build/autodice-built
+echo "program=$p"
 """
 # Build the pinned ncnn from its source package once: $1 remote dir, $2 tarball, $3 cache key,
 # $4 jobs, then cmake flags. The install appears by rename, so a half build is never used.
@@ -111,7 +112,9 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
         if not h.target.ncnn_dir:
             progress(name, "build ncnn")
             _step("build ncnn", lambda b: _build_ncnn(ssh, b, ncnn[name]), h)
-        if h.facts.get("built") != stamps[name] or not h.program:
+        # The stamp names the binary it built: a host that received another builder's binary
+        # since (another key order made another host the group's builder) builds again.
+        if h.facts.get("built") != f"{stamps[name]} {h.program}" or not h.program:
             progress(name, "build")
             _step("build", lambda b: _build(ssh, b, plans[name], stamps[name], build), h)
         if any(m.program != h.program for m in groups[name]):
