@@ -85,6 +85,25 @@ def split(d: dict) -> Iterator[Goal]:
             yield Goal("P1", f"{r['model']}: {g['goal']}", g["shown"], g["ok"], g["why"])
 
 
+def costmodel(d: dict) -> Iterator[Goal]:
+    """P6: the cost model's predictions at the Pareto points `dse --measure` ran."""
+    where = f"{d['hosts']} emulated hosts x {d['cores_per_host']} core"
+    for m in d["models"]:
+        for what, key, limit in (("frames/s", "fps_error", 0.15),
+                                 ("peak memory", "memory_error", 0.10)):
+            errors = [p[key] for p in m["points"]]
+            worst = max(m["points"], key=lambda p: abs(p[key]))
+            yield Goal("P6", f"{m['model']}: predicted {what} within {limit:.0%} at every "
+                       f"measured point ({where})",
+                       f"{min(errors):+.0%}..{max(errors):+.0%}",
+                       max(abs(e) for e in errors) <= limit,
+                       f"{worst['point']}: predicted {worst['predicted_fps']:.2f} frames/s, "
+                       f"{worst['predicted_memory_bytes'] / 1e6:.0f} MB; measured "
+                       f"{worst['measured_fps']:.2f} (rounds {min(worst['runs_fps']):.2f}-"
+                       f"{max(worst['runs_fps']):.2f}), "
+                       f"{worst['measured_memory_bytes'] / 1e6:.0f} MB")
+
+
 def dse(d: dict) -> Iterator[Goal]:
     yield Goal("DSE", f"{d['evaluations']} NSGA-II evaluations on DenseNet-121 <= "
                f"{d['goal_s']:g} s", f"{d['search_s']:.1f} s", d["search_s"] <= d["goal_s"])
@@ -93,7 +112,8 @@ def dse(d: dict) -> Iterator[Goal]:
 
 
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
-    "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse}
+    "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
+    "costmodel": costmodel}
 
 
 def main() -> int:
