@@ -4,7 +4,8 @@
                                     [--rounds 3] [--frames 40]
 
 Per model, as a user runs it: the zoo model, an emulated cluster (`autodice cluster up`),
-`autodice profile --inventory` (layers on the real engine, the links measured), then
+`autodice profile --inventory --no-cache` (layers on the real engine, measured in this run; the
+links measured), then
 `autodice dse --measure N`, which searches throughput x memory, deploys N Pareto points to the
 cluster and runs each `--rounds` times. The table is its measure.json: predicted and measured
 frames/s (median round) and peak memory (the most loaded host: the sum of its ranks' peak RSS),
@@ -42,7 +43,7 @@ def bench_model(name: str, work: Path, measure: int, rounds: int, frames: int) -
     autodice("zoo", name, "-o", f"{name}.onnx", cwd=work)
     started = time.monotonic()
     autodice("profile", f"{name}.onnx", "-p", "platform.txt", "-i", "inventory.toml",
-             "-o", "profile.json", "--threads", "1", "--no-gpu", cwd=work)
+             "-o", "profile.json", "--threads", "1", "--no-gpu", "--no-cache", cwd=work)
     profiled = time.monotonic()
     autodice("dse", f"{name}.onnx", "-p", "platform.txt", "--profile", "profile.json", "-o",
              "front", "--objectives", "throughput,memory", "--measure", str(measure),

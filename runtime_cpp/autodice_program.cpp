@@ -116,7 +116,10 @@ void start_clock(Stats& st, const Timer& loading, int threads) {
 
 void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   net.opt.num_threads = r.threads;
-  net.opt.lightmode = r.steps.size() <= 1;  // a rank with several steps revisits earlier blobs
+  // Light mode frees each blob once its last consumer ran, also across a rank's steps: a blob a
+  // later step needs still has that consumer to come (ncnn gives every consumer its own Split
+  // output). Without it a ping-pong rank held every blob of the frame: DenseNet-121 277 MB.
+  net.opt.lightmode = true;
   net.opt.blob_allocator = heap_allocator();
   net.opt.workspace_allocator = heap_allocator();
   if (!r.fp16) {  // fp32 end to end, so outputs match onnxruntime
