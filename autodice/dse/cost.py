@@ -356,12 +356,12 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
         loaded, kept, work = (np.zeros(len(origins)) for _ in range(3))
         if timed:
             part = np.array([origins[k][1] for k in timed])
-            names = [origins[k][0] for k in timed]
-            full[timed] = timing.seconds(r.host, names,
+            profiled = [origins[k][0] for k in timed]
+            full[timed] = timing.seconds(r.host, profiled,
                                          None if r.device == "gpu" else r.threads) * part
             # a part of a split layer holds its share; its weights in `graph` are that share
             onnx = np.array([graph.weight_bytes(graph.index[r.layers[k]]) for k in timed])
-            whole = timing.memory_bytes(r.host, names, onnx / part)
+            whole = timing.memory_bytes(r.host, profiled, onnx / part)
             loaded[timed], kept[timed], work[timed] = (x * part for x in whole)
         compute[0, r.rank] = full.sum() * share[0, r.rank]
         resident[0, r.rank], load_peak[0, r.rank] = kept.sum(), weights_peak(kept, loaded)

@@ -43,7 +43,7 @@ convolution's Winograd weights take several times its ONNX bytes, an InnerProduc
 (im2col and Winograd tiles, padded copies). Absent (profiles of older autodice, hand-written
 ones): the layer's ONNX weight bytes resident, nothing more.
 ``runtime_bytes`` is what a rank process holds beyond its layers' weights and the plan's
-activations and buffers (MPI, ncnn's code and workspace, the runtime): the peak resident memory
+activations and buffers (MPI, ncnn's code, the runtime, what malloc keeps): the peak resident memory
 of a one-thread rank that ran the whole model, minus what the cost model counts for that rank
 (see :mod:`autodice.dse.cost`).
 """

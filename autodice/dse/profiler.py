@@ -17,8 +17,9 @@ platform's ``bandwidth`` and ``latency`` fields (a message crosses both hosts' l
 rate, the latencies added), or are measured on the cluster by ``autodice.links`` (``--inventory``).
 Contention: ``profile_layers --corun`` (one rank per core) times the whole model on one thread
 alone and with every core running it (``Profile.corun``), and the peak resident memory of such a
-rank less what the cost model counts for it gives ``Profile.runtime_bytes``. Each layer's weight
-bytes in ncnn (as read and once repacked) come from ``profile_layers`` too, by the same groups.
+rank less what the cost model counts for it gives ``Profile.runtime_bytes``. Each layer's bytes
+in ncnn (its weights as read and once repacked, its workspace) come from ``profile_layers`` too,
+shared out by the same groups as the times.
 GPU latency is not measured (this profiler uses ncnn's CPU build): ``gpu_ms`` stays null.
 """
 
@@ -302,14 +303,14 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         progress.update(step, advance=1)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
-    weights = attribute_bytes(graph, raw, groups)
+    held = attribute_bytes(graph, raw, groups)
     # What the rank held beyond what the cost model counts for a rank with the whole model (its
-    # layers' weights, activations): MPI, ncnn's code and workspace, the runtime.
+    # layers' weights and workspace, activations): MPI, ncnn's code, the runtime.
     table = static_memory(graph, list(range(len(graph.nodes))), tuple(graph.inputs),
                           set(graph.outputs), [], [])
-    resident, loaded = weights["resident"][mappable], weights["loaded"][mappable]
+    resident, loaded = held["resident"][mappable], held["loaded"][mappable]
     runtime_bytes = max(peak_rss - int(held_bytes(0, resident.sum(), weights_peak(
-        resident, loaded), table.peak_activations + weights["workspace"].max(), 0)), 0)
+        resident, loaded), table.peak_activations + held["workspace"].max(), 0)), 0)
     copies = gpu_copies(raw) if "gpu" in raw["runs"] else None
     gpu_ms = (attribute_times(graph, without_downloads(raw, copies.download), groups, ("gpu",))
               ["gpu"] if copies else None)
@@ -319,8 +320,8 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
                                {t: six_digits(cpu_ms[t][i]) for t in threads},
                                six_digits(gpu_ms[i]) if gpu_ms else None,
-                               *(round(weights[k][i]) for k in ("loaded", "resident",
-                                                                  "workspace")))
+                               *(round(held[k][i]) for k in ("loaded", "resident",
+                                                               "workspace")))
                      for i in mappable), gpu=copies)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}

@@ -3,8 +3,8 @@
 :class:`Timing` turns a platform and its profiles into the figures the cost model
 (:mod:`autodice.dse.cost`) needs: a layer's seconds on any thread count (measured, or extrapolated
 with an Amdahl fit per op type for counts the profile did not measure), the bandwidth and latency
-of every host pair, the corun slowdown, each layer's weight bytes in ncnn and the runtime bytes of
-a rank process, and each board's power.
+of every host pair, the corun slowdown, each layer's bytes in ncnn (weights, workspace) and the
+runtime bytes of a rank process, and each board's power.
 """
 
 from __future__ import annotations
