@@ -56,7 +56,9 @@ class Timer {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Peak resident set size of this process so far, in bytes (getrusage).
+// Peak resident set size of this process image so far, in bytes: VmHWM of /proc/self/status.
+// getrusage's ru_maxrss would also count the process it was exec'd from (a 425 MB Python
+// benchmark showed through every ncnn_alone it started); it is the fallback without /proc.
 int64_t peak_rss_bytes();
 
 // Where a rank's blobs and workspace come from: malloc, set up once by use_heap_allocator().
