@@ -120,8 +120,7 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   // later step needs still has that consumer to come (ncnn gives every consumer its own Split
   // output). Without it a ping-pong rank held every blob of the frame: DenseNet-121 277 MB.
   net.opt.lightmode = true;
-  net.opt.blob_allocator = heap_allocator();
-  net.opt.workspace_allocator = heap_allocator();
+  allocate_from_heap(net.opt);
   if (!r.fp16) {  // fp32 end to end, so outputs match onnxruntime
     net.opt.use_fp16_packed = false;
     net.opt.use_fp16_storage = false;

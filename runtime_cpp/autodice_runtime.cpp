@@ -125,9 +125,10 @@ class HeapAllocator final : public ncnn::Allocator {
 
 }  // namespace
 
-ncnn::Allocator* heap_allocator() {
+void allocate_from_heap(ncnn::Option& opt) {
   static HeapAllocator allocator;
-  return &allocator;
+  opt.blob_allocator = &allocator;
+  opt.workspace_allocator = &allocator;
 }
 
 void use_heap_allocator() {

@@ -66,10 +66,10 @@ int64_t peak_rss_bytes();
 // a smaller request and never give a block back: a rank whose layers meet growing sizes keeps
 // one block of each. Through malloc (glibc coalesces freed chunks) with a fixed 32 MiB mmap
 // threshold (a block below it is reused, never unmapped and faulted in again each frame) and
-// no trimming, one thread measured here: DenseNet-121 116 -> 97 MB, VGG-19's first 17 layers
-// 183 -> 138 MB, both as fast or faster (bench/backend_bench.py keeps the comparison).
-ncnn::Allocator* heap_allocator();
+// no trimming; bench/backend_bench.py compares the two (one thread, the whole model: peak RSS
+// DenseNet-121 108 -> 89 MB, ResNet-50 242 -> 237 MB; frames/s 0.90-1.11x over two runs).
 void use_heap_allocator();  // call once at start-up, before loading a net
+void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
 
 // The cores this process may run on (sched_getaffinity), ascending.
 std::vector<int> allowed_cpus();

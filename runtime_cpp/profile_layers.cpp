@@ -12,7 +12,7 @@
 //          each extract. File order is topological and every earlier blob is still held, so
 //          each extract runs exactly that one layer.
 // Two details keep "layers" honest: the nets allocate through malloc as the generated program's
-// do (autodice::heap_allocator; with the net's local pool, extract() would deep-copy every blob
+// do (autodice::allocate_from_heap; with the net's local pool, extract() would deep-copy every blob
 // it returns), and blobs are taken unpacked (type 1) and dropped at once, so no extra
 // conversion runs and no in-place consumer finds a blob shared with us and clones it.
 //
@@ -138,8 +138,7 @@ Args parse_args(int argc, char** argv) {
 // The generated program's net options (templates/program.cpp.j2, load_net) for a CPU rank.
 void cpu_options(ncnn::Net& net, int threads) {
   net.opt.num_threads = threads;
-  net.opt.blob_allocator = autodice::heap_allocator();
-  net.opt.workspace_allocator = autodice::heap_allocator();
+  autodice::allocate_from_heap(net.opt);
   net.opt.use_vulkan_compute = false;
   net.opt.lightmode = true;
   net.opt.use_fp16_packed = false;
@@ -287,8 +286,7 @@ void load_gpu(ncnn::Net& net, const Args& args, int index) {
   net.opt.use_vulkan_compute = true;
   net.set_vulkan_device(index);
   net.opt.lightmode = true;
-  net.opt.blob_allocator = autodice::heap_allocator();
-  net.opt.workspace_allocator = autodice::heap_allocator();
+  autodice::allocate_from_heap(net.opt);
   if (net.load_param(args.param.c_str()) != 0 || net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.param + " on Vulkan device " +
                         std::to_string(index), 4);

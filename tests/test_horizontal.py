@@ -260,8 +260,8 @@ def test_random_mappings_mixing_all_three_kinds(tmp_path_factory, data):
 def test_resnet50_stem_and_first_bottleneck_by_rows_like_onnxruntime(tmp_path):
     """The zoo's ResNet-50 is opset 9, where Slice and Pad take their bounds as attributes: the
     bands' Slices must be spelled so (onnx's shape inference refused the opset-10 form). Its
-    stem pool's bands pad unevenly, which pnnx converts wrongly unless a Pad does it; gen
-    checks every conversion in ncnn against onnxruntime."""
+    stem pool's bands pad unevenly, which pnnx converts wrongly unless a Concat of constant rows
+    does it; gen checks every conversion in ncnn against onnxruntime."""
     from autodice.core.model import load_model
     from autodice.frontend.layers import layer_table
     from autodice.frontend.zoo import cached

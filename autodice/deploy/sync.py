@@ -92,9 +92,9 @@ def sync_folder(ssh: Ssh, h: Host, local: Path, root: str, folder: str,
 def rsync_path(root: str, folder: str, make: tuple[str, ...], digest: str) -> str:
     """The remote end of rsync for ``root/folder``: rsync starts it through the remote shell,
     which appends the server's arguments (``$@`` here), so the folders are made first, and the
-    folder is
-    stamped once the transfer succeeded (nothing on stdout: that is rsync's channel). The exit
-    status is rsync's: a host whose find cannot fingerprint gets no stamp, and syncs each time.
+    folder is stamped once the transfer succeeded (nothing on stdout: that is rsync's channel).
+    The exit status is rsync's: a host whose find cannot fingerprint gets no stamp, and syncs
+    each time.
     """
     q = shlex.quote
     made = " ".join(q(f"{root}/{d}") for d in dict.fromkeys((*make, folder)))

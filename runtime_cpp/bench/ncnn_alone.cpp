@@ -5,7 +5,7 @@
 //
 // Prints {"frames": N, "seconds": S, "fps": F, "load_s": L, "peak_rss": B}; the clock starts
 // after loading, as the generated program's does. Blobs come from malloc as the program's do
-// (autodice::heap_allocator); with "pools", from ncnn's own pool allocators and glibc's default
+// (autodice::allocate_from_heap); with "pools", from ncnn's own pool allocators and glibc's default
 // settings, as a plain ncnn program has them.
 #include <cstdio>
 #include <cstdlib>
@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
   ncnn::Net net;
   if (!pools) {
     autodice::use_heap_allocator();
-    net.opt.blob_allocator = autodice::heap_allocator();
-    net.opt.workspace_allocator = autodice::heap_allocator();
+    autodice::allocate_from_heap(net.opt);
   }
   net.opt.num_threads = std::atoi(argv[5]);
   net.opt.lightmode = true;
