@@ -23,7 +23,7 @@ from autodice.dse.search import Settings, explore
 from autodice.dse.timing import Timing
 from autodice.frontend.check import check
 from autodice.frontend.split import split
-from autodice.frontend.validate import check_plan
+from autodice.core.plan import check_plan
 
 PLATFORM = """\
 edge01, arm, slots=0-3, mem=4GB, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit, latency=0.2ms

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..core.errors import AutodiceError
 from ..core.model import Graph, build_graph, load_model
 from ..core.outdir import staged
-from ..core.plan import Plan
+from ..core.plan import Plan, check_plan
 from ..core.spec import Mapping, Platform, parse_mapping, parse_platform
 from .extract import write_submodels
 from .horizontal import Split, split_layers
@@ -24,7 +24,6 @@ from .partition import build_plan, find_edges
 from .place import assign_ranks, bind_slots, check_resources
 from .replicas import add_replicas, without_replicas
 from .tables import write_tables
-from .validate import check_plan
 
 
 def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str | Path,
