@@ -25,19 +25,18 @@ really copies.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.errors import AutodiceError, Problems
 from ..core.spec import _RATE_UNITS, _number, parse_cores
 from . import sshd
+from .cluster_state import Cluster, Host, HostStatus, load_state, save_state, state_dir
 from .inventory import inventory_toml
 
 NETNS_PREFIX = "adc-"
@@ -46,47 +45,6 @@ VETH_PREFIX = "adcv"
 DEFAULT_SUBNET = "10.77.0.0/24"
 SSH_PACKAGES = ("openssh-server", "rsync")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    netns: str
-    veth: str  # the root namespace's end; the namespace's end is called eth0
-    address: str
-    cores: str  # taskset CPU list, "" for all
-    remote_dir: str
-
-
-@dataclass(frozen=True)
-class Cluster:
-    state_dir: str
-    subnet: str
-    gateway: str  # the bridge's address: this machine as seen from the hosts
-    bandwidth: str  # tc rate, e.g. "1000000000bit"; "" when unshaped
-    hosts: tuple[Host, ...]
-
-    @property
-    def identity(self) -> Path:
-        return Path(self.state_dir) / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return Path(self.state_dir) / "known_hosts"
-
-
-@dataclass(frozen=True)
-class HostStatus:
-    name: str
-    address: str
-    cores: str
-    netns: bool
-    sshd_pid: int | None  # None when not running
-
-
-def state_dir() -> Path:
-    """``$AUTODICE_CLUSTER_DIR`` or ``/run/autodice-cluster`` (gone after a reboot, like netns)."""
-    return Path(os.environ.get("AUTODICE_CLUSTER_DIR") or "/run/autodice-cluster")
 
 
 # --- up ---------------------------------------------------------------------------------------
@@ -183,7 +141,7 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
     try:
         if have is None:
             _conflicts(want)
-            _save_state(want)  # first: `down` must know what to remove if anything below fails
+            save_state(want)  # first: `down` must know what to remove if anything below fails
             _create_network(want)
             sshd.create_keys(want)
         for host in want.hosts:
@@ -303,23 +261,6 @@ def _netns_exists(name: str) -> bool:
 
 
 # --- down / status ----------------------------------------------------------------------------
-
-
-def load_state() -> Cluster | None:
-    path = state_dir() / "cluster.json"
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        return Cluster(**{**data, "hosts": tuple(Host(**h) for h in data["hosts"])})
-    except (ValueError, TypeError, KeyError):
-        return None
-
-
-def _save_state(c: Cluster) -> None:
-    root = Path(c.state_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "cluster.json").write_text(json.dumps(asdict(c), indent=1, sort_keys=True) + "\n")
 
 
 def netns_pids(netns: str) -> list[int]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import AutodiceError, Problems, did_you_mean, parse_nested, read_text
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from .cluster_state import Cluster
 
 try:
     import tomllib

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import AutodiceError
 
 if TYPE_CHECKING:
-    from .cluster import Cluster, Host
+    from .cluster_state import Cluster, Host
 
 
 def _keygen(*args: str) -> None:
