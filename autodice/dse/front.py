@@ -23,7 +23,7 @@ from .cost import Cost
 from .profile import six_digits
 
 if TYPE_CHECKING:
-    from .search import Settings
+    from .settings import Settings
 
 
 @dataclass(frozen=True)

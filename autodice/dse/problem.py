@@ -34,7 +34,7 @@ except ImportError:
     raise AutodiceError("dse needs pymoo 0.6: pip install 'autodice[dse]'") from None
 
 if TYPE_CHECKING:
-    from .search import Settings
+    from .settings import Settings
 
 
 def objectives(s, settings: Settings | None = None) -> tuple[np.ndarray, np.ndarray]:

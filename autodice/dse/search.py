@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,67 +32,10 @@ from ..frontend.split import plan_mapping
 from .cost import plan_cost
 from .cost_model import CostModel
 from .front import Front, Point, write_front
-from .genes import ENCODINGS, Genes
+from .genes import Genes
 from .profile import load_profile, six_digits
+from .settings import OBJECTIVES, Settings
 from .timing import Timing, make_timing
-
-OBJECTIVES = ("throughput", "energy", "memory")
-# Far past the paper's 100 x 400, and short of a population that fills the memory or a search
-# that outlives its user: a typo, not a setting.
-MAX_POP, MAX_GENS = 100_000, 1_000_000
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Search settings; the defaults are the paper's.
-
-    ``objectives`` chooses what the front trades off (the paper's three by default);
-    ``max_memory`` (bytes on every device, beside each device's own ``mem``) and
-    ``min_throughput`` (frames/s) are constraints a point must meet to be on the front.
-    """
-
-    pop: int = 100
-    gens: int = 400
-    seed: int = 0
-    crossover: float = 0.5  # probability that a pair of parents is crossed (two-point)
-    mutation: float = 0.1  # probability that an offspring is mutated
-    encoding: str = "layer"
-    segments: int | None = None  # K for the segment encoding (default: number of resources, <=16)
-    objectives: tuple[str, ...] = OBJECTIVES
-    max_memory: float | None = None
-    min_throughput: float | None = None
-    parallel: tuple[str, ...] = ()  # also propose stage copies ("data") and split layers
-
-    def check(self) -> None:
-        """Raises AutodiceError naming every bad setting at once, before any work starts."""
-        bad = []
-        if self.pop < 4:
-            bad.append(f"--pop {self.pop}: needs at least 4")
-        elif self.pop > MAX_POP:
-            bad.append(f"--pop {self.pop}: at most {MAX_POP}")
-        if self.gens < 1:
-            bad.append(f"--gens {self.gens}: needs at least 1")
-        elif self.gens > MAX_GENS:
-            bad.append(f"--gens {self.gens}: at most {MAX_GENS}")
-        if self.encoding not in ENCODINGS:
-            bad.append(f'--encoding "{self.encoding}": one of {", ".join(ENCODINGS)}')
-        for name, p in (("crossover", self.crossover), ("mutation", self.mutation)):
-            if not 0 <= p <= 1:
-                bad.append(f"--{name} {p}: a probability, 0..1")
-        if self.segments is not None and self.segments < 1:
-            bad.append(f"--segments {self.segments}: needs at least 1")
-        unknown = [o for o in self.objectives if o not in OBJECTIVES]
-        if unknown or not self.objectives or len(set(self.objectives)) < len(self.objectives):
-            bad.append(f"objectives {list(self.objectives)}: some of {', '.join(OBJECTIVES)}, "
-                       "each once")
-        if set(self.parallel) - {"data", "horizontal"}:
-            bad.append(f"--parallel {','.join(self.parallel)}: some of data, horizontal")
-        for name, v in (("max_memory", self.max_memory), ("min_throughput", self.min_throughput)):
-            if v is not None and not v > 0:
-                bad.append(f"{name} {v}: must be positive")
-        if bad:
-            raise AutodiceError(*bad)
-
 
 def only_hosts(platform: Platform, hosts) -> Platform:
     """The platform with only ``hosts`` (all of them when None), for a search that may use those
