@@ -7,19 +7,58 @@ vectorised over the population: a handful of ``bincount``/``minimum.at`` calls o
 (candidate, rank) indices, no Python loop over candidates. The steps read the arrays a
 :class:`~autodice.dse.cost_model.CostModel` precomputed once per (model, platform, profile) and
 pass the population's shared arrays along in :class:`Population`.
+
+The steps name what they read as :class:`Tables`, a protocol the cost model meets, so this module
+needs nothing from :mod:`autodice.dse.cost_model` (which imports it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .spans import frame_spans, has_round_trip
 
 if TYPE_CHECKING:
-    from .cost_model import CostModel
+    from .cost import RankColumns
+
+
+class Tables(Protocol):
+    """What the steps read of a :class:`~autodice.dse.cost_model.CostModel`: arrays it computed
+    once per (model, platform, profile). Layers are positions in its topological order, tensors
+    indices into its tensor table, slots indices into its candidate slots."""
+
+    n_slots: int
+    n_hosts: int
+    n_tensors: int
+    cols: RankColumns  # per slot: device index, threads, GPU or not
+    time: np.ndarray  # (layers, slots) seconds
+    sec_per_byte: np.ndarray  # (slots, slots)
+    latency: np.ndarray  # (slots, slots) seconds
+    inter_host: np.ndarray  # (slots, slots) bool: on different devices
+    edge_src: np.ndarray  # layer edges (spans.layer_edges): from
+    edge_dst: np.ndarray  # ... to
+    edge_bytes: np.ndarray  # ... bytes
+    producer: np.ndarray  # per tensor: producing layer, -1 for a model input
+    produced: np.ndarray  # per tensor: bool
+    produced_tensors: np.ndarray  # indices of produced tensors
+    input_tensors: np.ndarray  # indices of model inputs
+    is_output: np.ndarray  # per tensor: bool
+    is_static: np.ndarray  # per tensor: bool, its type says static
+    nbytes: np.ndarray  # per tensor: bytes
+    use_tensor: np.ndarray  # per use (a tensor read by a layer): the tensor
+    use_pos: np.ndarray  # ... the reading layer's position
+    later_use: np.ndarray  # (use, later use of the same tensor) pairs
+    follower_reads: np.ndarray  # (use, position) pairs: a follower on that layer's rank reads it
+    layer_params: np.ndarray  # per layer: bytes of the weights only it reads
+    shared_weight: np.ndarray  # per (shared weight, user) pair: the weight's index
+    shared_user: np.ndarray  # ... the user's layer position
+    shared_bytes: np.ndarray  # per shared weight: bytes
+    loaded: np.ndarray  # (layers, slots) ncnn bytes: weights as read
+    resident: np.ndarray  # ... weights repacked
+    workspace: np.ndarray  # ... workspace
 
 
 @dataclass(frozen=True)
@@ -88,7 +127,7 @@ class Transfers:
     bad_cuts: np.ndarray  # (P,) cut tensors without a static shape
 
 
-def population(cm: CostModel, slots: np.ndarray) -> Population:
+def population(cm: Tables, slots: np.ndarray) -> Population:
     """Each candidate's own ranks 0..K-1, in slot order: the report reorders them by first
     layer (:meth:`~autodice.dse.cost_model.CostModel.order`); scoring needs only that each used
     slot is one rank."""
@@ -113,7 +152,7 @@ def population(cm: CostModel, slots: np.ndarray) -> Population:
                       steps, counts, np.cumsum(counts) - counts, rows, np.arange(N), P, N, K)
 
 
-def ncnn_memory(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ncnn_memory(cm: Tables, pop: Population) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(P * K,) each rank's weights as ncnn holds them, the most its weights take while it
     loads (:func:`~autodice.dse.cost.weights_peak`: one cumulative sum over the ranks' steps),
     and the largest workspace of its layers."""
@@ -130,7 +169,7 @@ def ncnn_memory(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.ndarray,
     return pop.per_rank(cm.resident[at]).ravel(), peak, workspace
 
 
-def compute_and_params(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.ndarray]:
+def compute_and_params(cm: Tables, pop: Population) -> tuple[np.ndarray, np.ndarray]:
     """(P, K) compute seconds and parameter bytes per rank. A weight shared by layers on one
     rank is held once: mark which ranks hold each shared weight, then sum each once."""
     P, K = pop.P, pop.K
@@ -145,7 +184,7 @@ def compute_and_params(cm: CostModel, pop: Population) -> tuple[np.ndarray, np.n
     return compute, params
 
 
-def last_uses(cm: CostModel, pop: Population) -> LastUses:
+def last_uses(cm: Tables, pop: Population) -> LastUses:
     """Entries (candidate, use) where the use is the last one of its tensor on its rank: a
     rank frees a tensor there, and a rank that uses a tensor it does not hold receives it."""
     P, N, U = pop.P, pop.N, len(cm.use_tensor)
@@ -165,7 +204,7 @@ def last_uses(cm: CostModel, pop: Population) -> LastUses:
     return LastUses(cand, cm.use_tensor[use], use_rank[cand, use], end)
 
 
-def holders(cm: CostModel, pop: Population, uses: LastUses) -> np.ndarray:
+def holders(cm: Tables, pop: Population, uses: LastUses) -> np.ndarray:
     """(P, T) the rank that holds each tensor first: its producer's, or for a model input
     the consumer rank that comes first in rank order (ranks are ordered by first layer), as
     the plan makes that rank read the input and send it on."""
@@ -184,7 +223,7 @@ def holders(cm: CostModel, pop: Population, uses: LastUses) -> np.ndarray:
     return holder
 
 
-def transfers(cm: CostModel, pop: Population, uses: LastUses, holder: np.ndarray) -> Transfers:
+def transfers(cm: Tables, pop: Population, uses: LastUses, holder: np.ndarray) -> Transfers:
     """A last use on a rank other than the tensor's holder is a message from the holder. It
     occupies both ends for its transfer time; between hosts, also the sender's NIC egress
     and the receiver's ingress. A cut tensor without a static shape breaks a constraint."""
@@ -210,7 +249,7 @@ def transfers(cm: CostModel, pop: Population, uses: LastUses, holder: np.ndarray
     return Transfers(is_recv, cand, tensor, src, dst, comm, recv, send, nic, bad_cuts)
 
 
-def live_peaks(cm: CostModel, pop: Population, uses: LastUses, holder: np.ndarray,
+def live_peaks(cm: Tables, pop: Population, uses: LastUses, holder: np.ndarray,
                cut: Transfers) -> np.ndarray:
     """(P * K,) peak live activation bytes per rank, as the plan's memory walk finds them.
 
@@ -257,7 +296,7 @@ def live_peaks(cm: CostModel, pop: Population, uses: LastUses, holder: np.ndarra
     return peak
 
 
-def round_trip_spans(cm: CostModel, pop: Population, compute: np.ndarray,
+def round_trip_spans(cm: Tables, pop: Population, compute: np.ndarray,
                      cut: Transfers) -> np.ndarray:
     """(P, K) first-to-last-layer time of one frame per rank. Only candidates whose rank
     graph has a cycle can wait for a round trip, and only they pay for the longest paths;
