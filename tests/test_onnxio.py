@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autodice.core import onnxio
+from autodice.core import onnxio, onnxwrite
 from autodice.core.model import load_model, name_layers, parse_input_shapes
 from autodice.frontend.check import check
 from autodice.frontend.split import split
@@ -23,7 +23,7 @@ def test_round_trip_keeps_every_weight(tmp_path, zoo_model):
     src = zoo_model("squeezenet")
     lazy = onnxio.read_model(src)
     assert lazy.proto.graph.initializer == [] and len(lazy.tensors) > 20
-    onnxio.write_model(tmp_path / "copy.onnx", lazy.proto, list(lazy.tensors.values()))
+    onnxwrite.write_model(tmp_path / "copy.onnx", lazy.proto, list(lazy.tensors.values()))
     a, b = onnx.load(src), onnx.load(tmp_path / "copy.onnx")
     onnx.checker.check_model(b)
     assert {i.name: numpy_helper.to_array(i).tobytes() for i in a.graph.initializer} == \
@@ -38,14 +38,14 @@ def test_large_weights_keep_their_page_offset_and_go_as_one_range(tmp_path, zoo_
     src = zoo_model("squeezenet")
     lazy = onnxio.read_model(src)
     ranges = []
-    copy = onnxio.Sources.copy
-    monkeypatch.setattr(onnxio.Sources, "copy",
+    copy = onnxwrite.Sources.copy
+    monkeypatch.setattr(onnxwrite.Sources, "copy",
                         lambda self, *args: ranges.append(args[1:]) or copy(self, *args))
     # every other weight, in reverse: runs of one tensor each, at shifted offsets
     chosen = list(lazy.tensors.values())[::-2]
-    onnxio.write_model(tmp_path / "some.onnx", lazy.proto, chosen)
-    onnxio.write_model(tmp_path / "all.onnx", lazy.proto, list(lazy.tensors.values()))
-    big = [t for t in chosen if t.length >= onnxio.COPY_MIN]
+    onnxwrite.write_model(tmp_path / "some.onnx", lazy.proto, chosen)
+    onnxwrite.write_model(tmp_path / "all.onnx", lazy.proto, list(lazy.tensors.values()))
+    big = [t for t in chosen if t.length >= onnxwrite.COPY_MIN]
     assert len(ranges) == len(big) + 1 and big  # ... and the whole model's weights in one
     written = onnxio.read_model(tmp_path / "some.onnx").tensors
     for t in big:
@@ -72,7 +72,7 @@ def test_a_weights_own_doc_string_outlasts_the_padding(tmp_path):
     lazy = onnxio.read_model(tmp_path / "m.onnx")
     for pad in range(0, 4096, 511):  # the header before the weight: every padding size
         lazy.proto.doc_string = "x" * pad
-        onnxio.write_model(tmp_path / "w.onnx", lazy.proto, list(lazy.tensors.values()))
+        onnxwrite.write_model(tmp_path / "w.onnx", lazy.proto, list(lazy.tensors.values()))
         (t,) = onnx.load(tmp_path / "w.onnx").graph.initializer
         assert t.doc_string == "kept" and numpy_helper.to_array(t).tobytes() == w.raw_data
         ref = onnxio.read_model(tmp_path / "w.onnx").tensors["w"]
@@ -93,7 +93,7 @@ def test_external_data_in_and_out(tmp_path, zoo_model, fig2):
 
 
 def test_submodels_past_the_protobuf_limit_go_external(tmp_path, zoo_model, fig2, monkeypatch):
-    monkeypatch.setattr(onnxio, "PROTOBUF_LIMIT", 100_000)
+    monkeypatch.setattr(onnxwrite, "PROTOBUF_LIMIT", 100_000)
     src = zoo_model("squeezenet")
     write_mapping(tmp_path / "m.json", src, ["edge01_arm1", "edge01_arm2"])
     plan = split(src, tmp_path / "m.json", fig2 / "platform.txt", tmp_path / "o")

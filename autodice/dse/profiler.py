@@ -40,7 +40,7 @@ from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
 from ..backend.tools import build_tools, source_digest, vulkan_devices
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
-from ..core.onnxio import write_model
+from ..core.onnxwrite import write_model
 from ..core.plan import Memory, Rank, TensorSpec
 from ..core.spec import Platform, parse_platform
 from ..frontend.extract import submodel_proto

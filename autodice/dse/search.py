@@ -37,6 +37,7 @@ from .profile import load_profile, six_digits
 from .settings import OBJECTIVES, Settings
 from .timing import Timing, make_timing
 
+
 def only_hosts(platform: Platform, hosts) -> Platform:
     """The platform with only ``hosts`` (all of them when None), for a search that may use those
     boards only.

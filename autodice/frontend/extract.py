@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from ..core.model import SHAPE_OPS, Graph, shape_constant
-from ..core.onnxio import Sources, write_model
+from ..core.onnxwrite import Sources, write_model
 from ..core.plan import Plan, Rank, TensorSpec
 from .legalize import (
     Constants,

@@ -37,7 +37,8 @@ import onnx
 
 from ...core.errors import Problems
 from ...core.model import Graph
-from ...core.onnxio import LazyModel, TensorFile
+from ...core.onnxio import LazyModel
+from ...core.onnxwrite import TensorFile
 from .channels import split_channels
 from .rows import split_rows
 from .state import CHANNEL_LAYERS, KINDS, Derived, Split, State

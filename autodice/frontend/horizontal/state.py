@@ -11,7 +11,8 @@ from onnx import helper, numpy_helper
 
 from ...core.errors import Problems
 from ...core.model import Graph
-from ...core.onnxio import TensorFile, TensorRef, read_array
+from ...core.onnxio import TensorRef, read_array
+from ...core.onnxwrite import TensorFile
 from ..legalize import main_opset
 
 KINDS = ("channels", "rows")
