@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autodice.core import onnxio, onnxwrite
-from autodice.core.model import load_model, name_layers, parse_input_shapes
+from autodice.core.model import load_model, name_layers
+from autodice.core.shapes import parse_input_shapes
 from autodice.frontend.check import check
 from autodice.frontend.split import split
 from autodice.frontend.suggest import balanced_mapping

@@ -44,8 +44,8 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     from rich.table import Table
 
-    from ..core.model import parse_input_shapes
     from ..core.outdir import check_writable_file
+    from ..core.shapes import parse_input_shapes
     from ..dse.profile import save_profile
     from ..dse.profiler import op_summary, run_profile
 

@@ -29,7 +29,7 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
         raise AutodiceError(f"--samples {samples}: need at least 1")
     # No spinner and a plain table: the split takes about half a second, rich a fifth of that.
     numpy_without_threads()
-    from ..core.model import parse_input_shapes
+    from ..core.shapes import parse_input_shapes
     from ..frontend.split import split as run_split
 
     plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
@@ -78,7 +78,8 @@ def check(output, samples, rtol, model):
               help="What --balance evens out.")
 def layers(model, input_shapes, as_json, balance, profile_path, by):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
-    from ..core.model import load_model, parse_input_shapes
+    from ..core.model import load_model
+    from ..core.shapes import parse_input_shapes
     from ..core.spec import mapping_json
     from ..frontend.layers import layer_table
     from ..frontend.suggest import balanced_mapping

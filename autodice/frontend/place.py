@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import SHOWN, Problems, did_you_mean
-from ..core.model import UNSUPPORTED_OPS, Graph
+from ..core.model import Graph
+from ..core.shapes import UNSUPPORTED_OPS
 from ..core.spec import Mapping, Platform, Resource, parse_key
 
 
