@@ -19,7 +19,7 @@ from ..core.onnxwrite import Sources, write_model
 from ..core.plan import Plan, Rank, TensorSpec
 from .legalize import (
     Constants,
-    gather_as_reshape,
+    gather_by_range,
     gelu_in_pnnx_order,
     ir_version,
     legalize,
@@ -59,7 +59,7 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
     constants = Constants(model, graph)
     rewritten = []
     for node in g.node:
-        rewritten.extend(gather_as_reshape(graph, node, constants) or [node])
+        rewritten.extend(gather_by_range(graph, node, constants, opset) or [node])
     del g.node[:]
     g.node.extend(rewritten)
     gelu_in_pnnx_order(g, constants)

@@ -8,8 +8,9 @@ and each keeps the function exactly:
 * AveragePool with asymmetric pads (Inception-v1): zero padding + an unpadded pool.
 * 4-D and 5-D inputs read only by batch-blind ops: an identity MaxPool tells pnnx axis 0 is the
   batch (else a 5-D Transpose becomes an identity).
-* Gather of ``arange(N)`` from a 1-D tensor (torch's dynamo exporter, ConvNeXt's head): a Reshape
-  (ncnn has no Gather layer).
+* Gather with constant indices that are an arithmetic range, in any shape and on any axis
+  (torch's dynamo exporter, ConvNeXt's head; ``select``/``narrow``): a Slice and a Reshape (ncnn
+  has no Gather layer).
 * Opset 18's Reduce* with the axes as an input (dynamo exports): pnnx reads a one-element axes
   input as a scalar and writes a Reduction over no axes (a LayerNorm over channels then comes out
   wrong by 100 %, with no error); the axes become an attribute again and the sub-model opset 17,
@@ -27,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..core.model import Graph
+from ..core.onnxio import read_array
 from ..core.plan import TensorSpec
 
 LEGACY_SOFTMAX = ("Softmax", "LogSoftmax", "Hardmax")
@@ -168,31 +170,80 @@ class Constants:
     def get(self, name: str) -> np.ndarray | None:
         if name not in self._cache:
             tensor = self._nodes.get(name, self._graph.lazy.small.get(name))
-            # A small initializer may still live in external data beside the model.
-            self._cache[name] = None if tensor is None else numpy_helper.to_array(
-                tensor, str(self._graph.path.parent))
+            if tensor is not None:
+                # A small initializer may still live in external data beside the model.
+                self._cache[name] = numpy_helper.to_array(tensor, str(self._graph.path.parent))
+            elif self._graph.is_weight(name):
+                # Past the small-tensor bound (768 int64 indices are 6 KB, as one torch release
+                # exports ConvNeXt's head): read from the file, only because a rewrite asks.
+                self._cache[name] = read_array(self._graph.tensors[name])
+            else:
+                self._cache[name] = None
         return self._cache[name]
 
 
-def gather_as_reshape(graph: Graph, node: onnx.NodeProto,
-                      constants: Constants) -> list[onnx.NodeProto] | None:
-    """Gather(x, indices) on axis 0 of a 1-D x of length N where indices == arange(N) in some
-    shape S is Reshape(x, S): torch's dynamo exporter writes it for an ``as_strided`` after a
-    mean (ConvNeXt's head), and ncnn has no Gather layer."""
+def as_range(indices: np.ndarray, n: int) -> tuple[int, int, int] | None:
+    """``(start, step, count)`` when the flattened ``indices`` into an axis of length ``n`` are
+    ``start + step * arange(count)`` (negative indices counted from the end, as Gather does),
+    else None. Out-of-range indices are None too: Gather would fail, so nothing is rewritten."""
+    flat = indices.astype(np.int64).ravel()
+    if flat.size == 0 or (flat < -n).any() or (flat >= n).any():
+        return None
+    flat = np.where(flat < 0, flat + n, flat)
+    step = int(flat[1] - flat[0]) if flat.size > 1 else 1
+    if step == 0 or not np.array_equal(flat, flat[0] + step * np.arange(flat.size)):
+        return None
+    return int(flat[0]), step, flat.size
+
+
+def gather_by_range(graph: Graph, node: onnx.NodeProto, constants: Constants,
+                    opset: int) -> list[onnx.NodeProto] | None:
+    """Gather(x, indices) on any axis, where the constant indices are an arithmetic range in any
+    shape, is Slice(x) on that axis then Reshape to Gather's output shape; None for any other
+    Gather. ncnn has no Gather layer, and exporters write such Gathers as shape plumbing: torch's
+    dynamo spells an ``as_strided`` after a mean as a Gather of ``arange(768).reshape(1,768,1,1)``
+    from the flattened mean (ConvNeXt's head), a ``select`` as a scalar index, a ``narrow`` as a
+    short range. Needs x's static shape; a step other than 1 needs opset 10 (Slice's steps)."""
     if node.op_type != "Gather" or len(node.input) < 2:
         return None
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     indices = constants.get(node.input[1])
     x = graph.types.get(node.input[0])
-    if axis != 0 or indices is None or x is None or len(x.shape) != 1:
+    # Integer data is shape plumbing, which the followers pass folds: only activations here.
+    if indices is None or x is None or not x.static or not x.shape or "float" not in x.dtype:
         return None
-    if indices.size != x.shape[0] or not np.array_equal(indices.ravel(), np.arange(indices.size)):
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(x.shape)
+    found = as_range(indices, x.shape[axis])
+    if found is None:
+        return None
+    start, step, count = found
+    if step != 1 and opset < 10:
         return None
     name = node.name or node.output[0]
-    shape = f"{name}/shape"
-    return [helper.make_node("Constant", [], [shape], name=shape, value=numpy_helper.from_array(
-                np.array(indices.shape, np.int64), shape)),
-            helper.make_node("Reshape", [node.input[0], shape], list(node.output), name=name)]
+    out_shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]]
+
+    def const(suffix: str, values) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [f"{name}/{suffix}"], name=f"{name}/{suffix}",
+                                value=numpy_helper.from_array(np.array(values, np.int64),
+                                                              f"{name}/{suffix}"))
+
+    nodes, sliced = [], node.input[0]
+    if not (step == 1 and count == x.shape[axis]):
+        sliced = f"{name}/slice"
+        # Past the last element: a negative step's end may be -1 - n, which Slice clamps to
+        # "before the first"; a plain -1 would mean the last element.
+        end = start + step * count if step > 0 or start + step * count >= 0 else -x.shape[axis] - 1
+        if opset < 10:
+            nodes.append(helper.make_node("Slice", [node.input[0]], [sliced], name=sliced,
+                                          starts=[start], ends=[end], axes=[axis]))
+        else:
+            nodes += [const("starts", [start]), const("ends", [end]), const("axes", [axis]),
+                      const("steps", [step]),
+                      helper.make_node("Slice", [node.input[0], f"{name}/starts", f"{name}/ends",
+                                                 f"{name}/axes", f"{name}/steps"], [sliced],
+                                       name=sliced)]
+    return nodes + [const("shape", out_shape),
+                    helper.make_node("Reshape", [sliced, f"{name}/shape"], list(node.output),
+                                     name=name)]
 
 
 def _scalar(constants: Constants, name: str, value: float) -> bool:
