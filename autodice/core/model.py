@@ -39,10 +39,18 @@ class Graph:
     types: dict[str, TensorType]
     followers: frozenset[int]  # node positions that follow their consumers
     _aliases: dict[str, tuple[int, ...]] | None = field(default=None, repr=False)
+    _folded: dict[str, TensorProto] | None = field(default=None, repr=False)
 
     @property
     def tensors(self) -> dict[str, TensorRef]:
         return self.lazy.tensors
+
+    def folded(self) -> dict[str, TensorProto]:
+        """The follower outputs whose values small constants determine (:func:`fold_followers`),
+        computed once: sub-models write the shape plumbing among them as constants."""
+        if self._folded is None:
+            self._folded = fold_followers(self.nodes, self.followers, self.types, self.lazy)
+        return self._folded
 
     def is_weight(self, tensor: str) -> bool:
         return tensor in self.lazy.tensors

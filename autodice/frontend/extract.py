@@ -1,7 +1,8 @@
 """Writing one ONNX sub-model per rank.
 
 A sub-model holds the rank's layers (followers included; ``Shape`` folded to a constant because
-the tensor it measures may live on another rank), the weights they read, graph inputs = model
+the tensor it measures may live on another rank, and the integer shape arithmetic after it too),
+the weights they read, graph inputs = model
 inputs it reads + tensors it receives, graph outputs = tensors it sends + model outputs it makes.
 Weights are copied from the source file by reference (see :mod:`autodice.onnxio`).
 """
@@ -12,7 +13,7 @@ import threading
 from pathlib import Path
 
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from ..core.model import SHAPE_OPS, Graph, shape_constant
 from ..core.onnxwrite import Sources, write_model
@@ -27,6 +28,8 @@ from .legalize import (
     pin_batch,
     reduce_axes_as_attributes,
 )
+
+INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
 
 
 def _value_info(graph: Graph, spec: TensorSpec) -> onnx.ValueInfoProto:
@@ -51,6 +54,9 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
         node = graph.nodes[i]
         if node.op_type in SHAPE_OPS and i in graph.followers:
             g.node.append(shape_constant(node, graph.types))
+            continue
+        if i in graph.followers and (folded := shape_plumbing(graph, node)):
+            g.node.extend(folded)
             continue
         g.node.extend(legalize(graph, node, opset) or [node])
         for t in node.input:
@@ -111,3 +117,18 @@ def write_submodels(graph: Graph, plan: Plan, out_dir: Path) -> None:
             t.join()
     if failed:
         raise failed[0]
+
+
+def shape_plumbing(graph: Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """A follower computing integers from static shapes (the Shape -> Gather -> Unsqueeze ->
+    Concat chains exporters write for a Reshape target), as Constant nodes of its values; None
+    when any output's value is not known or not an integer. pnnx then sees a plain constant
+    instead of ops it would have to fold itself (and Gather, which ncnn lacks)."""
+    values = graph.folded()
+    outputs = [t for t in node.output if t]
+    if node.op_type == "Constant" or not outputs or any(
+            t not in values or values[t].data_type not in INTEGERS for t in outputs):
+        return None
+    name = node.name or outputs[0]
+    return [helper.make_node("Constant", [], [t], name=name if len(outputs) == 1 else f"{name}/{k}",
+                             value=values[t]) for k, t in enumerate(outputs)]
