@@ -6,6 +6,7 @@ which go wherever their consumers go so a mapping never has to mention them. The
 :mod:`autodice.core.shapes` (inference for batch 1, run once, on a copy that holds no large
 weights).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
