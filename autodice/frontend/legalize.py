@@ -200,7 +200,7 @@ def gather_by_range(graph: Graph, node: onnx.NodeProto, constants: Constants,
                     opset: int) -> list[onnx.NodeProto] | None:
     """Gather(x, indices) on any axis, where the constant indices are an arithmetic range in any
     shape, is Slice(x) on that axis then Reshape to Gather's output shape; None for any other
-    Gather. ncnn has no Gather layer, and exporters write such Gathers as shape plumbing: torch's
+    Gather. ncnn has no Gather layer, and exporters write such Gathers over activations: torch's
     dynamo spells an ``as_strided`` after a mean as a Gather of ``arange(768).reshape(1,768,1,1)``
     from the flattened mean (ConvNeXt's head), a ``select`` as a scalar index, a ``narrow`` as a
     short range. Needs x's static shape; a step other than 1 needs opset 10 (Slice's steps)."""
