@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "autodice_runtime.h"
+#include "autodice_stream.h"
 #include "net.h"
 #if NCNN_VULKAN
 #include "gpu.h"
@@ -19,6 +21,7 @@ struct Args {
   std::string inputs = ".";
   std::string results = "results";
   std::string models = ".";
+  std::string stream;  // --stream SOCKET: frames come from the gateway rank (autodice_stream.h)
   int frames = 1;
   bool pipeline = true;
   bool gpu_fallback_cpu = false;
@@ -45,6 +48,8 @@ Args parse_args(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000000000)
         abort_run("--frames " + v + ": need a whole number of frames, at least 1", 2);
       a.frames = static_cast<int>(n);
+    } else if (k == "--stream") {
+      a.stream = value();
     } else if (k == "--no-pipeline") {
       a.pipeline = false;
     } else if (k == "--gpu-fallback") {
@@ -55,6 +60,9 @@ Args parse_args(int argc, char** argv) {
       abort_run("unknown argument " + k, 2);
     }
   }
+  if (!a.stream.empty() && !a.pipeline)
+    abort_run("--no-pipeline and --stream: a stream is pipelined (send one frame at a time "
+              "for the lockstep behaviour)", 2);
   return a;
 }
 
@@ -75,14 +83,12 @@ double mask(const std::vector<int>& cpus) {
   return m;
 }
 
-void print_mask(FILE* f, double m) {
+std::string cpu_list(double m) {
   const auto bits = static_cast<int64_t>(m);
-  const char* sep = "";
+  std::string out;
   for (int c = 0; c < 53; ++c)
-    if (bits >> c & 1) {
-      std::fprintf(f, "%s%d", sep, c);
-      sep = ", ";
-    }
+    if (bits >> c & 1) out += (out.empty() ? "" : ", ") + std::to_string(c);
+  return out;
 }
 
 // A JSON string literal of `s` (names may hold quotes, backslashes, control characters).
@@ -185,9 +191,67 @@ void timed_wait_all(std::vector<Transfer>& ts, double& seconds) {
   seconds += timer.elapsed_ms() / 1e3;
 }
 
-int peer_of(const std::vector<int>& peers, int frame) {
-  return peers[static_cast<size_t>(frame) % peers.size()];
+int peer_of(const std::vector<int>& peers, int64_t frame) {
+  return peers[static_cast<size_t>(frame % static_cast<int64_t>(peers.size()))];
 }
+
+// The frames this rank takes, in order. Counted: every f < --frames whose turn is this rank's.
+// Streamed: announced one at a time by the gateway, which sends each rank the number of every
+// frame it takes and kEnd when the stream ends. How long a stream idles is the application's
+// business, so that wait has no deadline (a gateway that dies ends the job through mpirun).
+class FrameSource {
+ public:
+  static constexpr int64_t kEnd = -1, kUnknown = -2;
+
+  FrameSource(const Args& args, const RankPlan& r, int gateway, int tag)
+      : r_(r), frames_(args.frames), gateway_(gateway), tag_(tag),
+        streamed_(!args.stream.empty()) {
+    if (streamed_) post();
+  }
+
+  // The frame after the last one taken, if already known (else kUnknown); never blocks.
+  int64_t peek() {
+    if (known_ == kUnknown) {
+      if (!streamed_) {
+        int64_t f = last_ + 1;
+        while (f < frames_ && !takes(r_, f)) ++f;
+        known_ = f < frames_ ? f : kEnd;
+      } else if (control_->test()) {
+        arrived();
+      }
+    }
+    return known_;
+  }
+
+  // The frame after the last one taken, waiting for the gateway's word if need be.
+  int64_t take() {
+    if (peek() == kUnknown) {
+      control_->wait(0);
+      arrived();
+    }
+    last_ = known_;
+    known_ = kUnknown;
+    return last_;
+  }
+
+ private:
+  void post() {
+    control_.emplace(Transfer::recv(MPI_COMM_WORLD, {"the next frame's number", {1}, DType::Int64},
+                                    &value_, gateway_, tag_));
+  }
+  void arrived() {
+    known_ = value_;
+    control_.reset();
+    if (known_ != kEnd) post();
+  }
+
+  const RankPlan& r_;
+  int64_t frames_;
+  int gateway_, tag_;
+  bool streamed_;
+  int64_t last_ = -1, known_ = kUnknown, value_ = 0;
+  std::optional<Transfer> control_;
+};
 
 // The rank's part of the job. Frames this rank takes are numbered locally (0, 1, 2...) for its
 // double buffers; MPI tags carry the global frame's parity.
@@ -195,17 +259,32 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   const Timer loading;
   ncnn::Net net;
   load_net(net, args, r, gpu);
-  const auto tag = [&](int edge, int frame) { return edge + plan.edges * (frame % 2); };
+  const bool streamed = !args.stream.empty();
+  const int gateway = static_cast<int>(plan.ranks.size());
+  const StreamLayout stream = stream_layout(plan);
+  const auto tag = [&](int edge, int64_t frame) {
+    return edge + plan.edges * static_cast<int>(frame % 2);
+  };
+  const auto stream_index = [](const std::vector<StreamTensor>& list, const std::string& file) {
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].file == file) return i;
+    abort_run("\"" + file + "\" is not in the stream's tables");
+  };
   std::vector<TensorInfo> infos;
   for (const TensorSpec& t : r.tensors) infos.push_back(info_of(t));
-  std::vector<ncnn::Mat> input_mats;
-  for (const ModelInput& in : r.inputs)
-    input_mats.push_back(read_input(args, r.tensors[in.tensor], in.file));
+  // Model inputs: read once and used for every frame, or received from the gateway each frame
+  // (double-buffered like every receive).
+  std::vector<ncnn::Mat> inputs[2];
+  for (const ModelInput& in : r.inputs) {
+    const ncnn::Mat m = streamed ? ncnn::Mat() : read_input(args, r.tensors[in.tensor], in.file);
+    inputs[0].push_back(m);
+    inputs[1].push_back(m);
+  }
   // Which sends leave with the inputs, and which after each step.
   std::vector<int> produced_by(r.tensors.size(), -1), input_of(r.tensors.size(), -1);
   for (size_t k = 0; k < r.produces.size(); ++k) produced_by[r.produces[k].tensor] = int(k);
   for (size_t k = 0; k < r.inputs.size(); ++k) input_of[r.inputs[k].tensor] = int(k);
-  std::vector<std::vector<int>> after_step(r.steps.size());
+  std::vector<std::vector<int>> after_step(r.steps.size()), outputs_after(r.steps.size());
   std::vector<int> with_inputs;
   for (size_t k = 0; k < r.sends.size(); ++k) {
     const int t = r.sends[k].tensor;
@@ -217,45 +296,55 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
       for (int p : r.steps[s].extract)
         if (r.produces[p].tensor == t) after_step[s].push_back(int(k));
   }
+  for (size_t k = 0; streamed && k < r.outputs.size(); ++k)
+    for (size_t s = 0; s < r.steps.size(); ++s)
+      for (int p : r.steps[s].extract)
+        if (p == r.outputs[k].produce) outputs_after[s].push_back(int(k));
 
   std::vector<ncnn::Mat> received[2], produced[2];
   for (int s = 0; s < 2; ++s) {
     received[s].resize(r.receives.size());
     produced[s].resize(r.produces.size());
   }
-  std::vector<Transfer> recvs[2], sends[2];
+  std::vector<Transfer> recvs[2], input_recvs[2], sends[2];
+  FrameSource frames(args, r, gateway, stream.control_tag());
   start_clock(st, loading, gpu ? 1 : r.threads);
-  const auto mine = [&](int frame) { return frame % r.replicas == r.replica; };
-  const auto post_receives = [&](int frame, int local) {
+  const auto post_receives = [&](int64_t frame, int local) {
     const int s = local % 2;
+    for (size_t k = 0; streamed && k < r.inputs.size(); ++k)
+      input_recvs[s].push_back(Transfer::recv(
+          MPI_COMM_WORLD, infos[r.inputs[k].tensor], inputs[s][k], gateway,
+          stream.input_tag(stream_index(stream.inputs, r.inputs[k].file))));
     for (size_t k = 0; k < r.receives.size(); ++k) {
       const Receive& e = r.receives[k];
       recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, infos[e.tensor], received[s][k],
                                         peer_of(e.srcs, frame), tag(e.edge, frame)));
     }
   };
-  const auto post_send = [&](const Send& e, const ncnn::Mat& m, int frame, int s) {
+  const auto post_send = [&](const Send& e, const ncnn::Mat& m, int64_t frame, int s) {
     sends[s].push_back(Transfer::send(MPI_COMM_WORLD, infos[e.tensor], m,
                                       peer_of(e.dsts, frame), tag(e.edge, frame)));
   };
-  int first = 0;
-  while (first < args.frames && !mine(first)) ++first;
-  if (first < args.frames) post_receives(first, 0);
+  int64_t lockstep_frames = 0;  // --no-pipeline: every rank meets once at the end of each frame
+  const auto meet_until = [&](int64_t frame) {
+    for (; lockstep_frames < frame; ++lockstep_frames)
+      barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
+  };
+  int64_t f = frames.take(), last = -1;
+  if (f != FrameSource::kEnd) post_receives(f, 0);
   int local = 0, last_local = -1;
-  for (int f = 0; f < args.frames; ++f) {
-    if (!mine(f)) {  // another replica's frame; in lockstep mode still meet at its end
-      if (!args.pipeline) barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
-      continue;
-    }
+  while (f != FrameSource::kEnd) {
+    if (!args.pipeline) meet_until(f);  // other replicas' frames
     const int s = local % 2;
     timed_wait_all(sends[s], st.send_wait_s);  // this rank's frame before last is sent
-    int next = f + 1;
-    while (next < args.frames && !mine(next)) ++next;
-    if (args.pipeline && next < args.frames) post_receives(next, local + 1);
+    int64_t next = args.pipeline ? frames.peek() : FrameSource::kUnknown;
+    const bool early = next >= 0;
+    if (early) post_receives(next, local + 1);
+    timed_wait_all(input_recvs[s], st.recv_wait_s);
     ncnn::Extractor ex = net.create_extractor();
     for (size_t k = 0; k < r.inputs.size(); ++k)
-      ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), input_mats[k]);
-    for (int k : with_inputs) post_send(r.sends[k], input_mats[input_of[r.sends[k].tensor]], f, s);
+      ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), inputs[s][k]);
+    for (int k : with_inputs) post_send(r.sends[k], inputs[s][input_of[r.sends[k].tensor]], f, s);
     for (size_t step = 0; step < r.steps.size(); ++step) {
       for (int w : r.steps[step].wait) {
         timed_wait(recvs[s][w], st.recv_wait_s);
@@ -268,19 +357,30 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
       st.compute_s += compute.elapsed_ms() / 1e3;
       for (int k : after_step[step])
         post_send(r.sends[k], produced[s][produced_by[r.sends[k].tensor]], f, s);
+      for (int k : outputs_after[step]) {
+        const int p = r.outputs[k].produce;
+        sends[s].push_back(Transfer::send(MPI_COMM_WORLD, infos[r.produces[p].tensor],
+                                          produced[s][p], gateway,
+                                          stream.output_tag(stream_index(stream.outputs,
+                                                                         r.outputs[k].file))));
+      }
     }
     timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
-      barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
-      if (next < args.frames) post_receives(next, local + 1);
+      meet_until(f + 1);
     }
     last_local = local++;
+    last = f;
+    next = frames.take();  // the frame peeked at above, or the gateway's next word
+    if (!early && next != FrameSource::kEnd) post_receives(next, local);
+    f = next;
   }
+  if (!args.pipeline) meet_until(args.frames);
   timed_wait_all(sends[0], st.send_wait_s);
   timed_wait_all(sends[1], st.send_wait_s);
   // The model's outputs of the last frame: only the replica that took that frame writes them.
-  if (last_local >= 0 && mine(args.frames - 1))
+  if (!streamed && last == args.frames - 1)
     for (const ModelOutput& o : r.outputs)
       write_output(args, r.tensors[r.produces[o.produce].tensor], o.file,
                    produced[last_local % 2][o.produce]);
@@ -289,31 +389,33 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   st.bytes_received = static_cast<double>(r.bytes_received) * local;
 }
 
-void write_stats(const Args& args, const ProgramPlan& plan, double seconds,
-                 const std::vector<double>& all, const std::vector<char>& devices) {
-  const std::string path = args.results + "/stats.json";
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) abort_run("cannot write " + path, 6);
-  std::fprintf(f, "{\n  \"frames\": %d,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n"
-                  "  \"pipeline\": %s,\n  \"ranks\": [\n",
-               args.frames, seconds, args.frames / seconds, args.pipeline ? "true" : "false");
+// stats.json: the job's frames and seconds, then one object per rank of the plan.
+std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, double seconds,
+                       const std::vector<double>& all, const std::vector<char>& devices) {
+  std::string out;
+  char buf[1024];
+  const auto add = [&](const char* format, auto... values) {
+    std::snprintf(buf, sizeof buf, format, values...);
+    out += buf;
+  };
+  add("{\n  \"frames\": %lld,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n"
+      "  \"pipeline\": %s,\n  \"ranks\": [\n",
+      static_cast<long long>(frames), seconds, seconds > 0 ? frames / seconds : 0.0,
+      pipeline ? "true" : "false");
   const int n = static_cast<int>(plan.ranks.size());
   for (int k = 0; k < n; ++k) {
     const double* v = &all[static_cast<size_t>(k) * kStatFields];
     const std::string device(&devices[static_cast<size_t>(k) * kDeviceChars]);
-    std::fprintf(f, "    {\"rank\": %d, \"key\": %s, \"device\": %s, \"precision\": \"%s\", "
-                    "\"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
-                    "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
-                    "\"peak_rss\": %.0f, \"load_s\": %.6f, \"cpus\": [",
-                 k, json_string(plan.ranks[k].key).c_str(), json_string(device).c_str(),
-                 v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
-    print_mask(f, v[7]);
-    std::fprintf(f, "], \"omp_cpus\": [");
-    print_mask(f, v[8]);
-    std::fprintf(f, "]}%s\n", k + 1 < n ? "," : "");
+    out += "    {\"rank\": " + std::to_string(k) + ", \"key\": " + json_string(plan.ranks[k].key) +
+           ", \"device\": " + json_string(device);
+    add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
+        "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
+        "\"peak_rss\": %.0f, \"load_s\": %.6f, \"cpus\": [",
+        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+    out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
+    out += k + 1 < n ? ",\n" : "\n";
   }
-  std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
+  return out + "  ]\n}\n";
 }
 
 }  // namespace
@@ -345,32 +447,56 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const int n = static_cast<int>(plan.ranks.size());
-  if (size != n)
-    abort_run("started with " + std::to_string(size) + " processes; the plan has " +
-                  std::to_string(n) + " ranks", 2);
   const Args args = parse_args(argc, argv);
-  const RankPlan& r = plan.ranks[rank];
-  const std::string device = choose_device(r, args.gpu_fallback_cpu);
+  const int n = static_cast<int>(plan.ranks.size());
+  const bool streamed = !args.stream.empty();
+  if (size != n + (streamed ? 1 : 0))
+    abort_run("started with " + std::to_string(size) + " processes; the plan has " +
+                  std::to_string(n) + " ranks" + (streamed ? ", and a stream needs one more" : ""),
+              2);
   Stats st;
-  run_rank(plan, r, args, device.rfind("vulkan:", 0) == 0, st);
+  std::string device = "gateway";
+  std::optional<Gateway> gateway;
+  int64_t frames = args.frames;
+  if (rank == n) {  // the stream's gateway: the session's frames in, results out
+    gateway.emplace(plan, args.stream);
+    barrier(MPI_COMM_WORLD, std::max(60.0, wait_timeout()), "the start");
+    st.start = MPI_Wtime();
+    gateway->hello();
+    frames = gateway->serve();
+  } else {
+    const RankPlan& r = plan.ranks[rank];
+    device = choose_device(r, args.gpu_fallback_cpu);
+    run_rank(plan, r, args, device.rfind("vulkan:", 0) == 0, st);
+    st.fp16 = r.fp16 ? 1 : 0;
+  }
   barrier(MPI_COMM_WORLD, wait_timeout(), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;
   st.peak_rss = static_cast<double>(peak_rss_bytes());
-  st.fp16 = r.fp16 ? 1 : 0;
   const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
                                     st.frames,     st.fp16};
-  std::vector<double> all(rank == 0 ? kStatFields * static_cast<size_t>(n) : 0);
-  MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, 0,
+  const int root = streamed ? n : 0;  // who reports: the gateway tells the session
+  std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
+  MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,
              MPI_COMM_WORLD);
   char mine_device[kDeviceChars] = {};
   std::strncpy(mine_device, device.c_str(), kDeviceChars - 1);
-  std::vector<char> devices(rank == 0 ? kDeviceChars * static_cast<size_t>(n) : 0);
-  MPI_Gather(mine_device, kDeviceChars, MPI_CHAR, devices.data(), kDeviceChars, MPI_CHAR, 0,
+  std::vector<char> devices(rank == root ? kDeviceChars * static_cast<size_t>(size) : 0);
+  MPI_Gather(mine_device, kDeviceChars, MPI_CHAR, devices.data(), kDeviceChars, MPI_CHAR, root,
              MPI_COMM_WORLD);
-  if (rank == 0) write_stats(args, plan, seconds, all, devices);
+  if (rank == root) {
+    const std::string json = stats_json(plan, frames, args.pipeline, seconds, all, devices);
+    if (gateway) {
+      gateway->finish(json);
+    } else {
+      const std::string path = args.results + "/stats.json";
+      FILE* f = std::fopen(path.c_str(), "w");
+      if (!f || std::fwrite(json.data(), 1, json.size(), f) != json.size() || std::fclose(f))
+        abort_run("cannot write " + path, 6);
+    }
+  }
   MPI_Finalize();
   return 0;
 }

@@ -100,7 +100,9 @@ struct ProgramPlan {
 
 // The whole program: parse `--inputs DIR --results DIR [--models DIR] [--frames N]
 // [--no-pipeline] [--gpu-fallback cpu]`, run this process's rank of `plan`, gather stats.json on
-// rank 0. Returns the exit code (errors end every rank through abort_run).
+// rank 0. With `--stream SOCKET` instead of --inputs/--frames the job has one process more, the
+// gateway (autodice_stream.h): frames come from the application connected there, results go back
+// to it, and so does stats.json. Returns the exit code (errors end every rank through abort_run).
 int run_program(int argc, char** argv, const ProgramPlan& plan);
 
 // The device a rank will run on, checked before anything runs: "cpu", or "vulkan:<name>" for a

@@ -141,6 +141,28 @@ def check_tolerance(stats: dict) -> tuple[float, str]:
     return FP32_RTOL, "fp32 on every rank"
 
 
+def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
+                 gateway: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The mpirun command and environment that run every rank of ``plan`` here (the rankfile,
+    when the plan's cores exist here, written into ``folder``), plus a stream's gateway as the
+    last rank when ``gateway``: it shares rank 0's first core, where it mostly sleeps."""
+    n_cpus = os.cpu_count() or 1
+    cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", str(len(plan.ranks) + gateway)]
+    lines = local_binding(plan, n_cpus)
+    if lines is None:
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    else:
+        if gateway:
+            lines.append(f"rank {len(plan.ranks)}=localhost slots={plan.ranks[0].slots[0]}")
+            cmd += ["--bind-to", "core:overload-allowed"]
+        (folder / "rankfile.local").write_text("\n".join(lines) + "\n")
+        cmd += ["--rankfile", str(folder / "rankfile.local")]
+    cmd += [str(program.resolve()), *args]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               **omp_wait_policy(plan, n_cpus))
+    return cmd, env
+
+
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
         results: str | Path | None = None, pipeline: bool = True,
         timeout_s: float = 600, gpu_fallback: bool = False) -> RunResult:
@@ -172,19 +194,10 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     except OSError as e:
         raise AutodiceError(f"{results}: cannot write the results there ({e.strerror})") from None
     stage_inputs(plan, inputs, results / "inputs")
-    mpirun = str(mpi_prefix() / "bin" / "mpirun")
-    cmd = [mpirun, "-np", str(len(plan.ranks))]
-    lines = local_binding(plan, os.cpu_count() or 1)
-    if lines is None:
-        cmd += ["--oversubscribe", "--bind-to", "none"]
-    else:
-        (results / "rankfile.local").write_text("\n".join(lines) + "\n")
-        cmd += ["--rankfile", str(results / "rankfile.local")]
-    cmd += [str(program.resolve()), "--models", str(out_dir / "ncnn"), "--inputs",
-            str(results / "inputs"), "--results", str(results),
-            *program_flags(frames, pipeline, gpu_fallback)]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               **omp_wait_policy(plan, os.cpu_count() or 1))
+    cmd, env = local_mpirun(plan, program, results,
+                            ["--models", str(out_dir / "ncnn"), "--inputs",
+                             str(results / "inputs"), "--results", str(results),
+                             *program_flags(frames, pipeline, gpu_fallback)])
     (results / "stats.json").unlink(missing_ok=True)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

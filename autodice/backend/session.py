@@ -1,0 +1,489 @@
+"""Sessions: the distributed program started once, frames streamed through it, results in order.
+
+``open_session(out)`` starts the job with one process more than the plan has ranks: the gateway
+(``runtime_cpp/autodice_stream.h``), which connects back to a Unix socket this session listens on.
+Frames go down that socket as raw bytes; the gateway hands each frame's model inputs to the
+ranks that read them over MPI and sends each frame's outputs back in the order frames came (stage
+replicas and split layers included: the ranks are the same program as ``run``'s). Nothing on a
+board needs Python: the gateway is the rank program itself, started with ``--stream``.
+
+The models are loaded once; ``map`` keeps up to ``window`` frames in flight, so a slow caller
+holds the pipeline back (no result piles up) and a slow pipeline holds the caller back (no frame
+piles up). A frame that cannot be sent (wrong shape or dtype, NaN, an input the model does not
+have) comes back in its place as a :class:`FrameError`; the others go on. A job that dies ends
+the session with a :class:`SessionError` naming the rank and the last frame delivered.
+
+How the job is started and stopped is the launcher's business: every rank here under mpirun
+(:class:`LocalJob`), or on deployed hosts (``autodice.deploy.stream``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..core.errors import AutodiceError
+from ..core.plan import Plan
+from .engine import mpi_prefix
+from .failure import explain_failure
+
+_HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
+_FRAME, _STOP, _RESULT, _STATS = 1, 2, 3, 4
+_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i8")}
+START_TIMEOUT_S = 120.0  # loading a large sub-model on a small board takes a while
+
+
+class FrameError(AutodiceError):
+    """One frame the session did not send (it names the frame and the input); the others go on."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"frame {index}: {message}")
+        self.index = index
+
+
+class SessionError(AutodiceError):
+    """The job ended under the session. ``delivered``: the index (in the current ``map``) of the
+    last frame whose result was handed out, -1 if none: resend the frames after it."""
+
+    def __init__(self, delivered: int, *problems: str):
+        super().__init__(*problems)
+        self.delivered = delivered
+
+
+@dataclass(frozen=True)
+class StreamTensor:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class Job(Protocol):
+    """A started job: mpirun here, or on a head node over ssh."""
+
+    def poll(self) -> int | None: ...  # exit code once it ended
+    def wait(self, timeout: float) -> int | None: ...  # None if still running then
+    def stop(self) -> None: ...  # end it now; nothing of it left running anywhere
+    def failure(self, code: int | None) -> list[str]: ...  # what brought it down, one line each
+
+
+class LocalJob:
+    """Every rank and the gateway on this machine under mpirun, output to ``log``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan):
+        self.log, self.plan = log, plan
+        with open(log, "wb") as f:
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:  # mpirun ends its ranks on SIGTERM
+            self.proc.terminate()
+            if self.wait(15) is None:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+    def failure(self, code: int | None) -> list[str]:
+        said = self.log.read_text(errors="replace")
+        ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
+        return [f"the job failed (exit {code}):", *explain_failure(self.plan, said),
+                *(ranks_said[-5:] or said.strip().splitlines()[-8:]), f"log: {self.log}"]
+
+
+def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = False) -> LocalJob:
+    """Start every rank of ``out_dir``'s built program here, plus the gateway on rank 0's core
+    (its files beside the socket, in the session's folder)."""
+    from .run import local_mpirun
+
+    program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
+    if not program.exists():
+        raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")
+    workdir = Path(socket_path).parent
+    args = ["--models", str(out_dir / "ncnn"), "--stream", socket_path]
+    argv, env = local_mpirun(plan, program, workdir, args + (["--gpu-fallback", "cpu"]
+                                                             if gpu_fallback else []),
+                             gateway=True)
+    return LocalJob(argv, env, workdir / "job.log", plan)
+
+
+class Session:
+    """A running job fed frame by frame; see the module docstring. Use as a context manager."""
+
+    def __init__(self, plan: Plan, start: Callable[[str], Job], window: int | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        """Start the job (``start`` gets the socket's path; the job's files may go beside it)
+        and wait until every rank has loaded its model.
+
+        Raises:
+            AutodiceError: the job failed to start (the rank named) or did not start in time.
+        """
+        self.plan = plan
+        self.window = window or 2 * len(plan.ranks) + 2
+        self._tmp = Path(tempfile.mkdtemp(prefix="autodice-session-"))
+        self._sock: socket.socket | None = None
+        self._broken: SessionError | None = None
+        self._lock = threading.Lock()
+        self._latency: list[float] = []
+        self._busy_s = self._last_result = 0.0  # summed over maps: first frame sent to last result delivered
+        self._delivered = 0
+        self._job_stats: dict | None = None
+        self._kept = False
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            path = str(self._tmp / "stream.sock")
+            listener.bind(path)
+            listener.listen(1)
+            self.job = start(path)
+            self._sock = self._accept(listener, start_timeout_s)
+        except BaseException:
+            listener.close()
+            self._abandon(keep=True)
+            raise
+        listener.close()
+        self.inputs, self.outputs = self._hello()
+        self._ids = 0
+
+    # ---- starting --------------------------------------------------------------------------
+
+    def _accept(self, listener: socket.socket, timeout_s: float) -> socket.socket:
+        """The gateway's connection; the job's failure if it ends first."""
+        listener.settimeout(0.2)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                conn, _ = listener.accept()
+                conn.settimeout(None)
+                return conn
+            except TimeoutError:
+                pass
+            code = self.job.poll()
+            if code is not None:
+                raise AutodiceError(*self.job.failure(code))
+            if time.monotonic() > deadline:
+                raise AutodiceError(f"the job did not start within {timeout_s:.0f} s")
+
+    def _hello(self) -> tuple[list[StreamTensor], list[StreamTensor]]:
+        """The tensors the gateway carries, checked against the plan."""
+        head = self._read(8 + 12, "the job ended before it was ready")
+        if head[:8] != b"ADSTREAM":
+            raise AutodiceError("the program's gateway did not say hello: rebuild it "
+                                "(`autodice gen` then `autodice build`)")
+        _, n_in, n_out = struct.unpack("<III", head[8:])
+        tensors = []
+        for _ in range(n_in + n_out):
+            (n,) = struct.unpack("<I", self._read(4))
+            name = self._read(n).decode("utf-8", "surrogateescape")
+            dtype, rank = struct.unpack("<II", self._read(8))
+            shape = struct.unpack(f"<{rank}q", self._read(8 * rank))
+            tensors.append(StreamTensor(name, _DTYPES[dtype], tuple(shape)))
+        inputs, outputs = tensors[:n_in], tensors[n_in:]
+        want = ({t.name for t in self.plan.model_inputs}, {t.name for t in self.plan.model_outputs})
+        if ({t.name for t in inputs}, {t.name for t in outputs}) != want:
+            raise AutodiceError("the running program was built from another plan: "
+                                "run `autodice gen` and `autodice build` again")
+        return inputs, outputs
+
+    # ---- the stream ------------------------------------------------------------------------
+
+    def map(self, frames: Iterable) -> Iterator:
+        """Each frame's result, in input order, while up to ``window`` frames are in flight.
+
+        A frame is an array (a model with one input) or a dict by input name; its shape is the
+        input's, with or without the leading batch dimension of 1. A result is an array (a model
+        with one output) or a dict by output name. A frame that cannot be sent is yielded as a
+        :class:`FrameError` in its place.
+
+        Raises:
+            SessionError: the job ended (a rank died); ``delivered`` says what arrived.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise AutodiceError("this session is already streaming (one map at a time)")
+        try:
+            yield from self._stream(frames)
+        finally:
+            self._lock.release()
+
+    def infer(self, frame):
+        """One frame's result, blocking.
+
+        Raises:
+            FrameError: the frame cannot be sent.
+            SessionError: the job ended.
+        """
+        (result,) = list(self.map([frame]))
+        if isinstance(result, FrameError):
+            raise result
+        return result
+
+    def _stream(self, frames: Iterable) -> Iterator:
+        self._check_open()
+        tickets: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(self.window)
+        stop = threading.Event()
+        sock = self._sock
+
+        def feed() -> None:
+            try:
+                for i, frame in enumerate(frames):
+                    try:
+                        parts = self.encode(frame, i)
+                    except FrameError as e:
+                        tickets.put(("error", e))
+                        continue
+                    while not slots.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    fid = self._ids
+                    self._ids += 1
+                    sent = time.perf_counter()
+                    sock.sendall(_HEADER.pack(_FRAME, 0, fid))
+                    for p in parts:
+                        sock.sendall(p)
+                    tickets.put(("frame", i, sent))
+            except OSError as e:  # the gateway is gone: the reader says why
+                tickets.put(("gone", e))
+            except BaseException as e:  # the caller's iterable raised: raise it there
+                tickets.put(("raise", e))
+            finally:
+                tickets.put(("end",))
+
+        feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True)
+        feeder.start()
+        last = -1
+        clean = False
+        try:
+            while True:
+                ticket = tickets.get()
+                kind = ticket[0]
+                if kind == "end":
+                    clean = True
+                    return
+                if kind == "raise":
+                    raise ticket[1]
+                if kind == "error":
+                    yield ticket[1]
+                    continue
+                if kind == "gone":
+                    self._fail(last)
+                _, index, sent = ticket
+                result = self._result(last)
+                slots.release()
+                now = time.perf_counter()
+                self._busy_s += now - (sent if last < 0 else self._last_result)
+                self._last_result = now
+                self._delivered += 1
+                self._latency.append(now - sent)
+                last = index
+                yield result
+        finally:
+            stop.set()
+            if not clean and self._broken is None:
+                self._drain(tickets, last)
+            # A feeder inside the caller's iterable (a camera that blocks) ends on its next frame.
+            feeder.join(timeout=None if self._broken is None else 1.0)
+
+    def _drain(self, tickets: queue.Queue, last: int) -> None:
+        """The caller stopped early: take the results of frames already sent, so the stream is
+        in step for the next map; a session that cannot is closed."""
+        try:
+            while True:
+                ticket = tickets.get()
+                if ticket[0] == "end":
+                    return
+                if ticket[0] == "frame":
+                    self._result(last)
+                elif ticket[0] == "gone":
+                    self._fail(last)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def encode(self, frame, index: int) -> list[memoryview]:
+        """A frame's bytes in the gateway's order, or a FrameError saying what is wrong."""
+        if isinstance(frame, dict):
+            names = {t.name for t in self.inputs}
+            unknown = sorted(set(frame) - names)
+            if unknown:
+                raise FrameError(index, f'the model has no input "{unknown[0]}" '
+                                        f"(inputs: {', '.join(sorted(names))})")
+            by_name = frame
+        elif len(self.inputs) == 1:
+            by_name = {self.inputs[0].name: frame}
+        else:
+            raise FrameError(index, "the model has inputs "
+                             f"{', '.join(t.name for t in self.inputs)}: give a dict by name")
+        parts = []
+        for t in self.inputs:
+            if t.name not in by_name:
+                raise FrameError(index, f'no array for input "{t.name}"')
+            try:
+                a = np.asarray(by_name[t.name])
+            except Exception as e:  # noqa: BLE001 - whatever the caller passed
+                raise FrameError(index, f'input "{t.name}": not an array ({e})') from None
+            shape = "x".join(map(str, t.shape))
+            if a.shape != t.shape and not (t.shape[:1] == (1,) and a.shape == t.shape[1:]):
+                raise FrameError(index, f'input "{t.name}" must be {shape} {t.dtype.name}, got '
+                                        f"{'x'.join(map(str, a.shape))} {a.dtype}")
+            if a.dtype != t.dtype:
+                raise FrameError(index, f'input "{t.name}" must be {t.dtype.name}, got {a.dtype}')
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise FrameError(index, f'input "{t.name}" holds NaN or infinite values')
+            parts.append(memoryview(np.ascontiguousarray(a)).cast("B"))
+        return parts
+
+    def _result(self, last: int):
+        """The next result off the socket: an array, or a dict by output name."""
+        header = self._read(_HEADER.size, None, last)
+        kind, _, _ = _HEADER.unpack(header)
+        if kind != _RESULT:
+            raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
+        data = self._read(sum(t.nbytes for t in self.outputs), None, last)
+        arrays, offset = {}, 0
+        for t in self.outputs:
+            arrays[t.name] = np.frombuffer(data, t.dtype, int(np.prod(t.shape)), offset) \
+                .reshape(t.shape)
+            offset += t.nbytes
+        return arrays[self.outputs[0].name] if len(arrays) == 1 else arrays
+
+    def _read(self, n: int, why: str | None = None, last: int = -1) -> bytearray:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            try:
+                k = self._sock.recv_into(view[got:])
+            except OSError:
+                k = 0
+            if k == 0:
+                if why is not None:
+                    code = self.job.wait(10)
+                    raise AutodiceError(why, *self.job.failure(code))
+                self._fail(last)
+            got += k
+        return buf
+
+    def _fail(self, last: int):
+        """The gateway hung up mid-stream: the job ended. Say which rank, and what arrived."""
+        code = self.job.wait(15)
+        lines = self.job.failure(code)
+        self._broken = SessionError(last, *lines, f"the last frame delivered: {last}"
+                                    if last >= 0 else "no frame of this stream was delivered")
+        self._abandon(keep=True)
+        raise self._broken
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if self._sock is None:
+            raise AutodiceError("this session is closed")
+
+    # ---- the end ---------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Frames delivered, frames/s, end-to-end latency (p50/p90/p99, seconds) and, once
+        closed, the job's own figures per rank (``ranks``: compute and wait seconds, bytes, peak
+        memory) with each rank's share of a frame (``ms_per_frame``)."""
+        lat = np.array(self._latency) if self._latency else np.zeros(1)
+        seconds = self._busy_s
+        out = {"frames": self._delivered, "seconds": seconds,
+               "fps": self._delivered / seconds if seconds > 0 else 0.0,
+               "latency_s": {"p50": float(np.percentile(lat, 50)),
+                             "p90": float(np.percentile(lat, 90)),
+                             "p99": float(np.percentile(lat, 99)),
+                             "mean": float(lat.mean())},
+               "window": self.window}
+        if self._job_stats:
+            ranks = []
+            for r in self._job_stats["ranks"]:
+                n = max(1, r["frames"])
+                ranks.append({**r, "ms_per_frame": {
+                    "compute": 1e3 * r["compute_s"] / n, "recv_wait": 1e3 * r["recv_wait_s"] / n,
+                    "send_wait": 1e3 * r["send_wait_s"] / n}})
+            out["ranks"] = ranks
+        return out
+
+    def close(self) -> None:
+        """Stop the stream: the ranks finish, report and exit; nothing is left running."""
+        if self._sock is None:
+            return
+        try:
+            if self._broken is None:
+                self._sock.sendall(_HEADER.pack(_STOP, 0, 0))
+                kind, _, n = _HEADER.unpack(self._read(_HEADER.size, "the job ended at close"))
+                if kind == _STATS:
+                    self._job_stats = json.loads(self._read(n, "the job ended at close"))
+                code = self.job.wait(60)
+                if code not in (0, None):
+                    self._abandon(keep=True)
+                    raise AutodiceError(*self.job.failure(code))
+        finally:
+            self._abandon()
+
+    def _abandon(self, keep: bool = False) -> None:
+        """Close the socket and stop the job if it still runs; remove the session's folder
+        unless ``keep`` (a failure: its log is named in the error)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        job = getattr(self, "job", None)
+        if job is not None:
+            job.stop()
+        if not keep and self._tmp.exists() and not self._kept:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._kept = self._kept or keep
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.close()
+        else:  # an error or Ctrl-C: no waiting on a clean stop
+            if self._sock is not None and self._broken is None:
+                try:
+                    self.close()
+                    return
+                except Exception:  # noqa: BLE001 - the caller's error is the one to see
+                    pass
+            self._abandon()
+
+
+def open_session(out_dir: str | Path, window: int | None = None,
+                 gpu_fallback: bool = False) -> Session:
+    """A session over every rank of ``out_dir``'s built program on this machine.
+
+    Raises:
+        AutodiceError: not built, or the job failed to start (the rank named).
+    """
+    from ..core.plan import load_plan
+
+    out_dir = Path(out_dir)
+    plan = load_plan(out_dir)
+    return Session(plan, lambda path: local_job(out_dir, plan, path, gpu_fallback), window)

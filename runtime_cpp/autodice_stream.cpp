@@ -1,0 +1,234 @@
+// autodice streams; see autodice_stream.h for the protocol.
+#include "autodice_stream.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <thread>
+
+#include "autodice_runtime.h"
+
+namespace autodice {
+
+StreamLayout stream_layout(const ProgramPlan& plan) {
+  StreamLayout layout;
+  auto add = [](std::vector<StreamTensor>& list, const TensorSpec& spec, const std::string& file,
+                int rank) {
+    for (StreamTensor& t : list)
+      if (t.file == file) {
+        t.ranks.push_back(rank);
+        return;
+      }
+    list.push_back(StreamTensor{spec, file, {rank}});
+  };
+  for (const RankPlan& r : plan.ranks) {
+    for (const ModelInput& in : r.inputs) add(layout.inputs, r.tensors[in.tensor], in.file, r.rank);
+    for (const ModelOutput& out : r.outputs)
+      add(layout.outputs, r.tensors[r.produces[out.produce].tensor], out.file, r.rank);
+  }
+  layout.first_tag = 2 * plan.edges;  // edge tags are edge + edges * (frame % 2)
+  return layout;
+}
+
+namespace {
+
+int connect_to(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path)
+    abort_run("--stream " + path + ": a socket path must be shorter than " +
+              std::to_string(sizeof addr.sun_path) + " bytes", 2);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    abort_run("--stream " + path + ": cannot connect to the session (" + std::strerror(errno) +
+              ")", 2);
+  return fd;
+}
+
+// Whole messages or nothing: false when the peer has gone (EOF, reset, broken pipe).
+bool write_all(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t k = recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+void put_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+
+void put_tensor(std::string& out, const TensorSpec& t) {
+  put_u32(out, static_cast<uint32_t>(t.name.size()));
+  out += t.name;
+  put_u32(out, t.dtype == DType::Int64 ? 1 : 0);
+  put_u32(out, static_cast<uint32_t>(t.shape.size()));
+  for (int64_t d : t.shape) out.append(reinterpret_cast<const char*>(&d), 8);
+}
+
+TensorInfo info_of(const StreamTensor& t) {
+  return TensorInfo{t.spec.name, t.spec.shape, t.spec.dtype};
+}
+
+// One frame between the session and the ranks: its inputs on their way out, its outputs on their
+// way back. Buffers live here until every transfer on them completed.
+struct InFlight {
+  int64_t id = 0, frame = 0;
+  std::vector<unsigned char> in, out;
+  std::vector<Transfer> sends, recvs;
+  double since = 0;  // MPI_Wtime when it went out
+};
+
+}  // namespace
+
+Gateway::Gateway(const ProgramPlan& plan, const std::string& socket_path)
+    : plan_(plan), layout_(stream_layout(plan)), fd_(connect_to(socket_path)) {}
+
+Gateway::~Gateway() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Gateway::hello() {
+  std::string msg = "ADSTREAM";
+  put_u32(msg, 1);
+  put_u32(msg, static_cast<uint32_t>(layout_.inputs.size()));
+  put_u32(msg, static_cast<uint32_t>(layout_.outputs.size()));
+  for (const StreamTensor& t : layout_.inputs) put_tensor(msg, t.spec);
+  for (const StreamTensor& t : layout_.outputs) put_tensor(msg, t.spec);
+  session_gone_ = !write_all(fd_, msg.data(), msg.size());
+}
+
+int64_t Gateway::serve() {
+  const int n = static_cast<int>(plan_.ranks.size());
+  const TensorInfo control{"the next frame's number", {1}, DType::Int64};
+  static const int64_t kEnd = -1;
+  size_t in_bytes = 0, out_bytes = 0;
+  for (const StreamTensor& t : layout_.inputs) in_bytes += static_cast<size_t>(info_of(t).bytes());
+  for (const StreamTensor& t : layout_.outputs)
+    out_bytes += static_cast<size_t>(info_of(t).bytes());
+  const auto owner = [&](const StreamTensor& t, int64_t f) {
+    for (int r : t.ranks)
+      if (takes(plan_.ranks[r], f)) return r;
+    abort_run("no rank takes frame " + std::to_string(f) + " of \"" + t.spec.name + "\"");
+  };
+  // A frame whose results are this late means a rank is stuck that no peer waits on (the last
+  // stage): every stage has had a full wait_timeout() for its part.
+  const double late_s = wait_timeout() > 0 ? wait_timeout() * (n + 1) : 0;
+
+  std::deque<InFlight> flight;
+  int64_t frames = 0;
+  bool stopping = session_gone_;
+  int idle_polls = 0;
+  for (;;) {
+    bool moved = false;
+    while (!flight.empty()) {  // results go back in the order frames came
+      InFlight& front = flight.front();
+      bool done = true;
+      for (Transfer& t : front.recvs) done = t.test() && done;
+      if (!done) {
+        if (late_s > 0 && MPI_Wtime() - front.since > late_s)
+          for (Transfer& t : front.recvs)
+            if (!t.done())
+              abort_run("frame " + std::to_string(front.frame) + ": no result after " +
+                        std::to_string(static_cast<int>(late_s)) + " s: waiting to " + t.what());
+        break;
+      }
+      wait_all(front.sends);
+      if (!session_gone_) {
+        StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
+        session_gone_ = !write_all(fd_, &h, sizeof h) ||
+                        !write_all(fd_, front.out.data(), front.out.size());
+      }
+      flight.pop_front();
+      moved = true;
+    }
+    stopping = stopping || session_gone_;
+    if (stopping && flight.empty()) break;
+    if (!stopping) {
+      // Block while nothing is in flight; otherwise look at the socket between result checks
+      // (50 us: a frame's result is not kept waiting, and an idle gateway leaves the core).
+      pollfd p{fd_, POLLIN, 0};
+      const timespec pause{0, moved || idle_polls < 40 ? 0 : 50000};
+      const int ready = ppoll(&p, 1, flight.empty() ? nullptr : &pause, nullptr);
+      if (ready > 0) {
+        StreamHeader h;
+        if (!read_all(fd_, &h, sizeof h) || h.kind == static_cast<uint32_t>(StreamKind::kStop)) {
+          stopping = true;
+          continue;
+        }
+        if (h.kind != static_cast<uint32_t>(StreamKind::kFrame))
+          abort_run("the session sent message kind " + std::to_string(h.kind), 2);
+        flight.emplace_back();
+        InFlight& x = flight.back();
+        x.id = h.value;
+        x.frame = frames++;
+        x.in.resize(in_bytes);
+        x.out.resize(out_bytes);
+        if (!read_all(fd_, x.in.data(), x.in.size())) {
+          flight.pop_back();
+          stopping = true;
+          continue;
+        }
+        x.since = MPI_Wtime();
+        for (int r = 0; r < n; ++r)  // the ranks taking this frame hear of it first
+          if (takes(plan_.ranks[r], x.frame))
+            x.sends.push_back(Transfer::send(MPI_COMM_WORLD, control, &x.frame, r,
+                                             layout_.control_tag()));
+        size_t offset = 0;
+        for (size_t i = 0; i < layout_.inputs.size(); ++i) {
+          const StreamTensor& t = layout_.inputs[i];
+          x.sends.push_back(Transfer::send(MPI_COMM_WORLD, info_of(t), x.in.data() + offset,
+                                           owner(t, x.frame), layout_.input_tag(i)));
+          offset += static_cast<size_t>(info_of(t).bytes());
+        }
+        offset = 0;
+        for (size_t j = 0; j < layout_.outputs.size(); ++j) {
+          const StreamTensor& t = layout_.outputs[j];
+          x.recvs.push_back(Transfer::recv(MPI_COMM_WORLD, info_of(t), x.out.data() + offset,
+                                           owner(t, x.frame), layout_.output_tag(j)));
+          offset += static_cast<size_t>(info_of(t).bytes());
+        }
+        moved = true;
+      }
+    } else if (!moved) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // draining the last frames
+    }
+    idle_polls = moved ? 0 : idle_polls + 1;
+  }
+  std::vector<Transfer> ends;
+  for (int r = 0; r < n; ++r)
+    ends.push_back(Transfer::send(MPI_COMM_WORLD, control, &kEnd, r, layout_.control_tag()));
+  wait_all(ends);
+  return frames;
+}
+
+void Gateway::finish(const std::string& stats_json) {
+  if (session_gone_) return;
+  StreamHeader h{static_cast<uint32_t>(StreamKind::kStats), 0,
+                 static_cast<int64_t>(stats_json.size())};
+  if (write_all(fd_, &h, sizeof h)) write_all(fd_, stats_json.data(), stats_json.size());
+  shutdown(fd_, SHUT_WR);
+}
+
+}  // namespace autodice
