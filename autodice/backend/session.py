@@ -252,6 +252,8 @@ class Session:
             try:
                 for i, frame in enumerate(frames):
                     try:
+                        if isinstance(frame, FrameError):  # the source could not make it
+                            raise frame
                         parts = self.encode(frame, i)
                     except FrameError as e:
                         tickets.put(("error", e))

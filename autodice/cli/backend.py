@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..core.errors import AutodiceError
 from .app import console, job_options, main, model_inputs, out, progress, report_run, stats_table
 
 
@@ -45,22 +46,50 @@ def build(output):
 
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--input", "inputs", multiple=True, required=True, metavar="[NAME=]FILE.npy",
-              help="Model input as .npy (NAME= needed when the model has several inputs).")
-@click.option("--frames", default=1, show_default=True, help="Frames to stream through.")
+@click.option("--input", "inputs", multiple=True, required=True, metavar="[NAME=]SOURCE",
+              help="Model input: FILE.npy holding one frame (repeated --frames times) or a "
+                   "batch (N, ...) of frames, a folder of images, or - for raw frames on stdin "
+                   "(NAME= needed when the model has several inputs).")
+@click.option("--frames", type=int, default=None,
+              help="One frame: how many times to stream it [default: 1]. A stream: stop "
+                   "after this many frames.")
 @click.option("--results", type=click.Path(file_okay=False), default=None,
               help="Where outputs and stats.json go (default OUTPUT/results).")
+@click.option("--preprocess", default=None, metavar="KEY=VALUE,...",
+              help="Images: resize (shorter side over the input's, default 1.143), mean and std "
+                   "(a/b/c; default ImageNet's), scale (255), layout (nchw|nhwc), bgr (0|1).")
+@click.option("--labels", type=click.Path(dir_okay=False), default=None,
+              help="Class names, one a line: print each frame's top-k classes.")
+@click.option("--top-k", "top", default=5, show_default=True, help="Classes printed per frame.")
+@click.option("--window", type=int, default=None,
+              help="A stream: frames in flight at most [default: 2 x ranks + 2].")
 @job_options
-def run(output, inputs, frames, results, no_pipeline, check, rtol, gpu_fallback):
+def run(output, inputs, frames, results, preprocess, labels, top, window, no_pipeline, check,
+        rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
-    import numpy as np
-
-    from ..backend.run import run as run_job
+    from ..backend.frames import is_stream
     from ..core.plan import load_plan
-    from ..frontend.check import compare_with_model
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
+    shapes = {t.name: t.shape for t in plan.model_inputs}
+    if any(is_stream(str(src), shapes[name]) for name, src in given.items()):
+        if no_pipeline:
+            raise AutodiceError("--no-pipeline: a stream is pipelined (--window 1 sends one "
+                                "frame at a time)")
+        return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
+                          check, rtol, gpu_fallback)
+    run_repeated(output, plan, given, frames or 1, results, no_pipeline, check, rtol,
+                 gpu_fallback)
+
+
+def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol, gpu_fallback):
+    """One frame from a .npy, streamed ``frames`` times by the program itself."""
+    import numpy as np
+
+    from ..backend.run import run as run_job
+    from ..frontend.check import compare_with_model
+
     with console.status(f"running {len(plan.ranks)} ranks x {frames} frames under mpirun"):
         res = run_job(output, given, frames, results, pipeline=not no_pipeline,
                       gpu_fallback=gpu_fallback == "cpu")
@@ -73,3 +102,71 @@ def run(output, inputs, frames, results, no_pipeline, check, rtol, gpu_fallback)
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
         report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
+
+
+def run_stream(output, plan, given, frames, results, preprocess, labels, top, window, check,
+               rtol, gpu_fallback, open_session=None):
+    """Frames of a batch, a folder of images or stdin through a session, in order."""
+    from itertools import islice
+
+    from ..backend.frames import ImageRecipe, frames_from
+    from ..backend.session import open_session as open_local
+    from ..backend.stream import finish, read_labels, stream, top_k
+    from ..core.outdir import claim
+    from ..frontend.check import OutputDiff, whole_session
+
+    if len(plan.model_inputs) != 1:
+        raise AutodiceError("a stream feeds a model with one input; this one has "
+                            f"{', '.join(t.name for t in plan.model_inputs)}")
+    t = plan.model_inputs[0]
+    count, source = frames_from(str(given[t.name]), t.shape, t.dtype,
+                                ImageRecipe.parse(preprocess))
+    if frames is not None:
+        count = min(count, frames) if count is not None else frames
+        source = islice(source, frames)
+    names = read_labels(labels) if labels else None
+    whole = whole_session(plan, Path(output), None) if check else None
+    if results is None:
+        claim(Path(output), "results/")
+        results = Path(output) / "results"
+    with progress(*_stream_columns()) as bar:
+        task = bar.add_task("starting the ranks", total=count)
+        opener = open_session or (lambda: open_local(output, window, gpu_fallback == "cpu"))
+        with opener() as session:
+            bar.update(task, description="streaming")
+
+            def shown(label, result):
+                bar.advance(task)
+                if isinstance(result, AutodiceError):
+                    console.print(f"[red]error:[/red] {result}")
+                elif names is not None:
+                    scores = result if not isinstance(result, dict) else next(iter(result.values()))
+                    best = top_k(scores, names, top)
+                    bar.console.print(f"{label}: " + ", ".join(f"{n} ({v:.3g})" for n, v in best))
+
+            res = stream(session, plan, source, count, Path(results), whole, shown)
+        res = finish(session, res)
+    s = res.stats
+    lat = s["latency_s"]
+    out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
+              f"[/bold], latency p50 {lat['p50'] * 1e3:.1f} ms, p99 {lat['p99'] * 1e3:.1f} ms"
+              f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
+              f"results in {res.results}")
+    stats_table(s)
+    if check:
+        diffs = [OutputDiff(n, a, r) for n, (a, r) in res.worst.items()]
+        report_run(diffs, rtol, s)
+
+
+def _stream_columns():
+    """Description, bar (a stream of unknown length: a pulse), frames done, frames/s, time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn
+    from rich.progress import TimeElapsedColumn
+    from rich.text import Text
+
+    class Speed(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:.1f} frames/s" if task.speed else "")
+
+    return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Speed(),
+            TimeElapsedColumn())

@@ -121,13 +121,13 @@ def compare_with_model(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
                        outputs: dict[str, np.ndarray], model: str | Path | None = None,
                        ) -> list[OutputDiff]:
     """Differences between ``outputs`` and onnxruntime's whole model on ``feeds``."""
-    whole = _whole_session(plan, out_dir, model)
+    whole = whole_session(plan, out_dir, model)
     names = [t.name for t in plan.model_outputs]
     return [OutputDiff(n, *compare(outputs[n], want))
             for n, want in zip(names, whole.run(names, feeds))]
 
 
-def _whole_session(plan: Plan, out_dir: Path, model: str | Path | None):
+def whole_session(plan: Plan, out_dir: Path, model: str | Path | None):
     """onnxruntime's session of the model that was split, checked to be that model by its
     interface (``--model`` may name another one)."""
     path = Path(model) if model else out_dir / plan.model
@@ -157,7 +157,7 @@ def check(out_dir: str | Path, samples: int = 1, seed: int = 0, model: str | Pat
         raise AutodiceError(f"--samples {samples}: need at least 1")
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
-    whole = _whole_session(plan, out_dir, model)
+    whole = whole_session(plan, out_dir, model)
     names = [t.name for t in plan.model_outputs]
     worst = {n: (0.0, 0.0) for n in names}
     sessions: dict = {}

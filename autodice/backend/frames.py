@@ -1,0 +1,164 @@
+"""Where a stream's frames come from: a batch in one ``.npy``, a folder of images, raw stdin.
+
+Each source yields ``(label, frame)`` pairs lazily (a folder of 100,000 images is never held in
+memory); a frame that cannot be made (an unreadable image) is yielded as a
+:class:`~autodice.backend.session.FrameError` in its place, so the session reports it and goes on.
+
+Images are made into a model input by a stated recipe (:class:`ImageRecipe`), by default the one
+torchvision's ImageNet models were trained with: shorter side resized to 256/224 of the input's
+size, centre crop to the input, RGB scaled to [0, 1], normalised by ImageNet's mean and std, NCHW.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import AutodiceError
+from .session import FrameError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    """How an image becomes a frame; every field can be overridden (``--preprocess``)."""
+
+    resize: float = 256 / 224  # shorter side -> this times the crop's shorter side
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    scale: float = 255.0  # pixel values are divided by this first
+    layout: str = "nchw"  # or "nhwc"
+    bgr: bool = False  # channel order (Caffe-era models want BGR)
+
+    @classmethod
+    def parse(cls, text: str | None) -> ImageRecipe:
+        """``resize=1.0,mean=0.5/0.5/0.5,std=0.5/0.5/0.5,scale=255,layout=nhwc,bgr=1``.
+
+        Raises:
+            AutodiceError: an unknown key or a value that is not a number.
+        """
+        recipe = cls()
+        for item in filter(None, (text or "").split(",")):
+            key, _, value = item.partition("=")
+            key = key.strip()
+            try:
+                if key in ("mean", "std"):
+                    recipe = replace(recipe, **{key: tuple(float(v) for v in value.split("/"))})
+                elif key in ("resize", "scale"):
+                    recipe = replace(recipe, **{key: float(value)})
+                elif key == "layout" and value.lower() in ("nchw", "nhwc"):
+                    recipe = replace(recipe, layout=value.lower())
+                elif key == "bgr":
+                    recipe = replace(recipe, bgr=value.strip() in ("1", "true", "yes"))
+                else:
+                    raise AutodiceError(f"--preprocess {item}: keys are resize, mean, std, scale, "
+                                        "layout (nchw or nhwc), bgr")
+            except ValueError:
+                raise AutodiceError(f"--preprocess {item}: not a number") from None
+        return recipe
+
+    def apply(self, path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The image at ``path`` as a frame of ``shape`` (N=1, C=3, H, W in ``layout``).
+
+        Raises:
+            ValueError: the image cannot be read or the shape is not an image's.
+        """
+        from PIL import Image
+
+        if len(shape) != 4 or shape[0] != 1:
+            raise ValueError(f"the input is {'x'.join(map(str, shape))}, not one image")
+        h, w = (shape[2], shape[3]) if self.layout == "nchw" else (shape[1], shape[2])
+        channels = shape[1] if self.layout == "nchw" else shape[3]
+        with Image.open(path) as img:
+            img = img.convert("RGB" if channels == 3 else "L")
+            short = min(img.size)
+            k = self.resize * min(h, w) / short
+            img = img.resize((max(w, round(img.size[0] * k)), max(h, round(img.size[1] * k))),
+                             Image.BILINEAR)
+            left, top = (img.size[0] - w) // 2, (img.size[1] - h) // 2
+            a = np.asarray(img.crop((left, top, left + w, top + h)), dtype=np.float32)
+        a = a.reshape(h, w, -1) / self.scale
+        if self.bgr:
+            a = a[..., ::-1]
+        a = (a - np.array(self.mean[:channels], np.float32)) / np.array(self.std[:channels],
+                                                                        np.float32)
+        if self.layout == "nchw":
+            a = a.transpose(2, 0, 1)
+        return np.ascontiguousarray(a[None]).astype(dtype)
+
+
+def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
+                recipe: ImageRecipe | None = None) -> tuple[int | None, Iterator]:
+    """(number of frames if known, the ``(label, frame)`` pairs) of ``source``: a ``.npy``
+    holding a batch ``(N, ...)`` of frames (or one frame), a folder of images, or ``-`` for
+    frames of ``shape`` and ``dtype`` as raw bytes on stdin, one after another.
+
+    Raises:
+        AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, or a
+            folder without images; all before any frame is read.
+    """
+    if source == "-":
+        return None, _stdin_frames(shape, dtype)
+    path = Path(source)
+    if path.is_dir():
+        images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not images:
+            raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
+        return len(images), _image_frames(images, shape, dtype, recipe or ImageRecipe())
+    batch = _load_batch(path, shape)
+    return len(batch), ((str(i), batch[i]) for i in range(len(batch)))
+
+
+def is_stream(source: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``source`` holds more than the one frame ``run --frames`` repeats."""
+    if source == "-" or Path(source).is_dir():
+        return True
+    try:
+        return np.load(source, mmap_mode="r", allow_pickle=False).shape != tuple(shape)
+    except (OSError, ValueError):
+        return False  # run's own checks name what is wrong with it
+
+
+def _load_batch(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except OSError as e:
+        raise AutodiceError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise AutodiceError(f"{path}: not a .npy array ({e})") from None
+    if a.shape == tuple(shape):
+        return a[None]
+    if a.shape[1:] == tuple(shape):
+        return a
+    if shape[:1] == (1,) and a.shape[1:] == tuple(shape[1:]):  # frames stacked on the batch axis
+        return a[:, None]
+    raise AutodiceError(f"{path}: {'x'.join(map(str, a.shape))} is neither one frame nor a batch "
+                        f"(N, ...) of frames of {'x'.join(map(str, shape))}")
+
+
+def _image_frames(images: list[Path], shape, dtype, recipe: ImageRecipe) -> Iterator:
+    for i, p in enumerate(images):
+        try:
+            yield p.name, recipe.apply(p, shape, dtype)
+        except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
+            yield p.name, FrameError(i, f"{p}: cannot make a frame of it ({e})")
+
+
+def _stdin_frames(shape, dtype) -> Iterator:
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    stream = sys.stdin.buffer
+    i = 0
+    while True:
+        data = stream.read(size)
+        if not data:
+            return
+        if len(data) < size:
+            yield str(i), FrameError(i, f"stdin ended {len(data)} bytes into a frame of {size}")
+            return
+        yield str(i), np.frombuffer(data, dtype).reshape(shape)
+        i += 1
