@@ -16,8 +16,8 @@ from __future__ import annotations
 from importlib import import_module
 
 # (``autodice.api.deploy`` is not repeated here: ``autodice.deploy`` is the stage's package.)
-__all__ = ["AutodiceError", "build", "check", "gen", "plan", "predict", "profile", "run",
-           "search", "split"]
+__all__ = ["AutodiceError", "FrameError", "SessionError", "build", "check", "gen", "open", "plan",
+           "predict", "profile", "run", "search", "split"]
 
 
 def __getattr__(name: str):
@@ -25,6 +25,8 @@ def __getattr__(name: str):
         from .core.errors import AutodiceError
 
         return AutodiceError
+    if name in ("FrameError", "SessionError"):
+        return getattr(import_module(".backend.session", __name__), name)
     if name in __all__:
         return getattr(import_module(".api", __name__), name)
     raise AttributeError(f"module 'autodice' has no attribute {name!r}")

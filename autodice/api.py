@@ -82,6 +82,27 @@ def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool =
                gpu_fallback=gpu_fallback)
 
 
+def open(out, window: int | None = None, gpu_fallback: bool = False):  # noqa: A001
+    """A session: every rank of ``out`` started here once, frames streamed through in order.
+
+    ::
+
+        with autodice.open("out") as s:
+            for result in s.map(frames):   # arrays (or dicts by input name), results in order
+                ...
+            y = s.infer(x)                 # one frame, blocking
+            print(s.stats())               # frames/s, latency p50/p90/p99, per rank once closed
+
+    Returns:
+        :class:`~autodice.backend.session.Session`.
+    Raises:
+        AutodiceError: not built, or the job failed to start (the rank named).
+    """
+    from .backend.session import open_session
+
+    return open_session(out, window, gpu_fallback)
+
+
 def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frames: int = 1,
            run: bool = False, pipeline: bool = True):
     """Deploy to the inventory's hosts over ssh (and run there with ``run``)."""

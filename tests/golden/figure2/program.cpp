@@ -9,6 +9,8 @@
 //
 // Usage: program --inputs DIR --results DIR [--models DIR] [--frames N] [--no-pipeline]
 //                [--gpu-fallback cpu]
+//        program --stream SOCKET [--models DIR] [--gpu-fallback cpu]   (one process more: the
+//                gateway that brings an application's frames in; see autodice_stream.h)
 #include "autodice_program.h"
 
 namespace {

@@ -1,0 +1,250 @@
+"""Sessions: real frames streamed through a running job (the gateway rank, mpirun, ncnn), each
+result against onnxruntime on its own frame, bad frames, an early stop, a rank that dies.
+
+The job is Figure 2 with all three kinds of parallelism (specs/figure2/three-kinds.json): a layer
+split by rows over two ranks and a stage with a replica, so results come back in order only if
+the gateway puts them in order.
+
+    frame -> gateway -> arm1 (MaxPool1, Conv1 rows, Add1) -> arm3 | arm4 (Relu1, in turn)
+                        arm2 (Conv1 rows, FC1)            -> gateway -> result
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from conftest import SPECS
+from graphs import figure2
+
+import autodice
+from autodice.backend.frames import ImageRecipe, frames_from
+from autodice.backend.session import FrameError, SessionError
+from autodice.cli import main
+from autodice.frontend.check import session as ort_session
+
+pytestmark = pytest.mark.cpp
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("session")
+    shutil.copy(SPECS / "figure2" / "platform.txt", d / "platform.txt")
+    shutil.copy(SPECS / "figure2" / "three-kinds.json", d / "mapping.json")
+    onnx.save(figure2(), d / "model.onnx")
+    autodice.split(d / "model.onnx", d / "mapping.json", d / "platform.txt", d / "out")
+    autodice.gen(d / "out")
+    autodice.build(d / "out")
+    return d
+
+
+def frames(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(n)]
+
+
+def reference(model: Path, xs: list[np.ndarray]) -> list[np.ndarray]:
+    whole = ort_session(model)
+    name = whole.get_inputs()[0].name
+    return [whole.run(None, {name: x})[0] for x in xs]
+
+
+def programs(out: Path) -> list[int]:
+    """Pids of processes running this output's program."""
+    exe = str((out / "build" / "local" / "program").resolve())
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if os.readlink(p / "exe").removesuffix(" (deleted)") == exe:
+                    found.append(int(p.name))
+            except OSError:
+                continue
+    return found
+
+
+def rank_pid(out: Path, rank: int) -> int:
+    for pid in programs(out):
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
+    xs = frames(300)
+    want = reference(built / "model.onnx", xs)
+    with autodice.open(built / "out") as s:
+        got = list(s.map(iter(xs)))  # any iterable: a generator too
+        assert np.array_equal(s.infer(xs[7]), got[7])
+        mid = s.stats()
+    assert len(got) == 300
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), f"frame {i}"
+    # Replicated ranks took every other frame; the stats say so, and latency was measured.
+    st = s.stats()
+    assert mid["frames"] == st["frames"] == 301 and st["fps"] > 0
+    assert 0 < st["latency_s"]["p50"] <= st["latency_s"]["p99"]
+    by_key = {r["key"]: r for r in st["ranks"]}
+    assert by_key["edge01_arm3"]["frames"] + by_key["edge01_arm4"]["frames"] == 301
+    assert by_key["edge01_arm1"]["frames"] == 301
+    assert not programs(built / "out")
+
+
+def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(built):
+    good = frames(3, seed=1)
+    want = reference(built / "model.onnx", good)
+    bad_shape = np.zeros((1, 4, 8, 9), np.float32)
+    nan = good[0].copy()
+    nan[0, 1, 2, 3] = np.nan
+    with autodice.open(built / "out") as s:
+        got = list(s.map([good[0], bad_shape, good[0].astype(np.float64), nan,
+                          {"nope": good[0]}, good[1], good[2][0]]))
+        kinds = [type(g).__name__ for g in got]
+        assert kinds == ["ndarray", "FrameError", "FrameError", "FrameError", "FrameError",
+                         "ndarray", "ndarray"]
+        assert [g.index for g in got if isinstance(g, FrameError)] == [1, 2, 3, 4]
+        assert 'input "input" must be 1x4x8x8 float32, got 1x4x8x9' in str(got[1])
+        assert "must be float32, got float64" in str(got[2])
+        assert "NaN" in str(got[3])
+        assert 'no input "nope"' in str(got[4])
+        for g, w in zip([got[0], got[5], got[6]], want):  # a frame without its batch axis too
+            assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+        with pytest.raises(FrameError, match="frame 0: input"):
+            s.infer(bad_shape)
+
+
+def test_a_caller_that_stops_early_leaves_the_session_in_step(built):
+    xs = frames(40, seed=2)
+    want = reference(built / "model.onnx", xs)
+    with autodice.open(built / "out", window=4) as s:
+        for i, _ in enumerate(s.map(xs)):
+            if i == 2:
+                break
+        again = list(s.map(xs[10:20]))
+    for g, w in zip(again, want[10:20]):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+
+
+def test_a_rank_that_dies_ends_the_session_naming_it_and_what_arrived(built):
+    out = built / "out"
+    delivered = []
+    with pytest.raises(SessionError) as err:
+        with autodice.open(out, window=4) as s:
+            victim = rank_pid(out, 2)
+
+            def slow():
+                for i, x in enumerate(frames(10_000, seed=3)):
+                    if i == 50:
+                        os.kill(victim, signal.SIGKILL)
+                    yield x
+
+            for i, _ in enumerate(s.map(slow())):
+                delivered.append(i)
+    e = err.value
+    assert "rank 2 (edge01_arm3" in str(e) and "died" in str(e)
+    assert e.delivered == (delivered[-1] if delivered else -1)
+    assert 40 <= len(delivered) <= 60
+    deadline = time.monotonic() + 20
+    while programs(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not programs(out)
+
+
+def test_ctrl_c_in_the_caller_stops_the_job(built):
+    out = built / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with autodice.open(out) as s:
+            for i, _ in enumerate(s.map(frames(1000, seed=4))):
+                if i == 5:
+                    raise KeyboardInterrupt
+    assert not programs(out)
+
+
+def test_cli_streams_a_batch_a_folder_of_images_and_stdin(built, tmp_path):
+    from PIL import Image
+
+    out = built / "out"
+    xs = np.stack([x[0] for x in frames(25, seed=5)])  # (25, 4, 8, 8): frames on the batch axis
+    np.save(tmp_path / "batch.npy", xs)
+    want = np.stack(reference(built / "model.onnx", [x[None] for x in xs]))
+    r = CliRunner().invoke(main, ["run", str(out), "--input", str(tmp_path / "batch.npy"),
+                                  "--results", str(tmp_path / "r1"), "--check"])
+    assert r.exit_code == 0, r.output
+    assert "25 frames" in r.output and "latency p50" in r.output
+    got = np.load(tmp_path / "r1" / "output.npy")
+    assert got.shape == (25, *want.shape[1:])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    stats = json.loads((tmp_path / "r1" / "stats.json").read_text())
+    assert stats["frames"] == 25 and {"p50", "p90", "p99"} <= set(stats["latency_s"])
+
+    # A 4-channel model is no RGB classifier: the recipe is stated, so it reads 4 channels
+    # from an RGBA image (scale 1, no normalisation) and the broken file is that frame's error.
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(6)
+    for i in range(3):
+        Image.fromarray((rng.random((8 + i, 9, 4)) * 255).astype(np.uint8), "RGBA").save(
+            images / f"{i}.png")
+    (images / "3.jpg").write_text("not an image")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"class{i}" for i in range(want[0].size)))
+    r = CliRunner().invoke(main, ["run", str(out), "--input", str(images), "--results",
+                                  str(tmp_path / "r2"), "--labels", str(labels), "--top-k", "2",
+                                  "--preprocess", "resize=1,scale=1,mean=0/0/0/0,std=1/1/1/1"])
+    assert r.exit_code == 0, r.output
+    assert "0.png: class" in r.output and "1 frames failed" in r.output
+    status = json.loads((tmp_path / "r2" / "frames.json").read_text())
+    assert [s["frame"] for s in status] == ["0.png", "1.png", "2.png", "3.jpg"]
+    assert "cannot make a frame" in status[3]["error"] and "error" not in status[0]
+
+    raw = xs[:4].tobytes()
+    r = CliRunner().invoke(main, ["run", str(out), "--input", "-", "--results",
+                                  str(tmp_path / "r3")], input=raw)
+    assert r.exit_code == 0, r.output
+    assert np.abs(np.load(tmp_path / "r3" / "output.npy") - want[:4]).max() <= \
+        1e-5 * np.abs(want).max()
+
+
+def test_a_job_that_cannot_start_is_one_error(built, tmp_path):
+    broken = tmp_path / "out"
+    shutil.copytree(built / "out", broken, symlinks=True)
+    (broken / "ncnn" / "edge01_arm2.ncnn.bin").write_bytes(b"")
+    with pytest.raises(autodice.AutodiceError, match="cannot load .*edge01_arm2.ncnn.bin"):
+        autodice.open(broken)
+    assert not programs(broken)
+
+
+def test_image_recipe_and_sources_say_what_is_wrong(tmp_path):
+    with pytest.raises(autodice.AutodiceError, match="keys are resize"):
+        ImageRecipe.parse("size=3")
+    with pytest.raises(autodice.AutodiceError, match="not a number"):
+        ImageRecipe.parse("mean=a/b/c")
+    np.save(tmp_path / "odd.npy", np.zeros((5, 3, 8, 8), np.float32))
+    with pytest.raises(autodice.AutodiceError, match="neither one frame nor a batch"):
+        frames_from(str(tmp_path / "odd.npy"), (1, 4, 8, 8), np.float32)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(autodice.AutodiceError, match="no images there"):
+        frames_from(str(tmp_path / "empty"), (1, 3, 8, 8), np.float32)
+    n, batch = frames_from(str(tmp_path / "odd.npy"), (1, 3, 8, 8), np.float32)
+    assert n == 5 and [label for label, _ in batch] == ["0", "1", "2", "3", "4"]
+
+
+def test_sessions_do_not_share_a_stream(built):
+    with autodice.open(built / "out") as s:
+        it = s.map(frames(5))
+        next(it)
+        with pytest.raises(autodice.AutodiceError, match="already streaming"):
+            next(s.map(frames(1)))
+        it.close()
+        assert len(list(s.map(frames(3)))) == 3
+    assert threading.active_count() < 10
