@@ -54,6 +54,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/backend_bench.py
 	$(BIN)/python bench/dse_bench.py
 	$(BIN)/python bench/parallel_bench.py
+	$(BIN)/python bench/session_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py; \
 	else echo "note: deploy_bench.py, costmodel_bench.py need root (emulated cluster): skipped"; fi

@@ -64,6 +64,24 @@ def parallel(d: dict) -> Iterator[Goal]:
                f"4 ranks on {p['cores']} cores" if p["cores"] < 4 else "")
 
 
+def session(d: dict) -> Iterator[Goal]:
+    """Issue 22: frames fed from Python against the program's own repeat, latency, order."""
+    for m in d["models"]:
+        r, med = m["ratios"], m["median_fps"]
+        yield Goal("stream", f"{m['model']} session >= 0.9x run --frames on one frame",
+                   f"{r['session / repeat']:.2f}x", r["session / repeat"] >= 0.9,
+                   f"repeat {med['repeat']:.1f} frames/s, session {med['session']:.1f}")
+        yield Goal("stream", f"{m['model']} latency one at a time <= 1.1x a lockstep frame",
+                   f"{r['latency / lockstep frame']:.2f}x", r["latency / lockstep frame"] <= 1.1,
+                   f"latency {m['median_latency_s'] * 1e3:.2f} ms, lockstep frame "
+                   f"{1e3 / med['lockstep']:.2f} ms")
+    if d.get("long"):
+        lo = d["long"]
+        yield Goal("stream", f"{lo['frames']} distinct frames, 4 ranks with a replica: all in "
+                   "order, equal to onnxruntime", f"{lo['delivered']} ok" if lo["ok"] else
+                   f"{lo['delivered']}", lo["ok"], f"worst rel {lo['worst_rel']:.1e}")
+
+
 def deploy(d: dict) -> Iterator[Goal]:
     """P7 (redeploy) and P5's link half."""
     for r in d["deploy"]:
@@ -113,7 +131,7 @@ def dse(d: dict) -> Iterator[Goal]:
 
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
-    "costmodel": costmodel}
+    "costmodel": costmodel, "session": session}
 
 
 def main() -> int:

@@ -437,7 +437,10 @@ class Session:
             return
         try:
             if self._broken is None:
-                self._sock.sendall(_HEADER.pack(_STOP, 0, 0))
+                try:
+                    self._sock.sendall(_HEADER.pack(_STOP, 0, 0))
+                except OSError:  # the job ended while the session was idle
+                    self._fail(-1)
                 kind, _, n = _HEADER.unpack(self._read(_HEADER.size, "the job ended at close"))
                 if kind == _STATS:
                     self._job_stats = json.loads(self._read(n, "the job ended at close"))
