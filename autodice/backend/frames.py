@@ -115,13 +115,17 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
 
 
 def is_stream(source: str, shape: tuple[int, ...]) -> bool:
-    """Whether ``source`` holds more than the one frame ``run --frames`` repeats."""
+    """Whether ``source`` holds a stream of frames rather than the one frame ``run --frames``
+    repeats (a ``.npy`` that is neither is left to run's own checks, which name what is wrong)."""
     if source == "-" or Path(source).is_dir():
         return True
     try:
-        return np.load(source, mmap_mode="r", allow_pickle=False).shape != tuple(shape)
+        a = np.load(source, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
-        return False  # run's own checks name what is wrong with it
+        return False
+    shape = tuple(shape)
+    return a.shape != shape and (a.shape[1:] == shape or (
+        shape[:1] == (1,) and a.ndim == len(shape) and a.shape[1:] == shape[1:]))
 
 
 def _load_batch(path: Path, shape: tuple[int, ...]) -> np.ndarray:

@@ -79,8 +79,8 @@ def run(output, inputs, frames, results, preprocess, labels, top, window, no_pip
                                 "frame at a time)")
         return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
                           check, rtol, gpu_fallback)
-    run_repeated(output, plan, given, frames or 1, results, no_pipeline, check, rtol,
-                 gpu_fallback)
+    run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline, check,
+                 rtol, gpu_fallback)
 
 
 def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol, gpu_fallback):
@@ -115,6 +115,8 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
+    if frames is not None and frames < 1:
+        raise AutodiceError(f"--frames {frames}: need at least 1 frame")
     if len(plan.model_inputs) != 1:
         raise AutodiceError("a stream feeds a model with one input; this one has "
                             f"{', '.join(t.name for t in plan.model_inputs)}")
