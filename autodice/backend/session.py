@@ -38,7 +38,6 @@ import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan
-from .engine import mpi_prefix
 from .failure import explain_failure
 
 _HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
