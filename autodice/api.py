@@ -82,8 +82,10 @@ def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool =
                gpu_fallback=gpu_fallback)
 
 
-def open(out, window: int | None = None, gpu_fallback: bool = False):  # noqa: A001
-    """A session: every rank of ``out`` started here once, frames streamed through in order.
+def open(out, inventory=None, window: int | None = None,  # noqa: A001
+         gpu_fallback: bool = False):
+    """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
+    inventory's hosts first, and frames streamed through in order.
 
     ::
 
@@ -96,8 +98,13 @@ def open(out, window: int | None = None, gpu_fallback: bool = False):  # noqa: A
     Returns:
         :class:`~autodice.backend.session.Session`.
     Raises:
-        AutodiceError: not built, or the job failed to start (the rank named).
+        AutodiceError: not built (here) or not deployable (as ``deploy``), or the job failed to
+            start (the rank and host named).
     """
+    if inventory is not None:
+        from .deploy.stream import open_deployed
+
+        return open_deployed(out, inventory, window, gpu_fallback)
     from .backend.session import open_session
 
     return open_session(out, window, gpu_fallback)

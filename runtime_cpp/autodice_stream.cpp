@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <algorithm>
 #include <deque>
@@ -46,11 +47,18 @@ int connect_to(const std::string& path) {
     abort_run("--stream " + path + ": a socket path must be shorter than " +
               std::to_string(sizeof addr.sun_path) + " bytes", 2);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    abort_run("--stream " + path + ": cannot connect to the session (" + std::strerror(errno) +
-              ")", 2);
-  return fd;
+  // On a deployed host the socket is ssh's forward of the session's, which may appear a moment
+  // after the job starts: absent or refused is retried for a few seconds, anything else is not.
+  for (int attempt = 0;; ++attempt) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+    const int why = errno;
+    if (fd >= 0) close(fd);
+    if ((why != ENOENT && why != ECONNREFUSED) || attempt == 100)
+      abort_run("--stream " + path + ": cannot connect to the session (" + std::strerror(why) +
+                ")", 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 // Whole messages or nothing: false when the peer has gone (EOF, reset, broken pipe).

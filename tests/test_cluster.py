@@ -246,10 +246,76 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     # No rank, Open MPI daemon or ssh of the job is left: each namespace holds only its sshd
     # (once the connections deploy keeps open for the next deploy are closed).
     close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
-    deadline = time.monotonic() + 5
+    assert _no_leftovers() == {}
+
+
+def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts(fig2, emu):
+    """autodice.open on deployed hosts: Conv1's rows split over edge01 and edge02, Relu1's stage
+    on edge04 with a copy on edge03; 300 distinct frames in, each result equal to onnxruntime
+    on its own frame, in order; nothing left on any host afterwards."""
+    import autodice
+
+    (fig2 / "mapping.json").write_text(json.dumps({
+        "edge01_arm1": ["MaxPool1", {"layer": "Conv1", "split": "rows"}, "Add1"],
+        "edge02_arm1": [{"layer": "Conv1", "split": "rows"}, "FC1"],
+        "edge04_x861": ["Relu1"], "edge03_arm1": {"replicates": "edge04_x861"}}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    inventory = write_inventory(emu, fig2, HOSTS)
+    xs = np.random.default_rng(6).standard_normal((300, 1, 4, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(str(fig2 / "model.onnx"))
+    with autodice.open(fig2 / "out", inventory=inventory) as s:
+        got = list(s.map(iter(xs)))
+        assert np.array_equal(s.infer(xs[9]), got[9])
+    assert len(got) == 300
+    for i, (x, g) in enumerate(zip(xs, got)):
+        want = ref.run(None, {"input": x})[0]
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=f"frame {i}")
+    st = s.stats()
+    assert st["frames"] == 301 and st["latency_s"]["p50"] > 0
+    assert [r["frames"] for r in st["ranks"]] == [301, 301, 151, 150]
+    close_connections(load_inventory(inventory).targets.values())
+    assert _no_leftovers() == {}
+
+
+def test_a_host_lost_mid_session_is_named_with_the_last_frame_delivered(fig2_three_hosts, emu):
+    import autodice
+    from autodice.backend.session import SessionError
+
+    d = fig2_three_hosts
+    x = np.load(d / "x.npy")
+    delivered = []
+
+    def endless():
+        while True:
+            yield x
+
+    program = str(remote(emu, "edge02") / "build" / "program")
+    with pytest.raises(SessionError) as lost:
+        with autodice.open(d / "out", inventory=d / "inventory.toml") as s:
+            for i, _ in enumerate(s.map(endless())):
+                delivered.append(i)
+                if i == 50:
+                    victim = next(p for p in cluster.netns_pids("adc-edge02")
+                                  if _exe(p) == program)
+                    killed_at = time.monotonic()
+                    os.kill(victim, signal.SIGKILL)
+    assert time.monotonic() - killed_at < 10
+    e = lost.value
+    assert e.problems[0] == (
+        "edge02 (root@10.77.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
+    assert e.delivered == delivered[-1] >= 50
+    assert e.problems[-1] == f"the last frame delivered: {e.delivered}"
+    close_connections(load_inventory(d / "inventory.toml").targets.values())
+    assert _no_leftovers() == {}
+
+
+def _no_leftovers(wait_s: float = 5) -> dict:
+    """What of a job is still running on the hosts after ``wait_s`` seconds (their sshd aside)."""
+    deadline = time.monotonic() + wait_s
     while (left := _leftovers()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert left == {}
+    return left
 
 
 def _exe(pid: int) -> str:

@@ -107,9 +107,11 @@ def test_launch_files_and_mpirun_command(fig2_plan):
     d, plan = fig2_plan
     inv = load_inventory(d / "inventory.toml", plan.hosts())
     files = launch_files(plan, inv)
-    assert files["hostfile"] == "10.77.0.11 slots=2\n10.77.0.14 slots=1\n"
+    # The head has a slot more: a session's gateway (rank 3) shares rank 0's first core.
+    assert files["hostfile"] == "10.77.0.11 slots=3\n10.77.0.14 slots=1\n"
     assert files["rankfile"] == ("rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.11 slots=0\n"
                                  "rank 2=10.77.0.14 slots=0\n")
+    assert files["rankfile.stream"] == files["rankfile"] + "rank 3=10.77.0.11 slots=1\n"
     assert "Host 10.77.0.14\n  HostName 10.77.0.14\n  Port 2222\n" in files["ssh_config"]
     assert "StrictHostKeyChecking yes" in files["ssh_config"]
     hosts = {h: Host(t, arch="x86_64", cpus=12, cpus_all=12) for h, t in inv.targets.items()}
@@ -121,6 +123,10 @@ def test_launch_files_and_mpirun_command(fig2_plan):
     assert "--rankfile" in argv  # cores 0-11 exist on every host: bind as the plan says
     assert argv.count(":") == 2 and argv.count("--wdir") == 3
     assert "/srv/autodice/edge04/build/program" in argv
+    argv = mpirun_argv(plan, inv, hosts, ["--stream", "/srv/s.sock"], gateway=True)
+    assert argv[argv.index("--rankfile") + 1:][:3] == [
+        "/srv/autodice/edge01/launch/rankfile.stream", "--bind-to", "core:overload-allowed"]
+    assert argv.count(":") == 3 and "/srv/autodice/edge01/results/died-3" in argv
     hosts["edge01"].cpus = 2  # cores 1,2,3 do not exist there: run unbound
     argv = mpirun_argv(plan, inv, hosts, ["--frames", "5"])
     assert "--rankfile" not in argv and "--bind-to" in argv and not honours_cores(

@@ -384,6 +384,7 @@ class Session:
                 k = 0
             if k == 0:
                 if why is not None:
+                    self._hang_up()
                     code = self.job.wait(10)
                     raise AutodiceError(why, *self.job.failure(code))
                 self._fail(last)
@@ -392,6 +393,7 @@ class Session:
 
     def _fail(self, last: int):
         """The gateway hung up mid-stream: the job ended. Say which rank, and what arrived."""
+        self._hang_up()
         code = self.job.wait(15)
         lines = self.job.failure(code)
         self._broken = SessionError(last, *lines, f"the last frame delivered: {last}"
@@ -443,6 +445,7 @@ class Session:
                 kind, _, n = _HEADER.unpack(self._read(_HEADER.size, "the job ended at close"))
                 if kind == _STATS:
                     self._job_stats = json.loads(self._read(n, "the job ended at close"))
+                self._hang_up()
                 code = self.job.wait(60)
                 if code not in (0, None):
                     self._abandon(keep=True)
@@ -450,12 +453,16 @@ class Session:
         finally:
             self._abandon()
 
-    def _abandon(self, keep: bool = False) -> None:
-        """Close the socket and stop the job if it still runs; remove the session's folder
-        unless ``keep`` (a failure: its log is named in the error)."""
+    def _hang_up(self) -> None:
+        """Close our end of the stream: an ssh that forwards it waits for that before it ends."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def _abandon(self, keep: bool = False) -> None:
+        """Close the socket and stop the job if it still runs; remove the session's folder
+        unless ``keep`` (a failure: its log is named in the error)."""
+        self._hang_up()
         job = getattr(self, "job", None)
         if job is not None:
             job.stop()

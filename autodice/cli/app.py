@@ -161,6 +161,32 @@ def job_options(command):
     return command
 
 
+def stream_options(command):
+    """The options of a stream of real frames (``run`` and ``deploy --run`` with a batch, a
+    folder of images or stdin as the input)."""
+    for option in reversed((
+            click.option("--frames", type=int, default=None,
+                         help="One frame: how many times to stream it [default: 1]. A stream: "
+                              "stop after this many frames."),
+            click.option("--preprocess", default=None, metavar="KEY=VALUE,...",
+                         help="Images: resize (shorter side over the input's, default 1.143), "
+                              "mean and std (a/b/c; default ImageNet's), scale (255), layout "
+                              "(nchw|nhwc), bgr (0|1)."),
+            click.option("--labels", type=click.Path(dir_okay=False), default=None,
+                         help="Class names, one a line: print each frame's top-k classes."),
+            click.option("--top-k", "top", default=5, show_default=True,
+                         help="Classes printed per frame."),
+            click.option("--window", type=int, default=None,
+                         help="A stream: frames in flight at most [default: 2 x ranks + 2]."))):
+        command = option(command)
+    return command
+
+
+INPUT_HELP = ("Model input: FILE.npy holding one frame (repeated --frames times) or a batch "
+              "(N, ...) of frames, a folder of images, or - for raw frames on stdin (NAME= "
+              "needed when the model has several inputs).")
+
+
 input_shape_option = click.option(
     "--input-shape", "input_shapes", multiple=True, metavar="NAME=1x3x224x224",
     help="Static shape for a model input with symbolic dimensions (repeatable).")

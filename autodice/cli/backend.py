@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from ..core.errors import AutodiceError
-from .app import console, job_options, main, model_inputs, out, progress, report_run, stats_table
+from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, report_run,
+                  stats_table, stream_options)
 
 
 @main.command()
@@ -47,40 +48,36 @@ def build(output):
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--input", "inputs", multiple=True, required=True, metavar="[NAME=]SOURCE",
-              help="Model input: FILE.npy holding one frame (repeated --frames times) or a "
-                   "batch (N, ...) of frames, a folder of images, or - for raw frames on stdin "
-                   "(NAME= needed when the model has several inputs).")
-@click.option("--frames", type=int, default=None,
-              help="One frame: how many times to stream it [default: 1]. A stream: stop "
-                   "after this many frames.")
+              help=INPUT_HELP)
 @click.option("--results", type=click.Path(file_okay=False), default=None,
               help="Where outputs and stats.json go (default OUTPUT/results).")
-@click.option("--preprocess", default=None, metavar="KEY=VALUE,...",
-              help="Images: resize (shorter side over the input's, default 1.143), mean and std "
-                   "(a/b/c; default ImageNet's), scale (255), layout (nchw|nhwc), bgr (0|1).")
-@click.option("--labels", type=click.Path(dir_okay=False), default=None,
-              help="Class names, one a line: print each frame's top-k classes.")
-@click.option("--top-k", "top", default=5, show_default=True, help="Classes printed per frame.")
-@click.option("--window", type=int, default=None,
-              help="A stream: frames in flight at most [default: 2 x ranks + 2].")
+@stream_options
 @job_options
-def run(output, inputs, frames, results, preprocess, labels, top, window, no_pipeline, check,
+def run(output, inputs, results, frames, preprocess, labels, top, window, no_pipeline, check,
         rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
-    from ..backend.frames import is_stream
     from ..core.plan import load_plan
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
-    shapes = {t.name: t.shape for t in plan.model_inputs}
-    if any(is_stream(str(src), shapes[name]) for name, src in given.items()):
-        if no_pipeline:
-            raise AutodiceError("--no-pipeline: a stream is pipelined (--window 1 sends one "
-                                "frame at a time)")
+    if is_a_stream(plan, given, no_pipeline):
         return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
                           check, rtol, gpu_fallback)
     run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline, check,
                  rtol, gpu_fallback)
+
+
+def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
+    """Whether the inputs are a stream of frames (a batch, a folder, stdin), not one frame."""
+    from ..backend.frames import is_stream
+
+    shapes = {t.name: t.shape for t in plan.model_inputs}
+    if not any(is_stream(str(src), shapes[name]) for name, src in given.items()):
+        return False
+    if no_pipeline:
+        raise AutodiceError("--no-pipeline: a stream is pipelined (--window 1 sends one "
+                            "frame at a time)")
+    return True
 
 
 def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol, gpu_fallback):
@@ -106,7 +103,11 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
 
 def run_stream(output, plan, given, frames, results, preprocess, labels, top, window, check,
                rtol, gpu_fallback, open_session=None):
-    """Frames of a batch, a folder of images or stdin through a session, in order."""
+    """Frames of a batch, a folder of images or stdin through a session, in order.
+
+    ``open_session(status)`` starts the session (default: every rank here); ``status(text)``
+    shows what it is doing (deploying, starting the ranks) while the user waits.
+    """
     from itertools import islice
 
     from ..backend.frames import ImageRecipe, frames_from
@@ -133,8 +134,9 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
         results = Path(output) / "results"
     with progress(*_stream_columns()) as bar:
         task = bar.add_task("starting the ranks", total=count)
-        opener = open_session or (lambda: open_local(output, window, gpu_fallback == "cpu"))
-        with opener() as session:
+        opener = open_session or (lambda status: open_local(output, window,
+                                                            gpu_fallback == "cpu"))
+        with opener(lambda text: bar.update(task, description=text)) as session:
             bar.update(task, description="streaming")
 
             def shown(label, result):

@@ -8,7 +8,9 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import console, job_options, main, model_inputs, out, progress, report_run, stats_table
+from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, report_run,
+                  stats_table, stream_options)
+from .backend import is_a_stream, run_stream
 
 
 @main.group()
@@ -89,21 +91,21 @@ def _cluster_table(c) -> None:
 @click.option("--inventory", "-i", required=True, type=click.Path(dir_okay=False),
               help="inventory.toml: ssh destination and remote directory per host.")
 @click.option("--run", "run_job", is_flag=True, help="Then run the job across the hosts.")
-@click.option("--input", "inputs", multiple=True, metavar="[NAME=]FILE.npy",
-              help="Model input as .npy for --run (NAME= needed when the model has several).")
-@click.option("--frames", default=1, show_default=True, help="Frames to stream through (--run).")
+@click.option("--input", "inputs", multiple=True, metavar="[NAME=]SOURCE",
+              help=INPUT_HELP + " For --run.")
+@stream_options
 @job_options
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds the job may run.")
+@click.option("--timeout", default=600.0, show_default=True,
+              help="Seconds a job on one repeated frame may run.")
 @click.option("--keep-connections", default=300.0, show_default=True, metavar="SECONDS",
               type=click.FloatRange(0, 86400),
               help="Keep each host's ssh connection open this long when idle, for the next "
                    "deploy (0: close them when done).")
-def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol, gpu_fallback,
-           timeout, keep_connections):
+def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, window,
+           no_pipeline, check, rtol, gpu_fallback, timeout, keep_connections):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from ..core.plan import load_plan
     from ..deploy.deploy import deploy as run_deploy
@@ -111,6 +113,16 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
+    if run_job and is_a_stream(plan, given, no_pipeline):
+        from ..deploy.stream import open_deployed
+
+        def opener(status):
+            return open_deployed(output, inventory, window, gpu_fallback == "cpu",
+                                 lambda host, step: status(f"{host}: {step}"), keep_connections)
+
+        return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
+                          check, rtol, gpu_fallback, open_session=opener)
+    frames = 1 if frames is None else frames
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
                   TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
@@ -119,15 +131,7 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
                          progress=lambda h, step: bar.update(tasks[h], description=step),
                          gpu_fallback=gpu_fallback == "cpu",
                          keep_connections_s=keep_connections)
-    table = Table(title=f"deployed to {len(res.hosts)} hosts in "
-                        f"{sum(res.seconds.values()):.1f} s "
-                        f"({', '.join(f'{k} {v:.1f} s' for k, v in res.seconds.items())})")
-    for col in ("host", "arch", "sent", "files moved", "program"):
-        table.add_column(col, justify="right" if col == "sent" else "left")
-    for r in res.hosts.values():
-        table.add_row(r.host, r.arch, human_bytes(r.bytes_sent), str(len(r.files)),
-                      "built here" if r.built else f"built on {r.built_by}")
-    out.print(table)
+    _deploy_table(res.hosts, res.seconds)
     if res.run is not None:
         s = res.run.stats
         out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
@@ -137,3 +141,16 @@ def deploy(output, inventory, run_job, inputs, frames, no_pipeline, check, rtol,
             feeds = {n: np.load(p) for n, p in given.items()}
             report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
 
+
+def _deploy_table(hosts, seconds) -> None:
+    """Per host: its architecture, what was sent and where its program was built."""
+    from rich.table import Table
+
+    table = Table(title=f"deployed to {len(hosts)} hosts in {sum(seconds.values()):.1f} s "
+                        f"({', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())})")
+    for col in ("host", "arch", "sent", "files moved", "program"):
+        table.add_column(col, justify="right" if col == "sent" else "left")
+    for r in hosts.values():
+        table.add_row(r.host, r.arch, human_bytes(r.bytes_sent), str(len(r.files)),
+                      "built here" if r.built else f"built on {r.built_by}")
+    out.print(table)

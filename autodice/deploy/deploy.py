@@ -41,15 +41,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..backend.run import RunResult, check_inputs, program_flags, stage_inputs
 from ..core.errors import AutodiceError
 from ..core.outdir import claim
-from ..core.plan import load_plan
+from ..core.plan import Plan, load_plan
 from .check import check_all
-from .inventory import load_inventory
+from .inventory import Inventory, load_inventory
 from .launch import check_launchable, run_job, write_launch_files
 from .remote_build import build_all, source_digest
 from .ssh import KEEP_S, Host, Progress, Ssh
@@ -78,6 +79,33 @@ class DeployResult:
     run: RunResult | None = None
 
 
+@dataclass
+class Shipped:
+    """What :func:`ship` leaves for a job on the hosts: the plan, the inventory, the live hosts
+    (rank 0's first: the head) and the ssh connections to them."""
+
+    out_dir: Path
+    plan: Plan
+    inv: Inventory
+    ssh: Ssh
+    hosts: list[Host]
+    seconds: dict[str, float]
+
+    @property
+    def work(self) -> Path:
+        return self.out_dir / "deploy"
+
+    def reports(self) -> dict[str, HostReport]:
+        return {h.target.host: HostReport(h.target.host, h.arch, h.cpus, *h.sent,
+                                          built=h.builder == h.target.host, built_by=h.builder,
+                                          compiled=h.compiled)
+                for h in self.hosts}
+
+    def close(self) -> None:
+        """End of the job: the ssh connections close or wait for the next deploy."""
+        self.ssh.close(self.inv.targets.values())
+
+
 def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
            inputs: dict[str, Path] | None = None, frames: int = 1, pipeline: bool = True,
            timeout_s: float = 600, progress: Progress | None = None, gpu_fallback: bool = False,
@@ -99,11 +127,49 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
             failed authentication or missing tools (all hosts at once, before anything is
             copied), a failed remote build (its log tail) or a failed run (rank and host named).
     """
-    out_dir = Path(out_dir)
     progress = progress or (lambda host, step: None)
     if run and (frames < 1 or not timeout_s > 0):
         raise AutodiceError(f"--frames {frames} --timeout {timeout_s:g}: need at least 1 frame "
                             "and a timeout above 0 s")
+    flags = program_flags(frames, pipeline, gpu_fallback)
+
+    def check(plan: Plan, inv: Inventory) -> None:
+        if inputs is None:
+            raise AutodiceError("deploy --run needs --input")
+        check_inputs(plan, inputs)
+        check_launchable(inv)
+
+    shipped = ship(out_dir, inventory, progress, keep_connections_s, check if run else None)
+    result_run = None
+    try:
+        if run:
+            claim(shipped.out_dir, "results/")
+            stage_inputs(shipped.plan, inputs, shipped.work / "inputs")
+            result_run = _timed(shipped.seconds, "run", lambda: run_job(
+                shipped.ssh, shipped.plan, shipped.inv, shipped.hosts, shipped.out_dir, flags,
+                timeout_s, progress))
+    finally:
+        shipped.close()
+    for h in shipped.hosts:
+        progress(h.target.host, "done")
+    return DeployResult(shipped.reports(), shipped.seconds, result_run)
+
+
+def ship(out_dir: str | Path, inventory: str | Path, progress: Progress | None = None,
+         keep_connections_s: float = KEEP_S,
+         before: Callable[[Plan, Inventory], None] | None = None) -> Shipped:
+    """Steps 1-3 and the launch files: every host holds its package and a built program.
+
+    ``before(plan, inventory)`` runs once the plan and inventory are read and before any
+    network use: a job's own checks of its input, so bad input loses nothing. The caller
+    closes the result (:meth:`Shipped.close`) once the job is done; on an error here it is
+    closed already.
+
+    Raises:
+        AutodiceError: as :func:`deploy`.
+    """
+    out_dir = Path(out_dir)
+    progress = progress or (lambda host, step: None)
     plan = load_plan(out_dir)
     hosts_of_plan = plan.hosts()
     problems = []
@@ -117,21 +183,14 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         problems += e.problems
     if problems:
         raise AutodiceError(*problems)
-    if run:
-        if inputs is None:
-            raise AutodiceError("deploy --run needs --input")
-        check_inputs(plan, inputs)
-        check_launchable(inv)
-    claim(out_dir, "deploy/", "results/")
+    if before is not None:
+        before(plan, inv)
+    claim(out_dir, "deploy/")
     work = out_dir / "deploy"
     work.mkdir(exist_ok=True)
-    flags = program_flags(frames, pipeline, gpu_fallback)
-    if run:
-        stage_inputs(plan, inputs, work / "inputs")
     hosts = [Host(inv.targets[name]) for name in hosts_of_plan]
-    ssh = Ssh(inv, work, keep_connections_s)
-    seconds: dict[str, float] = {}
-    result_run = None
+    shipped = Shipped(out_dir, plan, inv, Ssh(inv, work, keep_connections_s), hosts, {})
+    ssh, seconds = shipped.ssh, shipped.seconds
     try:
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
@@ -149,21 +208,13 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
         digests.save()
         write_launch_files(ssh, plan, inv, hosts, work, progress)
-        if run:
-            result_run = _timed(seconds, "run", lambda: run_job(
-                ssh, plan, inv, hosts, out_dir, flags, timeout_s, progress))
-    finally:
-        ssh.close(inv.targets.values())
-    for h in hosts:
-        progress(h.target.host, "done")
-    reports = {h.target.host: HostReport(h.target.host, h.arch, h.cpus, *h.sent,
-                                         built=h.builder == h.target.host, built_by=h.builder,
-                                         compiled=h.compiled)
-               for h in hosts}
+    except BaseException:
+        shipped.close()
+        raise
     (work / "report.json").write_text(json.dumps(
-        {"hosts": {k: {**vars(r), "files": list(r.files)} for k, r in reports.items()},
+        {"hosts": {k: {**vars(r), "files": list(r.files)} for k, r in shipped.reports().items()},
          "seconds": seconds}, indent=1, sort_keys=True) + "\n")
-    return DeployResult(reports, seconds, result_run)
+    return shipped
 
 
 def _timed(seconds: dict, step: str, fn):

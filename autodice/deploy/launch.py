@@ -112,15 +112,21 @@ def honours_cores(plan: Plan, hosts: dict[str, Host]) -> bool:
 
 
 def launch_files(plan: Plan, inv: Inventory) -> dict[str, str]:
-    """hostfile and rankfile with real addresses, and the ssh config mpirun uses on the head."""
+    """hostfile and rankfile with real addresses, and the ssh config mpirun uses on the head;
+    ``rankfile.stream`` adds a session's gateway (one rank more, on rank 0's first core)."""
     counts: dict[str, int] = {}
     for r in plan.ranks:
         counts[r.host] = counts.get(r.host, 0) + 1
     t = inv.targets
+    rankfile = "".join(f"rank {r.rank}={t[r.host].address} "
+                       f"slots={','.join(map(str, r.slots))}\n" for r in plan.ranks)
+    first = plan.ranks[0]
     return {
-        "hostfile": "".join(f"{t[h].address} slots={n}\n" for h, n in counts.items()),
-        "rankfile": "".join(f"rank {r.rank}={t[r.host].address} "
-                            f"slots={','.join(map(str, r.slots))}\n" for r in plan.ranks),
+        "hostfile": "".join(f"{t[h].address} slots={n + (h == first.host)}\n"
+                            for h, n in counts.items()),
+        "rankfile": rankfile,
+        "rankfile.stream": rankfile + (f"rank {len(plan.ranks)}={t[first.host].address} "
+                                       f"slots={first.slots[0]}\n"),
         "ssh_config": ssh_config(t.values(), by="address"),
     }
 
@@ -163,9 +169,11 @@ def mpirun_head(inv: Inventory, head: Host, env: dict[str, str], hostfile: str,
     return argv
 
 
-def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host],
-                flags: list[str]) -> list[str]:
-    """The head node's mpirun command: one app context per rank, in rank order."""
+def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], flags: list[str],
+                gateway: bool = False) -> list[str]:
+    """The head node's mpirun command: one app context per rank, in rank order, and with
+    ``gateway`` a session's gateway after them (rank n, on the head: it shares rank 0's first
+    core, where it mostly sleeps)."""
     head = hosts[plan.ranks[0].host]
     launch = f"{head.dir}/launch"
     # Passive waiting: emulated hosts share this machine's cores (see run.omp_wait_policy).
@@ -174,16 +182,17 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host],
     argv = mpirun_head(inv, head, env, f"{launch}/hostfile")
     bound = honours_cores(plan, hosts)
     if bound:
-        argv += ["--rankfile", f"{launch}/rankfile"]
+        argv += ["--rankfile", f"{launch}/rankfile.stream" if gateway else f"{launch}/rankfile"]
+        argv += ["--bind-to", "core:overload-allowed"] if gateway else []
     else:
         argv += ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"]
-    for r in plan.ranks:
-        d = hosts[r.host].dir
-        argv += [] if r.rank == 0 else [":"]
+    for rank, key in enumerate([r.host for r in plan.ranks] + [head.target.host] * gateway):
+        d = hosts[key].dir
+        argv += [] if rank == 0 else [":"]
         argv += ["-np", "1", "--wdir", d]
         if not bound:
-            argv += ["--host", hosts[r.host].target.address]
-        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/died-{r.rank}",
+            argv += ["--host", hosts[key].target.address]
+        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/died-{rank}",
                  f"{d}/build/program", "--models", f"{d}/package/models", "--inputs",
                  f"{d}/inputs", "--results", f"{d}/results", *flags]
     return argv
@@ -226,7 +235,7 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
                             f"(log: {log_path})")
     if code != 0:
         raise AutodiceError(*run_failure(plan, inv, output, code, elapsed, log_path,
-                                         _deaths(ssh, hosts)))
+                                         rank_deaths(ssh, hosts)))
     return _collect(ssh, plan, hosts, out_dir, progress)
 
 
@@ -240,32 +249,65 @@ def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
     Returns:
         (exit code, whether it timed out, seconds).
     """
-    head = hosts[0]
-    folder = f"{build.root(head)}/launch"  # in every rank's command line: names our mpirun
-    job = f"{build.root(head)}/job"
-    pid_file = f"{job}/mpirun.pid"
-    start = time.monotonic()
-    timed_out = False
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(ssh.script(head.target, _LAUNCH, pid_file,
-                                           f"{job}/mpirun.log", *argv),
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    job = HeadJob(ssh, hosts, argv, log_path, build)
+    try:
+        timed_out = job.wait(timeout_s) is None
+    finally:
+        job.stop()
+    return job.proc.returncode, timed_out, job.seconds
+
+
+class HeadJob:
+    """The mpirun command ``argv`` started on the head (``hosts[0]``) over ssh, its output into
+    ``log_path``. ``stop()`` ends it, and after anything but a clean exit leaves nothing of the
+    job (ranks running ``build``'s binary, Open MPI daemons, the head's ssh sessions) on any
+    host. ``ssh_options`` go to the ssh command that carries mpirun (a session's forward).
+
+    Its own process group: Ctrl-C reaches Python, which stops the job in order.
+    """
+
+    def __init__(self, ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
+                 build: Build = PROGRAM, ssh_options: tuple[str, ...] = ()):
+        self.ssh, self.hosts, self.build = ssh, hosts, build
+        head = hosts[0]
+        self.folder = f"{build.root(head)}/launch"  # in every rank's command line: names mpirun
+        job = f"{build.root(head)}/job"
+        self.pid_file = f"{job}/mpirun.pid"
+        cmd = ssh.script(head.target, _LAUNCH, self.pid_file, f"{job}/mpirun.log", *argv)
+        cmd[1:1] = ssh_options
+        self._start = time.monotonic()
+        self._ended: float | None = None
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def seconds(self) -> float:
+        return (self._ended or time.monotonic()) - self._start
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if it still runs after ``timeout`` seconds."""
         try:
-            proc.wait(timeout=timeout_s)
+            return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            if proc.poll() is None:  # timed out or interrupted: stop mpirun on the head
-                subprocess.run(ssh.script(head.target, _STOP, pid_file, f"{folder}/"),
-                               capture_output=True, timeout=30)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.returncode != 0:  # a clean exit means mpirun already ended everything
-                _reap(ssh, hosts, pid_file, build)
-    return proc.returncode, timed_out, time.monotonic() - start
+            return None
+
+    def stop(self) -> None:
+        """End the job now if it still runs; then make sure nothing of it is left anywhere."""
+        if self._ended is not None:
+            return
+        if self.proc.poll() is None:
+            subprocess.run(self.ssh.script(self.hosts[0].target, _STOP, self.pid_file,
+                                           f"{self.folder}/"), capture_output=True, timeout=30)
+            if self.wait(15) is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._ended = time.monotonic()
+        if self.proc.returncode != 0:  # a clean exit means mpirun already ended everything
+            _reap(self.ssh, self.hosts, self.pid_file, self.build)
 
 
 def _reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> None:
@@ -290,7 +332,7 @@ exit 0
 """
 
 
-def _deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
+def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
     """(time, rank, exit code) of every rank that died of a signal, earliest first."""
     found: list[Death] = []
 
