@@ -310,6 +310,20 @@ def test_a_host_lost_mid_session_is_named_with_the_last_frame_delivered(fig2_thr
     assert _no_leftovers() == {}
 
 
+def test_deploy_run_streams_a_batch_from_the_cli(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    xs = np.random.default_rng(8).standard_normal((30, 4, 8, 8)).astype(np.float32)
+    np.save(d / "batch.npy", xs)
+    ref = ort.InferenceSession(str(d / "model.onnx"))
+    want = np.stack([ref.run(None, {"input": x[None]})[0] for x in xs])
+    r = CliRunner().invoke(main, ["deploy", str(d / "out"), "-i", str(d / "inventory.toml"),
+                                  "--run", "--input", str(d / "batch.npy"), "--check"])
+    assert r.exit_code == 0, r.output
+    assert "30 frames" in r.output and "latency p50" in r.output
+    np.testing.assert_allclose(np.load(d / "out" / "results" / "output.npy"), want, rtol=1e-5,
+                               atol=1e-6)
+
+
 def _no_leftovers(wait_s: float = 5) -> dict:
     """What of a job is still running on the hosts after ``wait_s`` seconds (their sshd aside)."""
     deadline = time.monotonic() + wait_s

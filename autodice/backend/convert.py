@@ -66,10 +66,14 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
             data = Path(str(onnx_path) + ".data")
             if data.exists():
                 _place(data, work / data.name)
-            stem = onnx_path.name.removesuffix(".onnx")
-            proc = subprocess.run([str(pnnx_binary()), onnx_path.name, f"fp16={int(fp16)}"],
+            # Every output named here: pnnx derives its own names from the model's, with
+            # characters a key may hold (edge01_arm0-3) changed, so those files would not be found.
+            outputs = {f"{kind}{part}": f"out.{kind}.{part}" for kind in ("pnnx", "ncnn")
+                       for part in ("param", "bin", "py")} | {"pnnxonnx": "out.pnnx.onnx"}
+            proc = subprocess.run([str(pnnx_binary()), onnx_path.name, f"fp16={int(fp16)}",
+                                   *(f"{k}={v}" for k, v in outputs.items())],
                                   cwd=work, capture_output=True, text=True)
-            if proc.returncode != 0 or not (work / f"{stem}.ncnn.param").exists():
+            if proc.returncode != 0 or not (work / "out.ncnn.param").exists():
                 tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
                 more = "..." if len(rank.layers) > 6 else ""
                 raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
@@ -77,7 +81,7 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                     f"pnnx could not convert {onnx_path.name}: {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             for suffix in ("param", "bin"):
-                shutil.move(work / f"{stem}.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
+                shutil.move(work / f"out.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
                 (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
             try:
                 staging.rename(entry)

@@ -150,7 +150,8 @@ def _image_frames(images: list[Path], shape, dtype, recipe: ImageRecipe) -> Iter
         try:
             yield p.name, recipe.apply(p, shape, dtype)
         except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
-            yield p.name, FrameError(i, f"{p}: cannot make a frame of it ({e})")
+            why = str(e).replace(f" '{p}'", "")  # Pillow names the file again
+            yield p.name, FrameError(i, f"{p}: cannot make a frame of it ({why})")
 
 
 def _stdin_frames(shape, dtype) -> Iterator:
