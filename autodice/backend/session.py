@@ -167,6 +167,11 @@ class Session:
         listener.close()
         self.inputs, self.outputs = self._hello()
         self._ids = 0
+        # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
+        # one per 208 KiB (the default) with the gateway woken for each.
+        frame_bytes = sum(t.nbytes for t in self.inputs) + _HEADER.size
+        if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
 
     # ---- starting --------------------------------------------------------------------------
 
@@ -235,17 +240,54 @@ class Session:
             FrameError: the frame cannot be sent.
             SessionError: the job ended.
         """
-        (result,) = list(self.map([frame]))
-        if isinstance(result, FrameError):
-            raise result
-        return result
+        if not self._lock.acquire(blocking=False):
+            raise AutodiceError("this session is already streaming (one map at a time)")
+        try:
+            self._check_open()
+            parts = self.encode(frame, 0)
+            try:  # no feeder thread for one frame: starting one costs latency
+                sent = self._send(parts)
+            except OSError:
+                self._fail(-1)
+            try:
+                result = self._result(-1)
+            except SessionError:
+                raise
+            except BaseException:  # Ctrl-C between the frame and its result: out of step
+                self._abandon()
+                raise
+            self._account(sent, first=True)
+            return result
+        finally:
+            self._lock.release()
+
+    def _send(self, parts: list[memoryview]) -> float:
+        """One frame to the gateway; returns when it went (for its latency)."""
+        sock = self._sock
+        if sock is None:  # hung up under a feeder: the reader says why
+            raise OSError("the session's socket is closed")
+        fid = self._ids
+        self._ids += 1
+        sent = time.perf_counter()
+        sock.sendall(_HEADER.pack(_FRAME, 0, fid))
+        for p in parts:
+            sock.sendall(p)
+        return sent
+
+    def _account(self, sent: float, first: bool) -> None:
+        """A result delivered: its latency, and the busy time (from the first frame sent, or
+        the last result, to now)."""
+        now = time.perf_counter()
+        self._busy_s += now - (sent if first else self._last_result)
+        self._last_result = now
+        self._delivered += 1
+        self._latency.append(now - sent)
 
     def _stream(self, frames: Iterable) -> Iterator:
         self._check_open()
         tickets: queue.Queue = queue.Queue()
         slots = threading.Semaphore(self.window)
         stop = threading.Event()
-        sock = self._sock
 
         def feed() -> None:
             try:
@@ -262,13 +304,7 @@ class Session:
                             return
                     if stop.is_set():
                         return
-                    fid = self._ids
-                    self._ids += 1
-                    sent = time.perf_counter()
-                    sock.sendall(_HEADER.pack(_FRAME, 0, fid))
-                    for p in parts:
-                        sock.sendall(p)
-                    tickets.put(("frame", i, sent))
+                    tickets.put(("frame", i, self._send(parts)))
             except OSError as e:  # the gateway is gone: the reader says why
                 tickets.put(("gone", e))
             except BaseException as e:  # the caller's iterable raised: raise it there
@@ -297,11 +333,7 @@ class Session:
                 _, index, sent = ticket
                 result = self._result(last)
                 slots.release()
-                now = time.perf_counter()
-                self._busy_s += now - (sent if last < 0 else self._last_result)
-                self._last_result = now
-                self._delivered += 1
-                self._latency.append(now - sent)
+                self._account(sent, first=last < 0)
                 last = index
                 yield result
         finally:
