@@ -5,6 +5,7 @@ One cluster of four hosts serves the whole module (bringing it up takes a fracti
 the remote builds dominate). Needs root; CI runs as root.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -21,7 +22,9 @@ import pytest
 from click.testing import CliRunner
 from emulated import write_inventory
 
+import autodice
 from autodice.backend.gen import gen
+from autodice.backend.session import SessionError
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
@@ -102,8 +105,9 @@ def test_figure2_on_three_hosts(fig2_three_hosts, emu):
         "rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.12 slots=0\nrank 2=10.77.0.14 slots=0\n")
 
 
-def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2, emu):
-    """All three kinds through deploy: Conv1's rows on edge01 and edge02, Relu1's stage on
+@pytest.fixture
+def fig2_three_kinds(fig2, emu):
+    """All three kinds over four hosts: Conv1's rows on edge01 and edge02, Relu1's stage on
     edge04 with a copy on edge03 taking every other frame."""
     (fig2 / "mapping.json").write_text(json.dumps({
         "edge01_arm1": ["MaxPool1", {"layer": "Conv1", "split": "rows"}, "Add1"],
@@ -111,9 +115,14 @@ def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2, emu):
         "edge04_x861": ["Relu1"], "edge03_arm1": {"replicates": "edge04_x861"}}))
     split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
     gen(fig2 / "out")
+    write_inventory(emu, fig2, HOSTS)
+    return fig2
+
+
+def test_a_split_layer_and_a_replicated_stage_across_hosts(fig2_three_kinds):
+    fig2 = fig2_three_kinds
     x = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype(np.float32)
     np.save(fig2 / "x.npy", x)
-    write_inventory(emu, fig2, HOSTS)
     res = deploy(fig2 / "out", fig2 / "inventory.toml", run=True, inputs={"input": fig2 / "x.npy"},
                  frames=5)
     want = ort.InferenceSession(str(fig2 / "model.onnx")).run(None, {"input": x})[0]
@@ -249,19 +258,12 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     assert _no_leftovers() == {}
 
 
-def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts(fig2, emu):
-    """autodice.open on deployed hosts: Conv1's rows split over edge01 and edge02, Relu1's stage
-    on edge04 with a copy on edge03; 300 distinct frames in, each result equal to onnxruntime
-    on its own frame, in order; nothing left on any host afterwards."""
-    import autodice
-
-    (fig2 / "mapping.json").write_text(json.dumps({
-        "edge01_arm1": ["MaxPool1", {"layer": "Conv1", "split": "rows"}, "Add1"],
-        "edge02_arm1": [{"layer": "Conv1", "split": "rows"}, "FC1"],
-        "edge04_x861": ["Relu1"], "edge03_arm1": {"replicates": "edge04_x861"}}))
-    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
-    gen(fig2 / "out")
-    inventory = write_inventory(emu, fig2, HOSTS)
+def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts(
+        fig2_three_kinds):
+    """autodice.open on deployed hosts: 300 distinct frames in, each result equal to
+    onnxruntime on its own frame, in order; nothing left on any host afterwards."""
+    fig2 = fig2_three_kinds
+    inventory = fig2 / "inventory.toml"
     xs = np.random.default_rng(6).standard_normal((300, 1, 4, 8, 8)).astype(np.float32)
     ref = ort.InferenceSession(str(fig2 / "model.onnx"))
     with autodice.open(fig2 / "out", inventory=inventory) as s:
@@ -279,21 +281,13 @@ def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts
 
 
 def test_a_host_lost_mid_session_is_named_with_the_last_frame_delivered(fig2_three_hosts, emu):
-    import autodice
-    from autodice.backend.session import SessionError
-
     d = fig2_three_hosts
     x = np.load(d / "x.npy")
     delivered = []
-
-    def endless():
-        while True:
-            yield x
-
     program = str(remote(emu, "edge02") / "build" / "program")
     with pytest.raises(SessionError) as lost:
         with autodice.open(d / "out", inventory=d / "inventory.toml") as s:
-            for i, _ in enumerate(s.map(endless())):
+            for i, _ in enumerate(s.map(itertools.repeat(x))):
                 delivered.append(i)
                 if i == 50:
                     victim = next(p for p in cluster.netns_pids("adc-edge02")
@@ -308,6 +302,19 @@ def test_a_host_lost_mid_session_is_named_with_the_last_frame_delivered(fig2_thr
     assert e.problems[-1] == f"the last frame delivered: {e.delivered}"
     close_connections(load_inventory(d / "inventory.toml").targets.values())
     assert _no_leftovers() == {}
+
+
+def test_ctrl_c_in_a_deployed_session_leaves_nothing_on_the_hosts(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    x = np.load(d / "x.npy")
+    with pytest.raises(KeyboardInterrupt):
+        with autodice.open(d / "out", inventory=d / "inventory.toml") as s:
+            for i, _ in enumerate(s.map(itertools.repeat(x))):
+                if i == 20:
+                    raise KeyboardInterrupt
+    close_connections(load_inventory(d / "inventory.toml").targets.values())
+    assert _no_leftovers() == {}
+    assert not list((remote(emu, "edge01") / "job").glob("stream-*.sock"))  # the forward's
 
 
 def test_deploy_run_streams_a_batch_from_the_cli(fig2_three_hosts, emu):

@@ -25,6 +25,9 @@ before anything runs anywhere:
    Outputs and ``stats.json`` come back into ``OUT/results/``. Whatever happens, no rank of
    ours is left running on any host.
 
+Steps 1-3 are :func:`ship`; a session on the hosts (:mod:`.stream`) ships the same way, then
+runs its own job.
+
 So a redeploy costs one remote shell per host plus one rsync per host whose package changed
 (and the build where the program changed); the master connections stay open for
 ``keep_connections_s`` idle seconds after a deploy, for the next one.
@@ -101,6 +104,12 @@ class Shipped:
                                           compiled=h.compiled)
                 for h in self.hosts}
 
+    def write_report(self) -> None:
+        """``deploy/report.json``: per host what moved and where it was built; seconds per step."""
+        (self.work / "report.json").write_text(json.dumps(
+            {"hosts": {k: {**vars(r), "files": list(r.files)} for k, r in self.reports().items()},
+             "seconds": self.seconds}, indent=1, sort_keys=True) + "\n")
+
     def close(self) -> None:
         """End of the job: the ssh connections close or wait for the next deploy."""
         self.ssh.close(self.inv.targets.values())
@@ -152,6 +161,8 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
         shipped.close()
     for h in shipped.hosts:
         progress(h.target.host, "done")
+    if run:
+        shipped.write_report()  # with the run's seconds
     return DeployResult(shipped.reports(), shipped.seconds, result_run)
 
 
@@ -211,9 +222,7 @@ def ship(out_dir: str | Path, inventory: str | Path, progress: Progress | None =
     except BaseException:
         shipped.close()
         raise
-    (work / "report.json").write_text(json.dumps(
-        {"hosts": {k: {**vars(r), "files": list(r.files)} for k, r in shipped.reports().items()},
-         "seconds": seconds}, indent=1, sort_keys=True) + "\n")
+    shipped.write_report()
     return shipped
 
 
