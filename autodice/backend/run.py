@@ -141,6 +141,27 @@ def check_tolerance(stats: dict) -> tuple[float, str]:
     return FP32_RTOL, "fp32 on every rank"
 
 
+class ProcessJob:
+    """A job's one process here (mpirun, or the ssh that runs mpirun on a head node), its output
+    into ``log``. Its own process group: Ctrl-C reaches Python, which stops the job in order."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None):
+        self.log = log
+        with open(log, "wb") as f:
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if it still runs after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
 def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
                  gateway: bool = False) -> tuple[list[str], dict[str, str]]:
     """The mpirun command and environment that run every rank of ``plan`` here (the rankfile,

@@ -25,7 +25,6 @@ import queue
 import shutil
 import socket
 import struct
-import subprocess
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.plan import Plan
 from .failure import explain_failure
+from .run import ProcessJob, local_mpirun
 
 _HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
 _FRAME, _STOP, _RESULT, _STATS = 1, 2, 3, 4
@@ -83,23 +83,12 @@ class Job(Protocol):
     def failure(self, code: int | None) -> list[str]: ...  # what brought it down, one line each
 
 
-class LocalJob:
+class LocalJob(ProcessJob):
     """Every rank and the gateway on this machine under mpirun, output to ``log``."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan):
-        self.log, self.plan = log, plan
-        with open(log, "wb") as f:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+        super().__init__(argv, log, env)
+        self.plan = plan
 
     def stop(self) -> None:
         if self.proc.poll() is None:  # mpirun ends its ranks on SIGTERM
@@ -118,8 +107,6 @@ class LocalJob:
 def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = False) -> LocalJob:
     """Start every rank of ``out_dir``'s built program here, plus the gateway on rank 0's core
     (its files beside the socket, in the session's folder)."""
-    from .run import local_mpirun
-
     program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
     if not program.exists():
         raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")

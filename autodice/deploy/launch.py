@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.failure import Death, explain_failure
-from ..backend.run import RunResult
+from ..backend.run import ProcessJob, RunResult
 from ..core.errors import AutodiceError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
@@ -257,13 +257,11 @@ def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
     return job.proc.returncode, timed_out, job.seconds
 
 
-class HeadJob:
+class HeadJob(ProcessJob):
     """The mpirun command ``argv`` started on the head (``hosts[0]``) over ssh, its output into
     ``log_path``. ``stop()`` ends it, and after anything but a clean exit leaves nothing of the
     job (ranks running ``build``'s binary, Open MPI daemons, the head's ssh sessions) on any
     host. ``ssh_options`` go to the ssh command that carries mpirun (a session's forward).
-
-    Its own process group: Ctrl-C reaches Python, which stops the job in order.
     """
 
     def __init__(self, ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
@@ -277,23 +275,11 @@ class HeadJob:
         cmd[1:1] = ssh_options
         self._start = time.monotonic()
         self._ended: float | None = None
-        with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(cmd, log_path)
 
     @property
     def seconds(self) -> float:
         return (self._ended or time.monotonic()) - self._start
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None if it still runs after ``timeout`` seconds."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
 
     def stop(self) -> None:
         """End the job now if it still runs; then make sure nothing of it is left anywhere."""
