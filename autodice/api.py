@@ -83,7 +83,7 @@ def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool =
 
 
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
-         gpu_fallback: bool = False):
+         gpu_fallback: bool = False, recover: bool | str | Path = False):
     """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
     inventory's hosts first, and frames streamed through in order.
 
@@ -95,6 +95,11 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
             y = s.infer(x)                 # one frame, blocking
             print(s.stats())               # frames/s, latency p50/p90/p99, per rank once closed
 
+    With ``inventory`` and ``recover=True`` (or a ``dse`` output folder to pick from), a host
+    lost mid-stream is left out: the session deploys a mapping onto the hosts left and sends
+    again every frame whose result had not come back; ``s.rebalance()`` moves back to every
+    host once the lost ones answer again; ``s.stats()["incidents"]`` says what happened.
+
     Returns:
         :class:`~autodice.backend.session.Session`.
     Raises:
@@ -104,7 +109,10 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     if inventory is not None:
         from .deploy.stream import open_deployed
 
-        return open_deployed(out, inventory, window, gpu_fallback)
+        return open_deployed(out, inventory, window, gpu_fallback, recover=recover)
+    if recover:
+        raise AutodiceError("recover needs an inventory: the ranks on this machine have no "
+                            "other host to go on with")
     from .backend.session import open_session
 
     return open_session(out, window, gpu_fallback)

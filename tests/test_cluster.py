@@ -432,6 +432,60 @@ def test_dse_measures_front_points_on_the_hosts(fig2, emu):
     assert set(report["hosts"]) <= {"edge01", "edge02"}
 
 
+def _fault(emu, host: str, fault: str) -> None:
+    """Take ``host`` away as a board is lost: its ranks killed or frozen, or its link down."""
+    if fault == "link":
+        subprocess.run(["ip", "netns", "exec", f"adc-{host}", "ip", "link", "set", "eth0",
+                        "down"], check=True)
+        return
+    program = str(remote(emu, host) / "build" / "program")
+    ranks = [p for p in cluster.netns_pids(f"adc-{host}") if _exe(p) == program]
+    assert ranks, f"no rank of ours on {host}"
+    for p in ranks:
+        os.kill(p, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop", "link"])
+def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_hosts, emu, fault):
+    """2,000 distinct frames; edge02 lost at a random frame (killed, frozen, or its link down):
+    every result arrives, once, in order, equal to onnxruntime on its own frame; the session
+    goes on over edge01 and edge04 and then, once edge02 is back, rebalances onto all three;
+    nothing is left on any host."""
+    d = fig2_three_hosts
+    rng = np.random.default_rng({"kill": 1, "stop": 2, "link": 3}[fault])
+    xs = rng.standard_normal((2000, 1, 4, 8, 8)).astype(np.float32)
+    at = int(rng.integers(100, 1500))
+    ref = ort.InferenceSession(str(d / "model.onnx"))
+    got = []
+    try:
+        with autodice.open(d / "out", inventory=d / "inventory.toml", recover=True) as s:
+            for i, y in enumerate(s.map(iter(xs))):
+                got.append(y)
+                if i == at:
+                    _fault(emu, "edge02", fault)
+            (incident,) = s.stats()["incidents"]
+            if fault == "link":
+                subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0",
+                                "up"], check=True)
+            s.rebalance()
+            again = list(s.map(iter(xs[:20])))
+            assert s.stats()["incidents"][-1]["rebalanced"] == ["edge02"]
+    finally:
+        subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0", "up"])
+    assert len(got) == 2000
+    for i, (x, g) in enumerate(zip(xs, got)):
+        np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"frame {i}")
+    for x, g in zip(xs, again):
+        np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+    assert incident["lost"] == ["edge02"]
+    assert set(incident["mapping"]) == {"edge01_arm123", "edge04_gpu"}
+    assert 0 < incident["replayed"] <= s.window
+    assert incident["after_frame"] >= at
+    close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
+    assert _no_leftovers() == {}
+
+
 def test_without_root_a_clear_message(tmp_path):
     """As an unprivileged user (for real, through setpriv), `cluster up` says it needs root."""
     if shutil.which("setpriv") is None:
@@ -457,3 +511,4 @@ def test_down_leaves_nothing_behind(emu):
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
                 and state in _read(p / "cmdline")]  # no sshd (nor anything) of the cluster
     assert cluster.down() == []  # nothing left to remove
+

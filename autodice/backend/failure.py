@@ -47,18 +47,24 @@ def explain_failure(plan: Plan, output: str, deaths: Iterable[Death] = (),
         return f"rank {k} ({plan.ranks[k].key} on {plan.ranks[k].host})"
 
     name = name or local_name
+    return [f"{name(k)} {what}" for k, what in culprits(plan, output, deaths)]
+
+
+def culprits(plan: Plan, output: str, deaths: Iterable[Death] = ()) -> list[tuple[int, str]]:
+    """(rank, what happened to it) for each rank that brought the job down (see
+    :func:`explain_failure`); what a recovery counts as lost."""
     known = range(len(plan.ranks))
     died = sorted(d for d in deaths if d[1] in known)
     if died:
         _, k, code = died[0]
-        return [f"{name(k)} died: killed by {_signal_name(code)}"]
+        return [(k, f"died: killed by {_signal_name(code)}")]
     text = " ".join(output.replace("\0", "").split())
-    killed = [f"{name(int(m[1]))} died: killed by signal {m[2]}" + (f" ({m[3]})" if m[3] else "")
+    killed = [(int(m[1]), f"died: killed by signal {m[2]}" + (f" ({m[3]})" if m[3] else ""))
               for m in _KILLED.finditer(text) if int(m[1]) in known]
-    return killed or _stopped_responding(output, known, name)
+    return killed or _stopped_responding(output, known)
 
 
-def _stopped_responding(output: str, known: range, name: Callable[[int], str]) -> list[str]:
+def _stopped_responding(output: str, known: range) -> list[tuple[int, str]]:
     """The ranks that others waited on in vain while they themselves waited on no one."""
     waits = {}
     for ln in output.splitlines():
@@ -66,12 +72,12 @@ def _stopped_responding(output: str, known: range, name: Callable[[int], str]) -
         # times out too, but it is the culprit: it says so, and does not count as waiting.
         if (m := _TIMED_OUT.match(ln)) and "this rank was frozen" not in ln:
             waits[int(m[1])] = (m[2], int(m[3]))
-    lines = []
+    found = []
     for stuck in sorted({peer for _, peer in waits.values()} - set(waits)):
         if stuck in known:
             waiting = [f'rank {k} for "{t}"' for k, (t, p) in sorted(waits.items()) if p == stuck]
-            lines.append(f"{name(stuck)} stopped responding ({', '.join(waiting)} waited in vain)")
-    return lines
+            found.append((stuck, f"stopped responding ({', '.join(waiting)} waited in vain)"))
+    return found
 
 
 def _signal_name(code: int) -> str:

@@ -14,7 +14,11 @@ have) comes back in its place as a :class:`FrameError`; the others go on. A job 
 the session with a :class:`SessionError` naming the rank and the last frame delivered.
 
 How the job is started and stopped is the launcher's business: every rank here under mpirun
-(:class:`LocalJob`), or on deployed hosts (``autodice.deploy.stream``).
+(:class:`LocalJob`), or on deployed hosts (``autodice.deploy.stream``). So is what to do when it
+dies: a session given a ``recover`` callback asks it for the next job (a mapping onto the hosts
+left, ``autodice.deploy.recover``), starts that, and sends again, in order, every frame whose
+result had not come back; the caller's iterator just goes on. A frame is dropped from the
+session's keeping only once its whole result was read, so none is lost and none comes twice.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import struct
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -72,6 +77,37 @@ class StreamTensor:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class _Gone(Exception):
+    """The gateway hung up mid-stream: the job ended under the session."""
+
+
+@dataclass
+class _Sent:
+    """A frame in flight: kept until its whole result was read, to send again after a restart."""
+
+    index: int  # in the caller's map
+    parts: list[memoryview]
+    at: float  # perf_counter when first sent: a replayed frame's latency includes the recovery
+
+
+@dataclass
+class Restart:
+    """The next job after the last one died (or a planned move): its plan, how to start it, and
+    what the recovery did, for :meth:`Session.stats` (``incidents``)."""
+
+    plan: Plan
+    start: Callable[[str], Job]
+    incident: dict = field(default_factory=dict)
+
+
+class Recovery(Protocol):
+    """What a session asks when its job dies, or when the caller asks to rebalance."""
+
+    def recover(self, job: Job) -> Restart: ...  # the dead job: stop it, find what was lost
+    def rebalance(self, job: Job) -> Restart | None: ...  # the best job for all hosts, if moved
+    def close(self) -> None: ...  # the session ended: nothing of the recovery's left running
 
 
 class Job(Protocol):
@@ -122,10 +158,13 @@ class Session:
     """A running job fed frame by frame; see the module docstring. Use as a context manager."""
 
     def __init__(self, plan: Plan, start: Callable[[str], Job], window: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, recovery: Recovery | None = None):
         """Start the job (``start`` gets the socket's path; the job's files may go beside it)
         and wait until every rank has loaded its model.
 
+        Args:
+            recovery: asked for the next job when this one dies; None: a death ends the
+                session (:class:`SessionError`).
         Raises:
             AutodiceError: the job failed to start (the rank named) or did not start in time.
         """
@@ -140,27 +179,37 @@ class Session:
         self._delivered = 0
         self._job_stats: dict | None = None
         self._kept = False
+        self._start_timeout_s = start_timeout_s
+        self._recovery = recovery
+        self._inflight: deque[_Sent] = deque()
+        self._sending = threading.Condition()  # guards _inflight, _sock's swap and _paused
+        self._paused = False  # a restart is under way: frames wait
+        self._move = False  # rebalance() asked for, done at the next result
+        self._ids = 0
+        self._jobs = 0
+        self.incidents: list[dict] = []
+        try:
+            self.job, self._sock = self._start(start)
+        except BaseException:
+            self._abandon(keep=True)
+            raise
+        self.inputs, self.outputs = self._hello()
+
+    # ---- starting --------------------------------------------------------------------------
+
+    def _start(self, start: Callable[[str], Job]) -> tuple[Job, socket.socket]:
+        """A job started and its gateway's connection, through a socket of its own."""
+        self._jobs += 1
+        path = str(self._tmp / f"stream-{self._jobs}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            path = str(self._tmp / "stream.sock")
             listener.bind(path)
             listener.listen(1)
             self.job = start(path)
-            self._sock = self._accept(listener, start_timeout_s)
-        except BaseException:
+            return self.job, self._accept(listener, self._start_timeout_s)
+        finally:
             listener.close()
-            self._abandon(keep=True)
-            raise
-        listener.close()
-        self.inputs, self.outputs = self._hello()
-        self._ids = 0
-        # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
-        # one per 208 KiB (the default) with the gateway woken for each.
-        frame_bytes = sum(t.nbytes for t in self.inputs) + _HEADER.size
-        if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
-
-    # ---- starting --------------------------------------------------------------------------
+            Path(path).unlink(missing_ok=True)
 
     def _accept(self, listener: socket.socket, timeout_s: float) -> socket.socket:
         """The gateway's connection; the job's failure if it ends first."""
@@ -198,6 +247,11 @@ class Session:
         if ({t.name for t in inputs}, {t.name for t in outputs}) != want:
             raise AutodiceError("the running program was built from another plan: "
                                 "run `autodice gen` and `autodice build` again")
+        # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
+        # one per 208 KiB (the default) with the gateway woken for each.
+        frame_bytes = sum(t.nbytes for t in inputs) + _HEADER.size
+        if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
         return inputs, outputs
 
     # ---- the stream ------------------------------------------------------------------------
@@ -233,33 +287,60 @@ class Session:
             self._check_open()
             parts = self.encode(frame, 0)
             try:  # no feeder thread for one frame: starting one costs latency
-                sent = self._send(parts)
+                self._post(0, parts)
             except OSError:
-                self._fail(-1)
+                if self._recovery is None:
+                    self._fail(-1)
             try:
-                result = self._result(-1)
+                sent, result = self._next_result(-1)
             except SessionError:
                 raise
             except BaseException:  # Ctrl-C between the frame and its result: out of step
                 self._abandon()
                 raise
-            self._account(sent, first=True)
+            self._account(sent.at, first=True)
             return result
         finally:
             self._lock.release()
 
-    def _send(self, parts: list[memoryview]) -> float:
-        """One frame to the gateway; returns when it went (for its latency)."""
-        sock = self._sock
+    def rebalance(self) -> None:
+        """Move back to the best job for every host (after one that was lost came back), without
+        losing a frame: done now when no stream runs, else before the stream's next result.
+
+        Raises:
+            AutodiceError: this session cannot move (it was opened without recovery).
+        """
+        if self._recovery is None:
+            raise AutodiceError("this session was opened without recovery: nothing to rebalance")
+        self._move = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._check_open()
+                self._moved(-1)
+            finally:
+                self._lock.release()
+
+    def _post(self, index: int, parts: list[memoryview]) -> _Sent:
+        """Keep a frame until its result is read, and send it to the gateway (once no restart is
+        under way). An OSError means the job is gone: the reader restarts it and sends the frame
+        again, or says why."""
+        with self._sending:
+            while self._paused:
+                self._sending.wait()
+            sent = _Sent(index, parts, time.perf_counter())
+            self._inflight.append(sent)
+            sock = self._sock
         if sock is None:  # hung up under a feeder: the reader says why
             raise OSError("the session's socket is closed")
+        self._send(sock, parts)
+        return sent
+
+    def _send(self, sock: socket.socket, parts: list[memoryview]) -> None:
         fid = self._ids
         self._ids += 1
-        sent = time.perf_counter()
         sock.sendall(_HEADER.pack(_FRAME, 0, fid))
         for p in parts:
             sock.sendall(p)
-        return sent
 
     def _account(self, sent: float, first: bool) -> None:
         """A result delivered: its latency, and the busy time (from the first frame sent, or
@@ -275,6 +356,7 @@ class Session:
         tickets: queue.Queue = queue.Queue()
         slots = threading.Semaphore(self.window)
         stop = threading.Event()
+        recovering = self._recovery is not None
 
         def feed() -> None:
             try:
@@ -291,7 +373,12 @@ class Session:
                             return
                     if stop.is_set():
                         return
-                    tickets.put(("frame", i, self._send(parts)))
+                    tickets.put(("frame", i))
+                    try:
+                        self._post(i, parts)
+                    except OSError:
+                        if not recovering:
+                            raise  # else the reader restarts the job and sends it again
             except OSError as e:  # the gateway is gone: the reader says why
                 tickets.put(("gone", e))
             except BaseException as e:  # the caller's iterable raised: raise it there
@@ -317,11 +404,10 @@ class Session:
                     continue
                 if kind == "gone":
                     self._fail(last)
-                _, index, sent = ticket
-                result = self._result(last)
+                sent, result = self._next_result(last)
                 slots.release()
-                self._account(sent, first=last < 0)
-                last = index
+                self._account(sent.at, first=last < 0)
+                last = sent.index
                 yield result
         finally:
             stop.set()
@@ -339,7 +425,7 @@ class Session:
                 if ticket[0] == "end":
                     return
                 if ticket[0] == "frame":
-                    self._result(last)
+                    self._next_result(last)
                 elif ticket[0] == "gone":
                     self._fail(last)
         except BaseException:
@@ -379,13 +465,31 @@ class Session:
             parts.append(memoryview(np.ascontiguousarray(a)).cast("B"))
         return parts
 
-    def _result(self, last: int):
+    def _next_result(self, last: int) -> tuple[_Sent, object]:
+        """The oldest frame in flight and its result; a job that dies on the way is restarted
+        (with recovery) and the frames in flight sent again."""
+        if self._move:
+            self._moved(last)
+        while True:
+            try:
+                result = self._result()
+            except _Gone:
+                self._lost(last)
+                continue
+            with self._sending:
+                sent = self._inflight.popleft()
+            if self.incidents and "first_result_s" not in self.incidents[-1]:
+                incident = self.incidents[-1]
+                incident["first_result_s"] = round(time.monotonic() - incident.pop("_t0"), 3)
+            return sent, result
+
+    def _result(self):
         """The next result off the socket: an array, or a dict by output name."""
-        header = self._read(_HEADER.size, None, last)
+        header = self._read(_HEADER.size)
         kind, _, _ = _HEADER.unpack(header)
         if kind != _RESULT:
             raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
-        data = self._read(sum(t.nbytes for t in self.outputs), None, last)
+        data = self._read(sum(t.nbytes for t in self.outputs))
         arrays, offset = {}, 0
         for t in self.outputs:
             arrays[t.name] = np.frombuffer(data, t.dtype, int(np.prod(t.shape)), offset) \
@@ -393,30 +497,110 @@ class Session:
             offset += t.nbytes
         return arrays[self.outputs[0].name] if len(arrays) == 1 else arrays
 
-    def _read(self, n: int, why: str | None = None, last: int = -1) -> bytearray:
+    def _read(self, n: int, why: str | None = None) -> bytearray:
+        """``n`` bytes off the socket. If the gateway hangs up: ``why`` and the job's failure,
+        or (``why`` None: mid-stream) :class:`_Gone` for the caller to restart or report."""
         buf = bytearray(n)
         view, got = memoryview(buf), 0
         while got < n:
             try:
                 k = self._sock.recv_into(view[got:])
-            except OSError:
+            except (OSError, AttributeError):  # AttributeError: our end was closed (None)
                 k = 0
             if k == 0:
-                if why is not None:
-                    self._hang_up()
-                    code = self.job.wait(10)
-                    raise AutodiceError(why, *self.job.failure(code))
-                self._fail(last)
+                if why is None:
+                    raise _Gone()
+                self._hang_up()
+                code = self.job.wait(10)
+                raise AutodiceError(why, *self.job.failure(code))
             got += k
         return buf
 
-    def _fail(self, last: int):
-        """The gateway hung up mid-stream: the job ended. Say which rank, and what arrived."""
+    def _lost(self, last: int) -> None:
+        """The job died mid-stream: restart it through the recovery, or end the session."""
+        if self._recovery is None:
+            self._fail(last)
+        t0 = time.monotonic()
+        self._pause()
+        try:
+            restart = self._recovery.recover(self.job)
+        except AutodiceError as e:
+            self._fail(last, e.problems)
+        except BaseException:  # Ctrl-C while recovering: nothing left running
+            self._broken = SessionError(last, "the session was interrupted while recovering")
+            self._resume()
+            self._abandon(keep=True)
+            raise
+        self._restart(restart, t0, last)
+
+    def _moved(self, last: int) -> None:
+        """rebalance(): the recovery's job for every host, the frames in flight sent again."""
+        self._move = False
+        t0 = time.monotonic()
+        self._pause()
+        try:
+            restart = self._recovery.rebalance(self.job)
+        except BaseException:
+            self._resume()
+            raise
+        if restart is None:
+            self._resume()
+            return
+        self._restart(restart, t0, last)
+
+    def _pause(self) -> None:
+        """No frame goes out until :meth:`_resume`; our end of the job's stream is closed."""
+        with self._sending:
+            self._paused = True
         self._hang_up()
-        code = self.job.wait(15)
-        lines = self.job.failure(code)
-        self._broken = SessionError(last, *lines, f"the last frame delivered: {last}"
+
+    def _resume(self) -> None:
+        with self._sending:
+            self._paused = False
+            self._sending.notify_all()
+
+    def _restart(self, restart: Restart, t0: float, last: int) -> None:
+        """Start ``restart``'s job, then send it every frame still in flight, in order (from a
+        thread: the gateway returns results while we send), then let the feeder go on."""
+        t1 = time.monotonic()
+        try:
+            self.job, self._sock = self._start(restart.start)
+            self.inputs, self.outputs = self._hello()
+        except AutodiceError as e:
+            self._fail(last, ["the restarted job failed:", *e.problems])
+        except BaseException:
+            self._broken = SessionError(last, "the session was interrupted while restarting")
+            self._resume()
+            self._abandon(keep=True)
+            raise
+        self.plan = restart.plan
+        with self._sending:
+            again = list(self._inflight)
+        self.incidents.append({**restart.incident, "replayed": len(again),
+                               "after_frame": last, "restart_s": round(time.monotonic() - t1, 3),
+                               "_t0": t0})
+        sock = self._sock
+
+        def replay() -> None:
+            try:
+                for sent in again:
+                    self._send(sock, sent.parts)
+            except OSError:
+                pass  # died again: the reader finds out
+            finally:
+                self._resume()
+
+        threading.Thread(target=replay, name="autodice-replay", daemon=True).start()
+
+    def _fail(self, last: int, problems: list[str] | None = None):
+        """The job ended mid-stream for good. Say which rank, and what arrived."""
+        self._hang_up()
+        if problems is None:
+            code = self.job.wait(15)
+            problems = self.job.failure(code)
+        self._broken = SessionError(last, *problems, f"the last frame delivered: {last}"
                                     if last >= 0 else "no frame of this stream was delivered")
+        self._resume()  # a feeder waiting on a restart finds the socket closed and ends
         self._abandon(keep=True)
         raise self._broken
 
@@ -441,6 +625,9 @@ class Session:
                              "p99": float(np.percentile(lat, 99)),
                              "mean": float(lat.mean())},
                "window": self.window}
+        if self._recovery is not None:
+            out["incidents"] = [{k: v for k, v in i.items() if not k.startswith("_")}
+                                for i in self.incidents]
         if self._job_stats:
             ranks = []
             for r in self._job_stats["ranks"]:
@@ -473,8 +660,13 @@ class Session:
             self._abandon()
 
     def _hang_up(self) -> None:
-        """Close our end of the stream: an ssh that forwards it waits for that before it ends."""
+        """Close our end of the stream: an ssh that forwards it waits for that before it ends
+        (shut down first: a feeder blocked in a send wakes up)."""
         if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._sock.close()
             self._sock = None
 
@@ -483,8 +675,12 @@ class Session:
         unless ``keep`` (a failure: its log is named in the error)."""
         self._hang_up()
         job = getattr(self, "job", None)
-        if job is not None:
-            job.stop()
+        try:
+            if job is not None:
+                job.stop()
+        finally:
+            if self._recovery is not None:
+                self._recovery.close()
         if not keep and self._tmp.exists() and not self._kept:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._kept = self._kept or keep

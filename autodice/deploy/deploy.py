@@ -166,7 +166,7 @@ def deploy(out_dir: str | Path, inventory: str | Path, run: bool = False,
     return DeployResult(shipped.reports(), shipped.seconds, result_run)
 
 
-def ship(out_dir: str | Path, inventory: str | Path, progress: Progress | None = None,
+def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progress | None = None,
          keep_connections_s: float = KEEP_S,
          before: Callable[[Plan, Inventory], None] | None = None) -> Shipped:
     """Steps 1-3 and the launch files: every host holds its package and a built program.
@@ -189,7 +189,8 @@ def ship(out_dir: str | Path, inventory: str | Path, progress: Progress | None =
         problems.append(f"{out_dir}/packages: no package for {', '.join(missing)}; "
                         f"run `autodice gen {out_dir}` first")
     try:
-        inv = load_inventory(inventory, hosts_of_plan)
+        inv = (_covering(inventory, hosts_of_plan) if isinstance(inventory, Inventory)
+               else load_inventory(inventory, hosts_of_plan))
     except AutodiceError as e:
         problems += e.problems
     if problems:
@@ -224,6 +225,15 @@ def ship(out_dir: str | Path, inventory: str | Path, progress: Progress | None =
         raise
     shipped.write_report()
     return shipped
+
+
+def _covering(inv: Inventory, hosts: list[str]) -> Inventory:
+    """``inv`` if it names every host of the plan (an inventory made in code, e.g. by a
+    recovery); else an error naming the hosts it lacks."""
+    missing = [h for h in hosts if h not in inv.targets]
+    if missing:
+        raise AutodiceError(f"{inv.path}: no entry for host {', '.join(missing)}")
+    return inv
 
 
 def _timed(seconds: dict, step: str, fn):

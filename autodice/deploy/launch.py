@@ -31,7 +31,8 @@ from .sync import sync_folder
 
 # Leave nothing of the job behind on a host: our ranks (their exe is our binary), the Open MPI
 # daemons of our job (their namespace names mpirun's pid) and, on the head, the ssh sessions
-# mpirun opened with our config. $1 program, $2 mpirun's pid or "", $3 that ssh config or "".
+# mpirun opened with our config (and mpirun: its command line names that config too).
+# $1 program, $2 mpirun's pid or "", $3 that ssh config or "".
 _REAP = r"""
 prog=$1; job=$2; agent=$3
 for sig in TERM KILL; do
@@ -275,7 +276,15 @@ class HeadJob(ProcessJob):
         cmd[1:1] = ssh_options
         self._start = time.monotonic()
         self._ended: float | None = None
+        self._patience_s = 15.0
         super().__init__(cmd, log_path)
+
+    def lose(self, hosts: set[str]) -> None:
+        """``hosts`` no longer answer: stopping the job reaps nothing there, and gives mpirun
+        (which waits on its daemons there in vain) a second, not fifteen."""
+        kept = [h for h in self.hosts if h.target.host not in hosts]
+        if len(kept) < len(self.hosts):
+            self.hosts, self._patience_s = kept, 1.0
 
     @property
     def seconds(self) -> float:
@@ -288,7 +297,7 @@ class HeadJob(ProcessJob):
         if self.proc.poll() is None:
             subprocess.run(self.ssh.script(self.hosts[0].target, _STOP, self.pid_file,
                                            f"{self.folder}/"), capture_output=True, timeout=30)
-            if self.wait(15) is None:
+            if self.wait(self._patience_s) is None:
                 self.proc.kill()
                 self.proc.wait()
         self._ended = time.monotonic()

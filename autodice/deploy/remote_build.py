@@ -180,6 +180,17 @@ def build_flags(b: Host, ncnn: dict[str, str]) -> list[str]:
     return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, ncnn)}/lib/cmake/ncnn"]
 
 
+def ncnn_prefixes(hosts: list[Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
+    """Host -> the ncnn its builds use: the inventory's, or the one deploy built on its group's
+    builder (a deploy into another folder of the same hosts reuses it)."""
+    prefixes = {}
+    for group in build_groups(hosts).values():
+        flags = group_ncnn_flags(group, gpu_hosts)
+        for h in group:
+            prefixes[h.target.host] = h.target.ncnn_dir or remote_ncnn(group[0], flags)
+    return prefixes
+
+
 def remote_ncnn(h: Host, ncnn: dict[str, str]) -> str:
     """Where deploy builds ncnn on a host that has none (keyed like the local cache)."""
     from ..backend.engine import cache_key

@@ -60,6 +60,10 @@ def _config(c: Cluster, h: Host, folder: Path) -> str:
         "X11Forwarding no",
         "MaxStartups 200",  # mpirun and a deploy open many sessions at once
         "MaxSessions 200",
+        # A session whose client vanished while this host's link was down (a lost board) ends
+        # soon after the link is back, as on a board configured for recovery (README).
+        "ClientAliveInterval 2",
+        "ClientAliveCountMax 3",
         "Subsystem sftp internal-sftp",
         "",
     ])

@@ -82,10 +82,16 @@ class RemoteJob:
 
 def open_deployed(out_dir: str | Path, inventory: str | Path, window: int | None = None,
                   gpu_fallback: bool = False, progress: Progress | None = None,
-                  keep_connections_s: float = KEEP_S) -> Session:
+                  keep_connections_s: float = KEEP_S, recover: bool | str | Path = False,
+                  ahead: bool = True) -> Session:
     """Deploy ``out_dir`` to the inventory's hosts (only what changed moves) and start a session
     there: every rank on its host, frames streamed from here.
 
+    Args:
+        recover: when a host is lost, go on without it (:mod:`.recover`); a path: a ``dse``
+            output folder whose fastest point on the hosts left is the new mapping.
+        ahead: with ``recover``, prepare and ship a fallback for each host's loss while the
+            stream runs.
     Raises:
         AutodiceError: as ``deploy`` (before anything runs), or the job failed to start (the
             rank and host named).
@@ -94,8 +100,17 @@ def open_deployed(out_dir: str | Path, inventory: str | Path, window: int | None
                    lambda plan, inv: check_launchable(inv))
     if progress is not None:
         progress(shipped.hosts[0].target.host, "starting the job")
+    recovery = None
     try:
-        return Session(shipped.plan, lambda path: RemoteJob(shipped, path, gpu_fallback), window)
+        if recover:
+            from .recover import DeployedRecovery
+
+            front = None if recover is True else Path(recover)
+            recovery = DeployedRecovery(shipped, gpu_fallback, front, ahead, progress)
+        return Session(shipped.plan, lambda path: RemoteJob(shipped, path, gpu_fallback), window,
+                       recovery=recovery)
     except BaseException:
         shipped.close()
+        if recovery is not None:
+            recovery.close()
         raise

@@ -1,0 +1,317 @@
+"""A board that dies mid-stream: a mapping onto the boards left, deployed, and the stream goes on.
+
+``autodice.open(out, inventory=..., recover=True)`` gives the session (:mod:`..backend.session`)
+a :class:`DeployedRecovery`. When the job dies it:
+
+1. **finds what was lost**: every host is asked over its ssh connection to answer within a few
+   seconds (a board that lost power or its link does not); the job is stopped, nothing of it
+   left on the hosts that answer; the job's own evidence (death markers, mpirun's notice, the
+   ranks' watchdogs: :func:`~autodice.backend.failure.culprits`) names the ranks that brought
+   it down. Their hosts and the silent ones are lost. The head (rank 0's host: the input enters
+   there and the session's gateway runs there) cannot be: that is a clear error.
+2. **picks a mapping for the hosts left**: the fastest point of a DSE front (``recover=FRONT``,
+   a ``dse`` output folder) that uses only those hosts, else the original mapping's keys on
+   those hosts with the layers cut into balanced runs (``layers --balance``, by FLOPs).
+3. **splits, generates and deploys it**: into ``OUT/recovery/without-HOSTS/``, shipped into
+   ``<remote_dir>/without-HOSTS/`` on each host left (the original deployment stays as it is,
+   for :meth:`rebalance`), with the ncnn the first deploy used. A fallback for every single
+   host's loss is prepared and shipped ahead, in the background, while the stream runs, so
+   recovery from the first loss is a quick re-check and a restart, not a compile.
+
+The session then starts the new job and sends again every frame whose result had not come back.
+``rebalance()`` moves back to the original mapping on every host once the lost ones answer
+again; until then a host that comes back is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..backend.failure import culprits
+from ..backend.session import Restart
+from ..core.errors import AutodiceError
+from ..core.names import file_slug
+from ..core.outdir import claim
+from ..core.plan import Plan, load_plan
+from ..core.spec import mapping_json, parse_key, parse_mapping
+from .deploy import Shipped, ship
+from .inventory import Inventory
+from .launch import rank_deaths, run_failure
+from .remote_build import ncnn_prefixes
+from .ssh import Progress
+from .stream import RemoteJob
+
+ANSWER_S = 3.0  # a host that does not run `true` over its open connection in this time is lost
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The job for the hosts left after losing ``lost``: its output folder and inventory."""
+
+    lost: frozenset[str]
+    out: Path  # OUT/recovery/without-HOSTS: split + gen of ``mapping``
+    inventory: Inventory  # the hosts left, each in <remote_dir>/without-HOSTS
+    mapping: dict[str, list[str]]
+    source: str  # where the mapping came from, for the incident report
+
+
+class DeployedRecovery:
+    """The session's recovery on deployed hosts (see the module docstring)."""
+
+    def __init__(self, shipped: Shipped, gpu_fallback: bool = False, front: Path | None = None,
+                 ahead: bool = True, progress: Progress | None = None):
+        self.out_dir = shipped.out_dir
+        self.plan = shipped.plan  # the original: all hosts
+        self.inv = shipped.inv
+        self.head = shipped.plan.ranks[0].host
+        self.front = Path(front) if front is not None else None
+        self.gpu_fallback = gpu_fallback
+        self.progress = progress or (lambda host, step: None)
+        self.keep_s = shipped.ssh.keep_s
+        self.ncnn = ncnn_prefixes(shipped.hosts, frozenset(
+            r.host for r in shipped.plan.ranks if r.device == "gpu"))
+        self.lost: set[str] = set()
+        self.stale: set[str] = set()  # lost hosts that may still run a rank of ours
+        self._closed = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autodice-fallback")
+        self._ready: dict[frozenset[str], Future] = {}
+        self._lock = threading.Lock()  # one split/gen/ship of a fallback at a time
+        if ahead:
+            for host in shipped.plan.hosts()[1:]:
+                lost = frozenset({host})
+                self._ready[lost] = self._pool.submit(self._prepare, lost)
+
+    def start(self, shipped: Shipped) -> Restart:
+        return Restart(shipped.plan, lambda path: RemoteJob(shipped, path, self.gpu_fallback))
+
+    # ---- the session's calls ---------------------------------------------------------------
+
+    def recover(self, job: RemoteJob) -> Restart:
+        """Stop the dead ``job``, find the hosts lost, and deploy the job for those left.
+
+        Raises:
+            AutodiceError: the failure was not a host lost (what brought the job down), the head
+                was lost, or no job can be made for the hosts left.
+        """
+        t0 = time.monotonic()
+        lost, lines = self._find_lost(job)
+        detected = time.monotonic()
+        if not lost:
+            raise AutodiceError(*lines)
+        if self.head in lost:
+            raise AutodiceError(*lines, f"{self.head} is lost: it holds the input rank and the "
+                                "session's gateway, and recovering from its loss is out of scope")
+        self.lost |= lost
+        self.stale |= lost
+        key = frozenset(self.lost)
+        for other, future in self._ready.items():
+            if other != key:
+                future.cancel()  # not started yet: not needed now
+        prepared = self._ready.get(key)
+        ready = prepared is not None and prepared.done() and not prepared.cancelled() \
+            and prepared.exception() is None
+        try:
+            fallback = prepared.result() if prepared is not None else None
+        except Exception:  # noqa: BLE001 - its preparation failed: try once more, and say why
+            fallback = None
+        if fallback is None:  # none prepared (or cancelled, or failed): make it now
+            fallback = self._prepare(key, force=True)
+        planned = time.monotonic()
+        shipped = ship(fallback.out, fallback.inventory, self.progress, self.keep_s)
+        shipped_at = time.monotonic()
+        restart = self.start(shipped)
+        restart.incident.update({
+            "lost": sorted(lost), "why": lines[0], "mapping": fallback.mapping,
+            "mapping_from": fallback.source, "prepared_ahead": ready,
+            "out": str(fallback.out), "detect_s": round(detected - t0, 3),
+            "plan_s": round(planned - detected, 3), "deploy_s": round(shipped_at - planned, 3)})
+        return restart
+
+    def rebalance(self, job: RemoteJob) -> Restart | None:
+        """The original job on every host, once every lost host answers again; None when no
+        host was lost.
+
+        Raises:
+            AutodiceError: a lost host still does not answer (the current job goes on).
+        """
+        if not self.lost:
+            return None
+        shipped = ship(self.out_dir, self.inv, self.progress, self.keep_s)  # checks every host
+        job.stop()
+        self._reap_stale(shipped)
+        back = sorted(self.lost)
+        self.lost.clear()
+        restart = self.start(shipped)
+        restart.incident.update({"rebalanced": back, "mapping": _mapping_of(self.out_dir),
+                                 "mapping_from": "the original", "out": str(self.out_dir)})
+        return restart
+
+    def close(self) -> None:
+        """No more fallbacks: the one being prepared finishes its step, the others never start."""
+        self._closed.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- what was lost ---------------------------------------------------------------------
+
+    def _find_lost(self, job: RemoteJob) -> tuple[set[str], list[str]]:
+        """The hosts lost (silent ones, and those of the ranks that brought the job down), and
+        the failure's lines; ``job`` is stopped, nothing of it left on the hosts that answer."""
+        s = job.shipped
+        answers = _answering(s)
+        silent = {h.target.host for h in s.hosts if not answers[h.target.host]}
+        if not silent:
+            job.wait(2)  # a rank's death ends mpirun within a second: its word on it
+        job.job.lose(silent)
+        job.stop()
+        code = job.poll()
+        deaths = rank_deaths(s.ssh, [h for h in s.hosts if h.target.host not in silent])
+        output = job.log.read_text(errors="replace")
+        hosts = {s.plan.ranks[k].host for k, _ in culprits(s.plan, output, deaths)}
+        lines = run_failure(s.plan, s.inv, output, -1 if code is None else code,
+                            job.job.seconds, job.log, deaths)
+        lines = [*(f"{s.inv.targets[h].where()}: does not answer over ssh" for h in sorted(silent)),
+                 *lines]
+        return hosts | silent, lines
+
+    def _reap_stale(self, shipped: Shipped) -> None:
+        """Hosts that come back may still run a rank of the job they were lost from: end it."""
+        from .launch import _reap
+        from .ssh import PROGRAM, Build
+
+        back = [h for h in shipped.hosts if h.target.host in self.stale]
+        for lost_set in [frozenset()] + [f for f in self._ready]:
+            build = PROGRAM if not lost_set else Build(folder=_folder(lost_set))
+            _reap(shipped.ssh, [shipped.hosts[0], *back], "/nonexistent", build)
+        self.stale.clear()
+
+    # ---- fallbacks -------------------------------------------------------------------------
+
+    def _prepare(self, lost: frozenset[str], force: bool = False) -> Fallback | None:
+        """Split, generate and ship the job for the hosts left after ``lost``; None if the
+        session closed first (unless ``force``: a recovery needs it now)."""
+        with self._lock:
+            if self._closed.is_set() and not force:
+                return None
+            mapping, source = self._mapping(lost)
+            out = self.out_dir / "recovery" / _folder(lost)
+            if not _holds(out, mapping):
+                _split_gen(self.out_dir, self.plan, mapping, out)
+            fallback = Fallback(lost, out, self._inventory(lost), mapping, source)
+            if force or self._closed.is_set():
+                return fallback  # a recovery ships it itself
+            ship(out, fallback.inventory, None, self.keep_s).close()
+            return fallback
+
+    def _mapping(self, lost: frozenset[str]) -> tuple[dict[str, list[str]], str]:
+        """The fastest front point on the hosts left, else the original keys there, balanced."""
+        left = [h for h in self.plan.hosts() if h not in lost]
+        if self.front is not None:
+            found = _front_point(self.front, set(left), self.head)
+            if found is not None:
+                return found
+        from ..core.model import load_model
+        from ..frontend.suggest import balanced_mapping
+
+        keys = [k for k, _ in parse_mapping(self.out_dir / "mapping.json").entries
+                if parse_key(k).host in left]
+        keys = list(dict.fromkeys(keys))
+        graph = load_model(_model_path(self.out_dir, self.plan),
+                           {t.name: t.shape for t in self.plan.model_inputs})
+        return (balanced_mapping(graph, keys, f"recovery without {', '.join(sorted(lost))}"),
+                f"the original keys on {', '.join(left)}, balanced by FLOPs")
+
+    def _inventory(self, lost: frozenset[str]) -> Inventory:
+        """The hosts left, each in a folder of its own inside its remote directory (the original
+        deployment stays whole), with the ncnn the first deploy used there."""
+        folder = _folder(lost)
+        targets = {name: replace(t, remote_dir=f"{t.remote_dir}/{folder}",
+                                 ncnn_dir=self.ncnn.get(name, t.ncnn_dir))
+                   for name, t in self.inv.targets.items() if name not in lost}
+        return replace(self.inv, targets=targets)
+
+
+def _folder(lost: frozenset[str]) -> str:
+    return "without-" + "-".join(file_slug(h) for h in sorted(lost))
+
+
+def _answering(s: Shipped) -> dict[str, bool]:
+    """Host -> whether it runs ``true`` over its ssh connection within :data:`ANSWER_S`."""
+    procs = {h.target.host: subprocess.Popen(s.ssh.cmd(h.target, "true"),
+                                             stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL) for h in s.hosts}
+    deadline = time.monotonic() + ANSWER_S
+    answers = {}
+    for name, p in procs.items():
+        try:
+            answers[name] = p.wait(max(0.0, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            answers[name] = False
+    return answers
+
+
+def _front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | None:
+    """The fastest point of a ``dse`` output whose keys are all on ``left`` with rank 0 on
+    ``head`` (the input and the gateway stay where they are)."""
+    try:
+        doc = json.loads((front / "pareto.json").read_text())
+    except (OSError, ValueError) as e:
+        raise AutodiceError(f"{front}/pareto.json: not a dse output ({e})") from None
+    for p in sorted(doc["points"], key=lambda p: -float(p["throughput_fps"])):
+        mapping = json.loads((front / p["mapping"]).read_text())
+        hosts = [parse_key(k).host for k in mapping]
+        if hosts and hosts[0] == head and set(hosts) <= left:
+            return mapping, f"the DSE front's fastest point on {', '.join(sorted(left))} " \
+                            f"({p['name']}, {float(p['throughput_fps']):.1f} frames/s predicted)"
+    return None
+
+
+def _model_path(out_dir: Path, plan: Plan) -> Path:
+    return out_dir / plan.model if not Path(plan.model).is_absolute() else Path(plan.model)
+
+
+def _mapping_of(out: Path) -> dict[str, list[str]]:
+    return {k: list(v) for k, v in parse_mapping(out / "mapping.json").entries}
+
+
+def _holds(out: Path, mapping: dict) -> bool:
+    """Whether ``out`` is a generated output of ``mapping`` already, made after the original
+    (a session before made it)."""
+    try:
+        return (out / "mapping.json").read_text() == mapping_json(mapping) \
+            and load_plan(out) is not None and _generated(out) > _generated(out.parent.parent)
+    except (OSError, AutodiceError):
+        return False
+
+
+def _generated(out: Path) -> float:
+    """When ``gen`` last wrote ``out``'s packages (a fallback older than its original is not one)."""
+    return (out / "packages" / "precision").stat().st_mtime
+
+
+def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
+    """``split`` and ``gen`` of ``mapping`` into ``out`` (inside OUT/recovery/)."""
+    from ..backend.gen import gen
+    from ..frontend.split import split
+
+    claim(out_dir, "recovery/")
+    out.parent.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="autodice-recover-") as tmp:
+        path = Path(tmp) / "mapping.json"
+        path.write_text(mapping_json(mapping))
+        split(_model_path(out_dir, plan), path, out_dir / "platform.txt", out,
+              {t.name: t.shape for t in plan.model_inputs})
+    try:
+        precision = (out_dir / "packages" / "precision").read_text().strip()
+    except OSError:
+        precision = "auto"  # generated before the precision was kept
+    gen(out, precision=precision)
+
