@@ -486,6 +486,56 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
     assert _no_leftovers() == {}
 
 
+
+def test_losing_the_head_is_a_clear_error_even_with_recover(fig2_three_hosts, emu):
+    d = fig2_three_hosts
+    x = np.load(d / "x.npy")
+    with pytest.raises(SessionError) as lost:
+        with autodice.open(d / "out", inventory=d / "inventory.toml", recover=True) as s:
+            for i, _ in enumerate(s.map(itertools.repeat(x))):
+                if i == 30:
+                    _fault(emu, "edge01", "kill")
+    assert "edge01 is lost: it holds the input rank and the session's gateway, and " \
+           "recovering from its loss is out of scope" in lost.value.problems
+    close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
+    assert _no_leftovers() == {}
+
+
+def test_deploy_run_recover_from_the_cli_goes_on_without_a_killed_host(fig2_three_hosts, emu):
+    """`deploy --run --input batch.npy --recover --check`: edge02's rank killed mid-stream; the
+    CLI says what it did, and every frame's result is there and right."""
+    d = fig2_three_hosts
+    xs = np.random.default_rng(9).standard_normal((20_000, 4, 8, 8)).astype(np.float32)
+    np.save(d / "batch.npy", xs)
+    program = str(remote(emu, "edge02") / "build" / "program")
+
+    def kill_when_running():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ranks = [p for p in cluster.netns_pids("adc-edge02") if _exe(p) == program]
+            if ranks:
+                time.sleep(2.5)  # the session is streaming by then
+                _fault(emu, "edge02", "kill")
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_running)
+    killer.start()
+    r = CliRunner().invoke(main, ["deploy", str(d / "out"), "-i", str(d / "inventory.toml"),
+                                  "--run", "--input", str(d / "batch.npy"), "--recover",
+                                  "--check"])
+    killer.join()
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "20000 frames" in said and "edge02 lost after frame" in said, said
+    assert "went on over edge01, edge04" in said and "check output" in said
+    got = np.load(d / "out" / "results" / "output.npy")
+    ref = ort.InferenceSession(str(d / "model.onnx"))
+    for i in range(0, 20_000, 997):
+        np.testing.assert_allclose(got[i], ref.run(None, {"input": xs[i][None]})[0][0],
+                                   rtol=1e-5, atol=1e-6, err_msg=f"frame {i}")
+
+
 def test_without_root_a_clear_message(tmp_path):
     """As an unprivileged user (for real, through setpriv), `cluster up` says it needs root."""
     if shutil.which("setpriv") is None:

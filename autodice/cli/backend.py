@@ -157,9 +157,26 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
               f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
               f"results in {res.results}")
     stats_table(s)
+    for incident in s.get("incidents", []):
+        out.print(incident_line(incident))
     if check:
         diffs = [OutputDiff(n, a, r) for n, (a, r) in res.worst.items()]
         report_run(diffs, rtol, s)
+
+
+def incident_line(i: dict) -> str:
+    """What a recovering session did about one lost host (or a rebalance), in one line."""
+    from ..core.spec import parse_key
+
+    hosts = ", ".join(dict.fromkeys(parse_key(k).host for k in i["mapping"]))
+    if "rebalanced" in i:
+        return f"{', '.join(i['rebalanced'])} back: rebalanced onto {hosts}"
+    phases = ", ".join(f"{k[:-2]} {i[k]:.1f} s" for k in ("detect_s", "plan_s", "deploy_s",
+                                                           "restart_s") if k in i)
+    took = f"{i['first_result_s']:.1f} s" if "first_result_s" in i else "no result since"
+    return (f"[yellow]{', '.join(i['lost'])} lost[/yellow] after frame {i['after_frame']} "
+            f"({i['why']}): went on over {hosts} ({i['mapping_from']}), {i['replayed']} frames "
+            f"sent again; to the first new result {took} ({phases})")
 
 
 def _stream_columns():

@@ -101,8 +101,14 @@ def _cluster_table(c) -> None:
               type=click.FloatRange(0, 86400),
               help="Keep each host's ssh connection open this long when idle, for the next "
                    "deploy (0: close them when done).")
+@click.option("--recover", is_flag=True,
+              help="A stream goes on when a host is lost: a mapping onto the hosts left is "
+                   "deployed and the frames in flight are sent again.")
+@click.option("--front", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With --recover: a `dse` output; its fastest point on the hosts left is "
+                   "the new mapping (default: the mapping's keys there, balanced).")
 def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, window,
-           no_pipeline, check, rtol, gpu_fallback, timeout, keep_connections):
+           no_pipeline, check, rtol, gpu_fallback, timeout, keep_connections, recover, front):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -113,12 +119,17 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
-    if run_job and is_a_stream(plan, given, no_pipeline):
+    streaming = run_job and is_a_stream(plan, given, no_pipeline)
+    if (recover or front) and not streaming:
+        raise AutodiceError("--recover and --front are for a stream: --run --input with a "
+                            "folder of images, a batch .npy or -")
+    if streaming:
         from ..deploy.stream import open_deployed
 
         def opener(status):
             return open_deployed(output, inventory, window, gpu_fallback == "cpu",
-                                 lambda host, step: status(f"{host}: {step}"), keep_connections)
+                                 lambda host, step: status(f"{host}: {step}"), keep_connections,
+                                 recover=front or recover)
 
         return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
                           check, rtol, gpu_fallback, open_session=opener)
