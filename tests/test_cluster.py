@@ -532,7 +532,7 @@ def test_deploy_run_recover_from_the_cli_goes_on_without_a_killed_host(fig2_thre
     got = np.load(d / "out" / "results" / "output.npy")
     ref = ort.InferenceSession(str(d / "model.onnx"))
     for i in range(0, 20_000, 997):
-        np.testing.assert_allclose(got[i], ref.run(None, {"input": xs[i][None]})[0][0],
+        np.testing.assert_allclose(got[i], ref.run(None, {"input": xs[i][None]})[0],
                                    rtol=1e-5, atol=1e-6, err_msg=f"frame {i}")
 
 
