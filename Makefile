@@ -47,8 +47,8 @@ test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
-# every goal with the figure measured and ✔/✘. The deploy and cost-model ones need root (an
-# emulated cluster); they are skipped with a note otherwise.
+# every goal with the figure measured and ✔/✘. The deploy, cost-model and recovery ones need
+# root (an emulated cluster); they are skipped with a note otherwise.
 bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
 	$(BIN)/python bench/backend_bench.py
@@ -56,8 +56,9 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/parallel_bench.py
 	$(BIN)/python bench/session_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
-	  && $(BIN)/python bench/costmodel_bench.py; \
-	else echo "note: deploy_bench.py, costmodel_bench.py need root (emulated cluster): skipped"; fi
+	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py; \
+	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py need root" \
+	  "(emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
 
 clean:

@@ -83,7 +83,7 @@ def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool =
 
 
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
-         gpu_fallback: bool = False, recover: bool | str | Path = False):
+         gpu_fallback: bool = False, recover: bool | str | Path = False, ahead: bool = True):
     """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
     inventory's hosts first, and frames streamed through in order.
 
@@ -99,6 +99,8 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     lost mid-stream is left out: the session deploys a mapping onto the hosts left and sends
     again every frame whose result had not come back; ``s.rebalance()`` moves back to every
     host once the lost ones answer again; ``s.stats()["incidents"]`` says what happened.
+    ``ahead`` (the default) prepares and ships the job for each host's loss while the stream
+    runs, so that recovery is a restart rather than a compile.
 
     Returns:
         :class:`~autodice.backend.session.Session`.
@@ -109,7 +111,7 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     if inventory is not None:
         from .deploy.stream import open_deployed
 
-        return open_deployed(out, inventory, window, gpu_fallback, recover=recover)
+        return open_deployed(out, inventory, window, gpu_fallback, recover=recover, ahead=ahead)
     if recover:
         raise AutodiceError("recover needs an inventory: the ranks on this machine have no "
                             "other host to go on with")

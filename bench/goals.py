@@ -82,6 +82,20 @@ def session(d: dict) -> Iterator[Goal]:
                    f"{lo['delivered']}", lo["ok"], f"worst rel {lo['worst_rel']:.1e}")
 
 
+def recovery(d: dict) -> Iterator[Goal]:
+    """Issue 23: a host killed mid-stream, to the first new result (3 -> 2 emulated hosts)."""
+    for name, what in (("ready", "with the fallback prepared ahead"), ("cold", "without")):
+        m = d["summary"][name]
+        yield Goal("recover", f"{d['model']}, a host killed: first new result {what} "
+                   f"<= {m['goal_s']:g} s", f"{m['kill_to_first_result_s']:.2f} s",
+                   m["kill_to_first_result_s"] <= m["goal_s"],
+                   f"detect {m['detect_s']:.2f}, plan {m['plan_s']:.2f}, deploy "
+                   f"{m['deploy_s']:.2f}, restart {m['restart_s']:.2f} s")
+        yield Goal("recover", f"{d['model']} {name}: frames sent again <= frames in flight",
+                   f"{m['replayed_max']} <= {m['in_flight_max']}",
+                   m["replayed_max"] <= m["in_flight_max"])
+
+
 def deploy(d: dict) -> Iterator[Goal]:
     """P7 (redeploy) and P5's link half."""
     for r in d["deploy"]:
@@ -131,7 +145,7 @@ def dse(d: dict) -> Iterator[Goal]:
 
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
-    "costmodel": costmodel, "session": session}
+    "costmodel": costmodel, "session": session, "recovery": recovery}
 
 
 def main() -> int:

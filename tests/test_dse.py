@@ -218,3 +218,33 @@ def test_measure_reruns_front_points(tmp_path):
     assert m["measured_fps"] > 0 and m["predicted_fps"] > 0 and m["measured_peak_rss_bytes"] > 0
     assert m["fps_error"] == pytest.approx(m["measured_fps"] / m["predicted_fps"] - 1, rel=1e-3)
     assert (tmp_path / "out" / "measure" / "p0" / "results" / "stats.json").exists()
+
+
+def test_a_recovery_takes_the_fastest_front_point_on_the_hosts_left(squeeze_out):
+    """After losing a host, a session started with ``recover=FRONT`` deploys the front's
+    fastest point that uses only the hosts left and keeps the input where it was."""
+    from autodice.core.spec import parse_key
+    from autodice.deploy.recover import front_point
+
+    _, front = squeeze_out
+    doc = json.loads((front / "pareto.json").read_text())
+    points = [(float(p["throughput_fps"]), json.loads((front / p["mapping"]).read_text()))
+              for p in doc["points"]]
+    heads = [parse_key(next(iter(m))).host for _, m in points]
+    head = max(set(heads), key=heads.count)
+    chosen = 0
+    for left in ({"edge01", "edge02", "edge03"} - {lost} for lost in ("edge01", "edge02",
+                                                                       "edge03")):
+        fits = [(fps, m) for fps, m in points
+                if parse_key(next(iter(m))).host == head
+                and {parse_key(k).host for k in m} <= left]
+        found = front_point(front, left, head)
+        if not fits:
+            assert found is None
+            continue
+        mapping, why = found
+        assert mapping in [m for _, m in fits]
+        assert max(fps for fps, _ in fits) == next(fps for fps, m in fits if m == mapping)
+        assert why.startswith("the DSE front's fastest point on ")
+        chosen += 1
+    assert chosen  # the front has a point on two of the three hosts

@@ -195,6 +195,11 @@ class Session:
             raise
         self.inputs, self.outputs = self._hello()
 
+    @property
+    def recovery(self) -> Recovery | None:
+        """What this session asks when its job dies (None: a death ends it)."""
+        return self._recovery
+
     # ---- starting --------------------------------------------------------------------------
 
     def _start(self, start: Callable[[str], Job]) -> tuple[Job, socket.socket]:

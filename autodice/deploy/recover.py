@@ -153,6 +153,15 @@ class DeployedRecovery:
                                  "mapping_from": "the original", "out": str(self.out_dir)})
         return restart
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every fallback prepared ahead is shipped (or failed); whether all were."""
+        for future in list(self._ready.values()):
+            try:
+                future.result(timeout)
+            except Exception:  # noqa: BLE001 - a recovery prepares it again and says why
+                return False
+        return True
+
     def close(self) -> None:
         """No more fallbacks: the one being prepared finishes its step, the others never start."""
         self._closed.set()
@@ -213,7 +222,7 @@ class DeployedRecovery:
         """The fastest front point on the hosts left, else the original keys there, balanced."""
         left = [h for h in self.plan.hosts() if h not in lost]
         if self.front is not None:
-            found = _front_point(self.front, set(left), self.head)
+            found = front_point(self.front, set(left), self.head)
             if found is not None:
                 return found
         from ..core.model import load_model
@@ -258,7 +267,7 @@ def _answering(s: Shipped) -> dict[str, bool]:
     return answers
 
 
-def _front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | None:
+def front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | None:
     """The fastest point of a ``dse`` output whose keys are all on ``left`` with rank 0 on
     ``head`` (the input and the gateway stay where they are)."""
     try:
@@ -270,7 +279,7 @@ def _front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | N
         hosts = [parse_key(k).host for k in mapping]
         if hosts and hosts[0] == head and set(hosts) <= left:
             return mapping, f"the DSE front's fastest point on {', '.join(sorted(left))} " \
-                            f"({p['name']}, {float(p['throughput_fps']):.1f} frames/s predicted)"
+                            f"({p['point']}, {float(p['throughput_fps']):.1f} frames/s predicted)"
     return None
 
 
