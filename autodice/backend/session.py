@@ -15,9 +15,9 @@ the session with a :class:`SessionError` naming the rank and the last frame deli
 
 How the job is started and stopped is the launcher's business: every rank here under mpirun
 (:class:`LocalJob`), or on deployed hosts (``autodice.deploy.stream``). So is what to do when it
-dies: a session given a ``recover`` callback asks it for the next job (a mapping onto the hosts
-left, ``autodice.deploy.recover``), starts that, and sends again, in order, every frame whose
-result had not come back; the caller's iterator just goes on. A frame is dropped from the
+dies: a session given a :class:`Recovery` asks it for the next job (on deployed hosts, a mapping
+onto the hosts left: ``autodice.deploy.recover``), starts that, and sends again, in order, every
+frame whose result had not come back; the caller's iterator just goes on. A frame is dropped from the
 session's keeping only once its whole result was read, so none is lost and none comes twice.
 """
 
@@ -106,7 +106,7 @@ class Recovery(Protocol):
     """What a session asks when its job dies, or when the caller asks to rebalance."""
 
     def recover(self, job: Job) -> Restart: ...  # the dead job: stop it, find what was lost
-    def rebalance(self, job: Job) -> Restart | None: ...  # the best job for all hosts, if moved
+    def rebalance(self) -> Restart | None: ...  # the job for all hosts, ready; None: no move
     def close(self) -> None: ...  # the session ended: nothing of the recovery's left running
 
 
@@ -184,10 +184,10 @@ class Session:
         self._inflight: deque[_Sent] = deque()
         self._sending = threading.Condition()  # guards _inflight, _sock's swap and _paused
         self._paused = False  # a restart is under way: frames wait
-        self._move = False  # rebalance() asked for, done at the next result
+        self._move: Restart | None = None  # rebalance() ready, started at the next result
         self._ids = 0
         self._jobs = 0
-        self.incidents: list[dict] = []
+        self._incidents: list[dict] = []
         try:
             self.job, self._sock = self._start(start)
         except BaseException:
@@ -310,17 +310,19 @@ class Session:
 
     def rebalance(self) -> None:
         """Move back to the best job for every host (after one that was lost came back), without
-        losing a frame: done now when no stream runs, else before the stream's next result.
+        losing a frame: the new job is deployed now (the running one goes on meanwhile) and
+        started at once when no stream runs, else before the stream's next result.
 
         Raises:
-            AutodiceError: this session cannot move (it was opened without recovery).
+            AutodiceError: this session cannot move (opened without recovery), or a lost host
+                still does not answer (nothing changed).
         """
         if self._recovery is None:
             raise AutodiceError("this session was opened without recovery: nothing to rebalance")
-        self._move = True
-        if self._lock.acquire(blocking=False):
+        self._check_open()
+        self._move = self._recovery.rebalance()
+        if self._move is not None and self._lock.acquire(blocking=False):
             try:
-                self._check_open()
                 self._moved(-1)
             finally:
                 self._lock.release()
@@ -473,7 +475,7 @@ class Session:
     def _next_result(self, last: int) -> tuple[_Sent, object]:
         """The oldest frame in flight and its result; a job that dies on the way is restarted
         (with recovery) and the frames in flight sent again."""
-        if self._move:
+        if self._move is not None:
             self._moved(last)
         while True:
             try:
@@ -483,8 +485,8 @@ class Session:
                 continue
             with self._sending:
                 sent = self._inflight.popleft()
-            if self.incidents and "first_result_s" not in self.incidents[-1]:
-                incident = self.incidents[-1]
+            if self._incidents and "first_result_s" not in self._incidents[-1]:
+                incident = self._incidents[-1]
                 incident["first_result_s"] = round(time.monotonic() - incident.pop("_t0"), 3)
             return sent, result
 
@@ -539,18 +541,10 @@ class Session:
         self._restart(restart, t0, last)
 
     def _moved(self, last: int) -> None:
-        """rebalance(): the recovery's job for every host, the frames in flight sent again."""
-        self._move = False
+        """rebalance(): its job started, the frames in flight sent to it again."""
+        restart, self._move = self._move, None
         t0 = time.monotonic()
         self._pause()
-        try:
-            restart = self._recovery.rebalance(self.job)
-        except BaseException:
-            self._resume()
-            raise
-        if restart is None:
-            self._resume()
-            return
         self._restart(restart, t0, last)
 
     def _pause(self) -> None:
@@ -568,6 +562,7 @@ class Session:
         """Start ``restart``'s job, then send it every frame still in flight, in order (from a
         thread: the gateway returns results while we send), then let the feeder go on."""
         t1 = time.monotonic()
+        self.job.stop()  # a recovery stopped it already; a move has not
         try:
             self.job, self._sock = self._start(restart.start)
             self.inputs, self.outputs = self._hello()
@@ -581,7 +576,7 @@ class Session:
         self.plan = restart.plan
         with self._sending:
             again = list(self._inflight)
-        self.incidents.append({**restart.incident, "replayed": len(again),
+        self._incidents.append({**restart.incident, "replayed": len(again),
                                "after_frame": last, "restart_s": round(time.monotonic() - t1, 3),
                                "_t0": t0})
         sock = self._sock
@@ -632,7 +627,7 @@ class Session:
                "window": self.window}
         if self._recovery is not None:
             out["incidents"] = [{k: v for k, v in i.items() if not k.startswith("_")}
-                                for i in self.incidents]
+                                for i in self._incidents]
         if self._job_stats:
             ranks = []
             for r in self._job_stats["ranks"]:

@@ -304,23 +304,27 @@ class HeadJob(ProcessJob):
                 self.proc.wait()
         self._ended = time.monotonic()
         if self.proc.returncode != 0:  # a clean exit means mpirun already ended everything
-            _reap(self.ssh, self.hosts, self.pid_file, self.build)
+            reap(self.ssh, self.hosts, self.pid_file, self.build)
 
 
-def _reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> None:
-    """Make sure nothing of the job survives on any host (mpirun normally sees to that)."""
+def reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> None:
+    """Make sure nothing of the job survives on any host (mpirun normally sees to that).
+    ``hosts[0]`` is the head, where ``pid_file`` names mpirun; "" when no mpirun is known (a
+    host that comes back: only ``build``'s ranks are ended there)."""
     head = hosts[0]
-    proc = subprocess.run(ssh.cmd(head.target, "cat", pid_file), capture_output=True, text=True,
-                          timeout=30)
-    job = proc.stdout.strip() if proc.stdout.strip().isdigit() else ""
+    job = ""
+    if pid_file:
+        proc = subprocess.run(ssh.cmd(head.target, "cat", pid_file), capture_output=True,
+                              text=True, timeout=30)
+        job = proc.stdout.strip() if proc.stdout.strip().isdigit() else ""
 
-    def reap(h: Host) -> None:
-        agent = f"{build.root(h)}/launch/ssh_config" if h is head else ""
+    def one(h: Host) -> None:
+        agent = f"{build.root(h)}/launch/ssh_config" if h is head and pid_file else ""
         subprocess.run(ssh.script(h.target, _REAP, build.binary(h), job, agent),
                        capture_output=True, timeout=60)
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        list(pool.map(reap, hosts))
+        list(pool.map(one, hosts))
 
 
 _DEATHS = r"""

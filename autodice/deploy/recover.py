@@ -43,9 +43,9 @@ from ..core.plan import Plan, load_plan
 from ..core.spec import mapping_json, parse_key, parse_mapping
 from .deploy import Shipped, ship
 from .inventory import Inventory
-from .launch import rank_deaths, run_failure
+from .launch import rank_deaths, reap, run_failure
 from .remote_build import ncnn_prefixes
-from .ssh import Progress
+from .ssh import PROGRAM, Build, Progress
 from .stream import RemoteJob
 
 ANSWER_S = 3.0  # a host that does not run `true` over its open connection in this time is lost
@@ -134,17 +134,17 @@ class DeployedRecovery:
             "plan_s": round(planned - detected, 3), "deploy_s": round(shipped_at - planned, 3)})
         return restart
 
-    def rebalance(self, job: RemoteJob) -> Restart | None:
-        """The original job on every host, once every lost host answers again; None when no
-        host was lost.
+    def rebalance(self) -> Restart | None:
+        """The original job on every host, deployed again (a check: only what changed moves)
+        once every lost host answers; None when no host was lost. What the job these hosts
+        were lost from may have left running there is ended first.
 
         Raises:
-            AutodiceError: a lost host still does not answer (the current job goes on).
+            AutodiceError: a lost host still does not answer (the running job goes on).
         """
         if not self.lost:
             return None
         shipped = ship(self.out_dir, self.inv, self.progress, self.keep_s)  # checks every host
-        job.stop()
         self._reap_stale(shipped)
         back = sorted(self.lost)
         self.lost.clear()
@@ -190,14 +190,15 @@ class DeployedRecovery:
         return hosts | silent, lines
 
     def _reap_stale(self, shipped: Shipped) -> None:
-        """Hosts that come back may still run a rank of the job they were lost from: end it."""
-        from .launch import _reap
-        from .ssh import PROGRAM, Build
-
+        """Hosts that come back may still run a rank of the job they were lost from (its link
+        went down under it): end every program of ours there, the original's and fallbacks'."""
         back = [h for h in shipped.hosts if h.target.host in self.stale]
-        for lost_set in [frozenset()] + [f for f in self._ready]:
-            build = PROGRAM if not lost_set else Build(folder=_folder(lost_set))
-            _reap(shipped.ssh, [shipped.hosts[0], *back], "/nonexistent", build)
+        if not back:
+            return
+        builds = [PROGRAM, *(Build(folder=_folder(lost)) for lost in self._ready)]
+        builds += [Build(folder=_folder(frozenset(self.lost)))]
+        for build in dict.fromkeys(builds):
+            reap(shipped.ssh, back, "", build)
         self.stale.clear()
 
     # ---- fallbacks -------------------------------------------------------------------------

@@ -34,6 +34,7 @@ class RemoteJob:
             raise AutodiceError(f"{head.target.where()}: remote_dir {head.dir} is too long for "
                                 f"a session's socket ({self.socket}: over {_SOCKET_BYTES} "
                                 "bytes); choose a shorter one in the inventory")
+        self._stopped = False
         self._clear_results()
         ssh, plan = shipped.ssh, shipped.plan
         flags = ["--stream", self.socket] + (["--gpu-fallback", "cpu"] if gpu_fallback else [])
@@ -63,7 +64,10 @@ class RemoteJob:
 
     def stop(self) -> None:
         """End the job (nothing of it left on any host), remove the forward's socket file on
-        the head, and let the ssh connections go."""
+        the head, and let the ssh connections go. Once."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             self.job.stop()
             head = self.shipped.hosts[0].target
