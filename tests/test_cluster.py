@@ -465,6 +465,9 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
                     _fault(emu, "edge02", fault)
             (incident,) = s.stats()["incidents"]
             if fault == "link":
+                with pytest.raises(AutodiceError, match="edge02"):
+                    s.rebalance()  # still down: an error, and the stream goes on as it was
+                assert len(list(s.map(iter(xs[:5])))) == 5
                 subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0",
                                 "up"], check=True)
             s.rebalance()
