@@ -46,7 +46,7 @@ from .inventory import Inventory
 from .launch import rank_deaths, reap, run_failure
 from .remote_build import ncnn_prefixes
 from .ssh import PROGRAM, Build, Progress
-from .stream import RemoteJob
+from .remote_job import RemoteJob
 
 ANSWER_S = 3.0  # a host that does not run `true` over its open connection in this time is lost
 
