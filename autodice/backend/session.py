@@ -189,7 +189,7 @@ class Session:
         self._jobs = 0
         self._incidents: list[dict] = []
         try:
-            self.job, self._sock = self._start(start)
+            self._sock = self._start(start)
         except BaseException:
             self._abandon(keep=True)
             raise
@@ -202,8 +202,9 @@ class Session:
 
     # ---- starting --------------------------------------------------------------------------
 
-    def _start(self, start: Callable[[str], Job]) -> tuple[Job, socket.socket]:
-        """A job started and its gateway's connection, through a socket of its own."""
+    def _start(self, start: Callable[[str], Job]) -> socket.socket:
+        """Start a job (it becomes ``self.job``); its gateway's connection, through a socket of
+        its own."""
         self._jobs += 1
         path = str(self._tmp / f"stream-{self._jobs}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -211,7 +212,7 @@ class Session:
             listener.bind(path)
             listener.listen(1)
             self.job = start(path)
-            return self.job, self._accept(listener, self._start_timeout_s)
+            return self._accept(listener, self._start_timeout_s)
         finally:
             listener.close()
             Path(path).unlink(missing_ok=True)
@@ -564,7 +565,7 @@ class Session:
         t1 = time.monotonic()
         self.job.stop()  # a recovery stopped it already; a move has not
         try:
-            self.job, self._sock = self._start(restart.start)
+            self._sock = self._start(restart.start)
             self.inputs, self.outputs = self._hello()
         except AutodiceError as e:
             self._fail(last, ["the restarted job failed:", *e.problems])

@@ -69,14 +69,15 @@ exit $code
 """
 # Each rank runs under this: a rank that dies of a signal (killed, out of memory, crashed)
 # leaves "<time> <exit code>" in a marker file, so the report names the rank that died first
-# rather than the peers that then lost their connection to it. The code goes in at once (shell
-# builtins only: mpirun may end this shell a moment later), the time (a fork) after it.
-# $1 marker, then the command.
+# rather than the peers that then lost their connection to it. Once the rank has ended, this
+# shell ignores mpirun's TERM (its abort of the job may come a moment later) until the marker
+# is written. $1 marker, then the command.
 _RANK = r"""
 marker=$1; shift
 "$@"
 code=$?
-[ "$code" -gt 128 ] && { echo "inf $code" > "$marker"; echo "$(date +%s.%N) $code" > "$marker"; }
+trap '' TERM
+[ "$code" -gt 128 ] && echo "$(date +%s.%N) $code" > "$marker"
 exit "$code"
 """
 _STOP = r"""
@@ -334,8 +335,7 @@ exit 0
 
 
 def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
-    """(time, rank, exit code) of every rank that died of a signal, earliest first (a rank
-    whose wrapper was ended before it could note the time: last)."""
+    """(time, rank, exit code) of every rank that died of a signal, earliest first."""
     found: list[Death] = []
 
     def read(h: Host) -> None:

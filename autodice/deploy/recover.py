@@ -45,17 +45,16 @@ from .deploy import Shipped, ship
 from .inventory import Inventory
 from .launch import rank_deaths, reap, run_failure
 from .remote_build import ncnn_prefixes
-from .ssh import PROGRAM, Build, Progress
 from .remote_job import RemoteJob
+from .ssh import PROGRAM, Build, Progress
 
 ANSWER_S = 3.0  # a host that does not run `true` over its open connection in this time is lost
 
 
 @dataclass(frozen=True)
 class Fallback:
-    """The job for the hosts left after losing ``lost``: its output folder and inventory."""
+    """The job for the hosts left after losing some: its output folder and inventory."""
 
-    lost: frozenset[str]
     out: Path  # OUT/recovery/without-HOSTS: split + gen of ``mapping``
     inventory: Inventory  # the hosts left, each in <remote_dir>/without-HOSTS
     mapping: dict[str, list[str]]
@@ -88,7 +87,7 @@ class DeployedRecovery:
                 lost = frozenset({host})
                 self._ready[lost] = self._pool.submit(self._prepare, lost)
 
-    def start(self, shipped: Shipped) -> Restart:
+    def _start(self, shipped: Shipped) -> Restart:
         return Restart(shipped.plan, lambda path: RemoteJob(shipped, path, self.gpu_fallback))
 
     # ---- the session's calls ---------------------------------------------------------------
@@ -126,7 +125,7 @@ class DeployedRecovery:
         planned = time.monotonic()
         shipped = ship(fallback.out, fallback.inventory, self.progress, self.keep_s)
         shipped_at = time.monotonic()
-        restart = self.start(shipped)
+        restart = self._start(shipped)
         restart.incident.update({
             "lost": sorted(lost), "why": lines[0], "mapping": fallback.mapping,
             "mapping_from": fallback.source, "prepared_ahead": ready,
@@ -148,7 +147,7 @@ class DeployedRecovery:
         self._reap_stale(shipped)
         back = sorted(self.lost)
         self.lost.clear()
-        restart = self.start(shipped)
+        restart = self._start(shipped)
         restart.incident.update({"rebalanced": back, "mapping": _mapping_of(self.out_dir),
                                  "mapping_from": "the original", "out": str(self.out_dir)})
         return restart
@@ -213,7 +212,7 @@ class DeployedRecovery:
             out = self.out_dir / "recovery" / _folder(lost)
             if not _holds(out, mapping):
                 _split_gen(self.out_dir, self.plan, mapping, out)
-            fallback = Fallback(lost, out, self._inventory(lost), mapping, source)
+            fallback = Fallback(out, self._inventory(lost), mapping, source)
             if force or self._closed.is_set():
                 return fallback  # a recovery ships it itself
             ship(out, fallback.inventory, None, self.keep_s).close()
@@ -232,7 +231,7 @@ class DeployedRecovery:
         keys = [k for k, _ in parse_mapping(self.out_dir / "mapping.json").entries
                 if parse_key(k).host in left]
         keys = list(dict.fromkeys(keys))
-        graph = load_model(_model_path(self.out_dir, self.plan),
+        graph = load_model(self.out_dir / self.plan.model,
                            {t.name: t.shape for t in self.plan.model_inputs})
         return (balanced_mapping(graph, keys, f"recovery without {', '.join(sorted(lost))}"),
                 f"the original keys on {', '.join(left)}, balanced by FLOPs")
@@ -284,10 +283,6 @@ def front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | No
     return None
 
 
-def _model_path(out_dir: Path, plan: Plan) -> Path:
-    return out_dir / plan.model if not Path(plan.model).is_absolute() else Path(plan.model)
-
-
 def _mapping_of(out: Path) -> dict[str, list[str]]:
     return {k: list(v) for k, v in parse_mapping(out / "mapping.json").entries}
 
@@ -296,8 +291,9 @@ def _holds(out: Path, mapping: dict) -> bool:
     """Whether ``out`` is a generated output of ``mapping`` already, made after the original
     (a session before made it)."""
     try:
+        load_plan(out)  # readable and whole
         return (out / "mapping.json").read_text() == mapping_json(mapping) \
-            and load_plan(out) is not None and _generated(out) > _generated(out.parent.parent)
+            and _generated(out) > _generated(out.parent.parent)
     except (OSError, AutodiceError):
         return False
 
@@ -317,7 +313,7 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="autodice-recover-") as tmp:
         path = Path(tmp) / "mapping.json"
         path.write_text(mapping_json(mapping))
-        split(_model_path(out_dir, plan), path, out_dir / "platform.txt", out,
+        split(out_dir / plan.model, path, out_dir / "platform.txt", out,
               {t.name: t.shape for t in plan.model_inputs})
     try:
         precision = (out_dir / "packages" / "precision").read_text().strip()
