@@ -8,7 +8,7 @@ import click
 
 from ..core.errors import AutodiceError
 from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, report_run,
-                  stats_table, stream_options)
+                  stats_table, stream_options, visible)
 
 
 @main.command()
@@ -165,7 +165,10 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
 
 
 def incident_line(i: dict) -> str:
-    """What a recovering session did about one lost host (or a rebalance), in one line."""
+    """What a recovering session did about one lost host (or a rebalance), in one line (rich
+    markup; the failure's words, which may hold tensor names, are escaped)."""
+    from rich.markup import escape
+
     from ..core.spec import parse_key
 
     hosts = ", ".join(dict.fromkeys(parse_key(k).host for k in i["mapping"]))
@@ -175,7 +178,8 @@ def incident_line(i: dict) -> str:
                                                            "restart_s") if k in i)
     took = f"{i['first_result_s']:.1f} s" if "first_result_s" in i else "no result since"
     return (f"[yellow]{', '.join(i['lost'])} lost[/yellow] after frame {i['after_frame']} "
-            f"({i['why']}): went on over {hosts} ({i['mapping_from']}), {i['replayed']} frames "
+            f"({escape(visible(i['why']))}): went on over {hosts} "
+            f"({escape(visible(i['mapping_from']))}), {i['replayed']} frames "
             f"sent again; to the first new result {took} ({phases})")
 
 
