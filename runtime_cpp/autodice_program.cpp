@@ -7,6 +7,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include <sys/utsname.h>
+
 #include "autodice_runtime.h"
 #include "autodice_stream.h"
 #include "net.h"
@@ -75,6 +77,7 @@ struct Stats {
 };
 constexpr int kStatFields = 11;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
+constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
 
 double mask(const std::vector<int>& cpus) {
   double m = 0;
@@ -391,7 +394,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
 
 // stats.json: the job's frames and seconds, then one object per rank of the plan.
 std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, double seconds,
-                       const std::vector<double>& all, const std::vector<char>& devices) {
+                       const std::vector<double>& all, const std::vector<char>& devices,
+                       const std::vector<char>& arches) {
   std::string out;
   char buf[1024];
   const auto add = [&](const char* format, auto... values) {
@@ -406,8 +410,9 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
   for (int k = 0; k < n; ++k) {
     const double* v = &all[static_cast<size_t>(k) * kStatFields];
     const std::string device(&devices[static_cast<size_t>(k) * kDeviceChars]);
+    const std::string arch(&arches[static_cast<size_t>(k) * kArchChars]);
     out += "    {\"rank\": " + std::to_string(k) + ", \"key\": " + json_string(plan.ranks[k].key) +
-           ", \"device\": " + json_string(device);
+           ", \"device\": " + json_string(device) + ", \"arch\": " + json_string(arch);
     add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
         "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
         "\"peak_rss\": %.0f, \"load_s\": %.6f, \"cpus\": [",
@@ -486,8 +491,16 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   std::vector<char> devices(rank == root ? kDeviceChars * static_cast<size_t>(size) : 0);
   MPI_Gather(mine_device, kDeviceChars, MPI_CHAR, devices.data(), kDeviceChars, MPI_CHAR, root,
              MPI_COMM_WORLD);
+  char mine_arch[kArchChars] = {};
+  struct utsname machine {};
+  const std::string arch = uname(&machine) == 0 ? machine.machine : "?";
+  arch.copy(mine_arch, kArchChars - 1);
+  std::vector<char> arches(rank == root ? kArchChars * static_cast<size_t>(size) : 0);
+  MPI_Gather(mine_arch, kArchChars, MPI_CHAR, arches.data(), kArchChars, MPI_CHAR, root,
+             MPI_COMM_WORLD);
   if (rank == root) {
-    const std::string json = stats_json(plan, frames, args.pipeline, seconds, all, devices);
+    const std::string json =
+        stats_json(plan, frames, args.pipeline, seconds, all, devices, arches);
     if (gateway) {
       gateway->finish(json);
     } else {

@@ -12,7 +12,8 @@ from ..core.plan import load_plan
 from .engine import cmake_args, ensure_ncnn
 
 
-def _run(cmd: list[str], log: Path, what: str) -> None:
+def run_logged(cmd: list[str], log: Path, what: str) -> None:
+    """Run ``cmd`` with its output appended to ``log``; a failure names the log and its tail."""
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
@@ -43,9 +44,9 @@ def build(out_dir: str | Path, console=None) -> Path:
     bdir.mkdir(parents=True, exist_ok=True)
     log = bdir / "build.log"
     log.write_text("")
-    _run(["cmake", "-S", str(packages / plan.hosts()[0]), "-B", str(bdir),
+    run_logged(["cmake", "-S", str(packages / plan.hosts()[0]), "-B", str(bdir),
           "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)], log, "configuring")
-    _run(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log, "compiling")
+    run_logged(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log, "compiling")
     program = bdir / "program"
     for host in plan.hosts():
         (packages / host / "build").mkdir(exist_ok=True)

@@ -120,8 +120,10 @@ def ncnn_flags(vulkan: bool = False, machine: str | None = None,
 
 
 def profile_name(flags: dict[str, str]) -> str:
-    """``vulkan`` or ``cpu``: how messages name a build."""
-    return "vulkan" if flags.get("NCNN_VULKAN") == "ON" else "cpu"
+    """``vulkan`` or ``cpu`` (``aarch64 cpu`` for a cross build): how messages name a build."""
+    kind = "vulkan" if flags.get("NCNN_VULKAN") == "ON" else "cpu"
+    target = flags.get("CMAKE_SYSTEM_PROCESSOR")
+    return f"{target} {kind}" if target else kind
 
 
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")  # make: "[ 42%] Building CXX object ..."
@@ -168,16 +170,30 @@ def ensure_ncnn(console=None) -> Path:
                                 "(point it at an ncnn install prefix, or unset it to build one)")
         return prefix
 
-    flags = ncnn_flags(vulkan=True)
+    return cached_ncnn(ncnn_flags(vulkan=True), console)
+
+
+def cached_ncnn(flags: dict[str, str], console=None,
+                compiler: tuple[str, str] = ("c++", "g++")) -> Path:
+    """The cache entry for ``flags`` (keyed by all of them: a cross build's toolchain file is
+    one), built from the pinned source package the first time it is asked for.
+
+    Args:
+        compiler: the C++ compiler the flags use and the Debian package that has it.
+    Raises:
+        AutodiceError: as :func:`ensure_ncnn`.
+    """
+    from ..core.errors import AutodiceError
+
     name = profile_name(flags)
     root = cache_root() / "ncnn"
     entry = root / cache_key(flags)
     if (entry / "install" / CONFIG).is_file():
         return entry / "install"
 
-    if shutil.which("cmake") is None or shutil.which("c++") is None:
-        raise AutodiceError("building ncnn needs cmake and a C++ compiler on PATH "
-                            "(apt-get install cmake g++)")
+    if shutil.which("cmake") is None or shutil.which(compiler[0]) is None:
+        raise AutodiceError(f"building ncnn needs cmake and {compiler[0]} on PATH "
+                            f"(apt-get install cmake {compiler[1]})")
     if console is None:
         from rich.console import Console
         console = Console(stderr=True)

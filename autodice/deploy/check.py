@@ -2,7 +2,9 @@
 
 The check itself opens each host's ssh master connection, or reuses the one an earlier deploy
 left open (see :class:`~.ssh.Ssh`), and, in one remote shell, reports the architecture, cores
-and CPU features, the tools that are missing (compiler, cmake, rsync, MPI, ncnn) and what an
+and CPU features, the tools that are missing to run (rsync, mpirun) and those only a build
+there needs (compiler, cmake, mpicxx, ncnn: a board whose program is cross-built here needs
+none of them; :mod:`.remote_build` decides), and what an
 earlier deploy left there (the folders it synced, see :mod:`.sync`; a build stamp, the binary's
 checksum, an ncnn it built). Every failing host is reported at once, before anything is copied
 anywhere.
@@ -27,18 +29,18 @@ echo "arch=$(uname -m)"
 echo "cpus=$(nproc 2>/dev/null || echo 1)"
 echo "cpus_all=$(nproc --all 2>/dev/null || echo 1)"
 echo "cpu=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)"
-for t in c++ cmake make rsync tar; do
-  command -v "$t" >/dev/null 2>&1 || echo "missing=$t"
-done
+# "missing=" what running needs, "lacks=" what only a build on the host needs
+for t in c++ cmake make; do command -v "$t" >/dev/null 2>&1 || echo "lacks=$t"; done
+for t in rsync tar; do command -v "$t" >/dev/null 2>&1 || echo "missing=$t"; done
 if [ -n "$m" ]; then
-  for t in mpirun mpicxx; do [ -x "$m/bin/$t" ] || echo "missing=$t ($m/bin/$t)"; done
+  [ -x "$m/bin/mpirun" ] || echo "missing=mpirun ($m/bin/mpirun)"
+  [ -x "$m/bin/mpicxx" ] || echo "lacks=mpicxx ($m/bin/mpicxx)"
 else
-  for t in mpirun mpicxx; do
-    command -v "$t" >/dev/null 2>&1 || echo "missing=$t (not on PATH; set mpi_prefix)"
-  done
+  command -v mpirun >/dev/null 2>&1 || echo "missing=mpirun (not on PATH; set mpi_prefix)"
+  command -v mpicxx >/dev/null 2>&1 || echo "lacks=mpicxx (not on PATH; set mpi_prefix)"
 fi
 if [ -n "$n" ] && [ ! -f "$n/lib/cmake/ncnn/ncnnConfig.cmake" ]; then
-  echo "missing=ncnn ($n/lib/cmake/ncnn/ncnnConfig.cmake)"
+  echo "lacks=ncnn ($n/lib/cmake/ncnn/ncnnConfig.cmake)"
 fi
 # What an earlier deploy left (read only): lets deploy skip a build or a copy that is done.
 stamps "$b" "$@"
@@ -69,6 +71,8 @@ def check_all(ssh: Ssh, hosts: list[Host], progress: Progress, build: Build = PR
             k, _, v = line.partition("=")
             if k == "missing":
                 missing.append(v)
+            elif k == "lacks":
+                h.lacks += (v,)
             elif k == "ncnn_built":
                 h.facts[k] = f"{h.facts.get(k, '')} {v}".strip()
             else:

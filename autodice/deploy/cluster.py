@@ -36,6 +36,7 @@ from pathlib import Path
 from ..core.errors import AutodiceError, Problems
 from ..core.spec import _RATE_UNITS, _number, parse_cores
 from . import sshd
+from .arm_board import board_root, check_arch, emulated, missing_tools
 from .cluster_state import Cluster, Host, HostStatus, load_state, save_state, state_dir
 from .inventory import inventory_toml
 
@@ -52,7 +53,7 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 
 def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
                  cores: dict[str, str] | None = None, subnet: str = DEFAULT_SUBNET,
-                 root: Path | None = None) -> Cluster:
+                 root: Path | None = None, arch: dict[str, str] | None = None) -> Cluster:
     """The cluster ``up`` would make: names, addresses, rates. Checks every argument at once.
 
     Args:
@@ -60,8 +61,10 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
         bandwidth: per-link rate in platform.txt units (``1gbit``, ``100MB/s``); None: unshaped.
         cores: host -> CPU list (``0-1``, ``2,3``) its sshd and everything it starts run on.
         subnet: an IPv4 network with room for the bridge and every host.
+        arch: host -> ``uname -m`` of an emulated board of another architecture (``aarch64``;
+            :mod:`.arm_board`); the others are this machine's kind.
     Raises:
-        AutodiceError: a bad host name, duplicate, rate, CPU list or subnet.
+        AutodiceError: a bad host name, duplicate, rate, CPU list, architecture or subnet.
     """
     root = Path(root or state_dir())
     problems = Problems()
@@ -93,6 +96,15 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
             continue
         if bad:
             problems.add(f"--cores {name}={text}: this machine has cores 0-{n_cpus - 1}")
+    arches = {}
+    for name, text in (arch or {}).items():
+        if name not in hosts:
+            problems.add(f'--arch {name}={text}: "{name}" is not one of --hosts')
+            continue
+        try:
+            arches[name] = check_arch(text)
+        except AutodiceError as e:
+            problems.add(f"--arch {name}={text}: {e.problems[0]}")
     try:
         net = ipaddress.IPv4Network(subnet)
         if net.num_addresses < len(hosts) + 12:
@@ -107,13 +119,15 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
         state_dir=str(root), subnet=str(net), gateway=str(base + 1), bandwidth=rate,
         hosts=tuple(Host(name=h, netns=NETNS_PREFIX + h, veth=f"{VETH_PREFIX}{i}",
                          address=str(base + 11 + i), cores=cores.get(h, ""),
-                         remote_dir=str(root / "hosts" / h / "work"))
+                         remote_dir=str(root / "hosts" / h / "work"),
+                         arch=arches[h] if h in arches and emulated(arches[h]) else "")
                     for i, h in enumerate(hosts)))
 
 
 def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] | None = None,
        subnet: str = DEFAULT_SUBNET, inventory: str | Path | None = None,
-       ncnn_dir: str | Path | None = None, console=None) -> Cluster:
+       ncnn_dir: str | Path | None = None, console=None,
+       arch: dict[str, str] | None = None) -> Cluster:
     """Create the cluster, or repair it when it already exists with the same settings.
 
     Idempotent: the same call again only restarts sshds that died and rewrites the inventory.
@@ -128,7 +142,7 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
         AutodiceError: not root, tools missing and not installable, a bad argument, or a step that
             failed (everything created so far is removed again).
     """
-    want = plan_cluster(hosts, bandwidth, cores, subnet)  # bad options first, root or not
+    want = plan_cluster(hosts, bandwidth, cores, subnet, arch=arch)  # bad options first
     require_root("cluster up")
     have = load_state()
     if have is not None and (have != want or not all(_netns_exists(h.netns) for h in have.hosts)):
@@ -136,17 +150,19 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
         have = None
     elif have is None and (_link_exists(BRIDGE) or _our_namespaces()):
         down()  # leftovers of an up that died before recording its state
-    _ensure_tools(console)
+    boards = any(h.arch for h in want.hosts)
+    _ensure_tools(console, boards)
+    board = board_root(console) if boards else None
     root = Path(want.state_dir)
     try:
         if have is None:
             _conflicts(want)
             save_state(want)  # first: `down` must know what to remove if anything below fails
             _create_network(want)
-            sshd.create_keys(want)
+            sshd.create_keys(want, board)
         for host in want.hosts:
             if sshd.alive_pid(want, host) is None:
-                sshd.start(want, host)
+                sshd.start(want, host, board)
         for host in want.hosts:
             sshd.wait(want, host)
     except BaseException:
@@ -166,10 +182,12 @@ def require_root(what: str) -> None:
                             "sshd): run it as root, e.g. `sudo autodice cluster up ...`")
 
 
-def _ensure_tools(console) -> None:
-    """ip, tc, unshare, taskset, sshd, ssh-keygen, rsync; installs openssh-server, rsync."""
+def _ensure_tools(console, boards: bool = False) -> None:
+    """ip, tc, unshare, taskset, sshd, ssh-keygen, rsync; installs openssh-server, rsync, and
+    with ``boards`` (emulated boards of another architecture) qemu-user-static."""
     missing = [p for p, exe in (("openssh-server", "/usr/sbin/sshd"), ("rsync", "rsync"))
                if not (Path(exe).exists() if exe.startswith("/") else shutil.which(exe))]
+    missing += missing_tools() if boards else []
     if missing and shutil.which("apt-get"):
         if console is not None:
             console.print(f"installing {' '.join(missing)} (apt-get)")
@@ -228,6 +246,8 @@ def _create_network(c: Cluster) -> None:
         _run(*ns, "ip", "link", "set", "lo", "up")
         _run(*ns, "ip", "addr", "add", f"{h.address}/{prefix}", "dev", "eth0")
         _run(*ns, "ip", "link", "set", "eth0", "up")
+        if h.arch:  # a board's sshd runs in a user namespace of its own: port 22 must be open
+            _run(*ns, "sysctl", "-q", "-w", "net.ipv4.ip_unprivileged_port_start=22")
         if c.bandwidth:
             # Both directions: out of the host (its eth0) and into it (the bridge's veth end).
             # The burst covers a few 64 KiB GSO segments, else tbf drops them whole.
@@ -240,18 +260,20 @@ def _create_network(c: Cluster) -> None:
         (etc / "hosts").write_text(hosts_file)
         home = Path(c.state_dir) / "hosts" / h.name / "home"
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (etc / "passwd").write_text(_passwd(Path("/etc/passwd").read_text(), home))
+        (etc / "passwd").write_text(_passwd(Path("/etc/passwd").read_text(), home,
+                                            "/bin/sh" if h.arch else None))
         (Path(h.remote_dir)).mkdir(parents=True, exist_ok=True)
 
 
-def _passwd(text: str, home: Path) -> str:
+def _passwd(text: str, home: Path, shell: str | None = None) -> str:
     """``/etc/passwd`` with root's home directory moved to ``home`` (the user deploy logs in
-    as on the emulated hosts)."""
+    as on the emulated hosts), and its login shell ``shell`` (a board's own: its busybox sh)."""
     lines = []
     for line in text.splitlines():
         fields = line.split(":")
         if len(fields) == 7 and fields[2] == "0":
             fields[5] = str(home)
+            fields[6] = shell or fields[6]
         lines.append(":".join(fields))
     return "\n".join(lines) + "\n"
 
@@ -353,8 +375,8 @@ def status() -> tuple[Cluster | None, list[HostStatus]]:
     c = load_state()
     if c is None:
         return None, []
-    return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), sshd.alive_pid(c, h))
-               for h in c.hosts]
+    return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), sshd.alive_pid(c, h),
+                          h.arch) for h in c.hosts]
 
 
 def stop_sshd(name: str) -> None:

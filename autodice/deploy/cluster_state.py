@@ -20,6 +20,7 @@ class Host:
     address: str
     cores: str  # taskset CPU list, "" for all
     remote_dir: str
+    arch: str = ""  # uname -m of an emulated board of another architecture; "" for this machine's
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class HostStatus:
     cores: str
     netns: bool
     sshd_pid: int | None  # None when not running
+    arch: str = ""
 
 
 def state_dir() -> Path:

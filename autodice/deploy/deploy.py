@@ -12,7 +12,9 @@ before anything runs anywhere:
    no times), so only changed files move and unchanged sources keep their remote mtimes (make
    rebuilds nothing it need not); a host whose package is already there (its sync stamp, as
    the check read it) is not touched. Bytes sent per host come from ``rsync --stats``.
-3. ``build`` (:mod:`.remote_build`): hosts that share an architecture (``uname -m``) and a
+3. ``build`` (:mod:`.remote_build`): boards of another architecture than this machine's get
+   their program cross-built here once per architecture (:mod:`.head_build`) and receive it;
+   a host that is not what the platform file says stops the deploy first. Other hosts that share an architecture (``uname -m``) and a
    filesystem label (and MPI and ncnn prefixes) build once, on the first of them, as soon as
    its own package is there (while the others still sync); the others receive the binary by
    rsync. Hosts without a shared filesystem build their own. A build runs only when the
@@ -52,7 +54,9 @@ from ..backend.run import RunResult, check_inputs, program_flags, stage_inputs
 from ..core.errors import AutodiceError
 from ..core.outdir import claim
 from ..core.plan import Plan, load_plan
+from ..core.spec import Device, parse_platform
 from .check import check_all
+from .head_build import choose
 from .inventory import Inventory, load_inventory
 from .launch import check_launchable, run_job, write_launch_files
 from .remote_build import build_all, source_digest
@@ -205,6 +209,7 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
     ssh, seconds = shipped.ssh, shipped.seconds
     try:
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
+        choose(hosts, _devices(out_dir))
         sources = source_digest(out_dir / "packages" / hosts[0].target.host)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
         synced: list[float] = []
@@ -215,7 +220,8 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
             synced.append(time.monotonic())
 
         start = time.monotonic()
-        build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync)
+        build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync,
+                  package=lambda h: out_dir / "packages" / h.target.host)
         seconds["sync"] = round(max(synced) - start, 3)
         seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
         digests.save()
@@ -225,6 +231,12 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
         raise
     shipped.write_report()
     return shipped
+
+
+def _devices(out_dir: Path) -> dict[str, Device]:
+    """The platform file's devices, as split copied it into the output (none if it did not)."""
+    path = out_dir / "platform.txt"
+    return parse_platform(path).devices if path.is_file() else {}
 
 
 def _covering(inv: Inventory, hosts: list[str]) -> Inventory:

@@ -14,6 +14,7 @@
     remote_dir = "/home/root/autodice"
     mpi_prefix = "/usr"           # optional: else mpirun/mpicxx from the remote PATH
     ncnn_dir = "/opt/ncnn"        # optional: else deploy builds ncnn there once
+    build = "head"                # optional: cross-build here (another arch) or "board"
 
 Checked against the plan before any network use: every host of the plan present, no extras, and
 every value usable (one error per offender, naming the file and host). Remote directories must be
@@ -53,7 +54,10 @@ KEYS = {
     "mpi_prefix": "Open MPI install prefix on the host (default: the remote PATH)",
     "ncnn_dir": "ncnn install prefix on the host (default: build ncnn there)",
     "filesystem": "label shared by hosts on one filesystem: they share one build per arch",
+    "build": '"head" (cross-build here and ship) or "board" (build there); default: head '
+             "for a board of another architecture when its cross compiler is installed here",
 }
+BUILDS = ("head", "board")
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]*")
@@ -73,6 +77,7 @@ class Target:
     mpi_prefix: str | None = None  # paths on the host
     ncnn_dir: str | None = None
     filesystem: str | None = None
+    build: str | None = None  # "head" | "board" | None: chosen by deploy
 
     def where(self) -> str:
         return f"{self.host} ({self.user}@{self.address}:{self.port})"
@@ -196,13 +201,16 @@ def _target(name: str, t: dict, base: Path, where: str, problems: Problems) -> T
             problems.add(f"{where}: {key} {file}: paths with spaces are not supported")
         local[key] = str(file)
     filesystem = t.get("filesystem")
+    build = t.get("build")
+    if build is not None and build not in BUILDS:
+        problems.add(f'{where}: build = {build!r} must be "head" or "board"')
     if len(problems.items) > bad:
         return None
     return Target(host=name, address=address, user=user, port=port,
                   remote_dir=str(remote["remote_dir"]), identity=local["identity"],
                   known_hosts=local["known_hosts"], mpi_prefix=remote["mpi_prefix"],
                   ncnn_dir=remote["ncnn_dir"],
-                  filesystem=str(filesystem) if filesystem is not None else None)
+                  filesystem=str(filesystem) if filesystem is not None else None, build=build)
 
 
 # --- the emulated cluster's inventory ---------------------------------------------------------
@@ -243,11 +251,13 @@ def inventory_toml(c: Cluster, hosts: list[str] | None = None,
         f"filesystem = {_toml_str(FILESYSTEM)}  # shared: one build per architecture",
         f"mpi_prefix = {_toml_str(str(mpi_prefix()))}",
     ]
-    if ncnn:
-        lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
     for h in c.hosts:
         if hosts is not None and h.name not in hosts:
             continue
         lines += ["", f"[hosts.{h.name}]", f"address = {_toml_str(h.address)}",
                   f"remote_dir = {_toml_str(h.remote_dir)}"]
+        if h.arch:  # an emulated board: its program is cross-built here, with ncnn
+            lines.append(f"# an emulated {h.arch} board: no compiler, ncnn built here for it")
+        elif ncnn:
+            lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
     return "\n".join(lines) + "\n"

@@ -1,7 +1,9 @@
 """Step 3 of deploy, ``build``: the program, and ncnn where a host has none, built on the hosts.
 
-Hosts that share an architecture (``uname -m``), a filesystem label and the MPI and ncnn prefixes
-form one build group: the first of them builds, the others receive its binary by rsync. A build
+Boards of another architecture than this machine's get their program cross-built here
+(:mod:`.head_build`) and receive the binary. Among the others, hosts that share an
+architecture (``uname -m``), a filesystem label and the MPI and ncnn prefixes form one build
+group: the first of them builds, the others receive its binary by rsync. A build
 runs only when the sources or flags differ from the stamp the last successful one left there, a
 copy only when the binaries differ. Within a deploy the build overlaps the sync step: a builder
 starts as soon as its own package is there. A host with no ncnn builds the pinned ncnn once in
@@ -11,12 +13,14 @@ its remote directory, with the instruction sets that every host of its group has
 from __future__ import annotations
 
 import hashlib
+import shlex
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from ..backend.gen import RUNTIME_SOURCES
 from ..core.errors import AutodiceError
+from .head_build import HERE, HeadBuilds
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
 # Configure (unless done with these flags) and build; $3 names the sources and flags, and is
@@ -76,7 +80,8 @@ def build_groups(hosts: list[Host]) -> dict[str, list[Host]]:
 def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
               progress: Progress, build: Build = PROGRAM,
               gpu_hosts: frozenset[str] = frozenset(),
-              sync: Callable[[Host], None] | None = None) -> None:
+              sync: Callable[[Host], None] | None = None,
+              package: Callable[[Host], Path] | None = None) -> None:
     """Build once per group where sources or flags changed; copy the binary where it differs.
 
     ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
@@ -88,8 +93,15 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
             and a builder starts building as soon as its own package is there (it needs no other
             host's), while the others still receive theirs. Problems of both steps, of every
             host, come in one error.
+        package: the local folder a host's package comes from: hosts whose program is
+            cross-built here (``h.cross``, see :mod:`.head_build`) are built from it, once per
+            architecture, and receive the binary.
     """
-    groups = build_groups(hosts)
+    crossed = [h for h in hosts if h.cross]
+    arches = {h.arch: [m for m in crossed if m.arch == h.arch] for h in crossed}
+    heads = HeadBuilds(bin_dir.parent, sources, package or (lambda h: Path()),
+                       lambda group: group_ncnn_flags(group, gpu_hosts), build)
+    groups = build_groups([h for h in hosts if not h.cross])
     builders = [g[0] for g in groups.values()]
     for b in builders:
         for h in groups[b.target.host]:
@@ -107,6 +119,10 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
         name = h.target.host
         if sync is not None:
             _step("sync", sync, h)
+        if h.cross:
+            progress(name, f"cross-build ({h.arch}) here")
+            _step(f"cross-build for {h.arch}", lambda b: _ship_cross(b, arches[b.arch]), h)
+            return
         if h.builder != name:
             return
         if not h.target.ncnn_dir:
@@ -126,6 +142,17 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
                 "fetching the program failed"), h)
             fetched[name] = local
 
+    def _ship_cross(h: Host, group: list[Host]) -> None:
+        binary, checksum, compiled = heads.binary(h, group)
+        h.builder, h.compiled = HERE, compiled
+        if h.program != checksum:
+            progress(h.target.host, f"receive {h.arch} program")
+            folder = shlex.quote(build.binary(h).rpartition("/")[0])
+            must(["rsync", "-pc", "-e", ssh.rsh(), f"--rsync-path=mkdir -p {folder} && rsync",
+                  str(binary), f"{h.target.host}:{build.binary(h)}"],
+                 "sending the program failed")
+            h.program = checksum
+
     problems = parallel(hosts, "", prepare, progress, label="sync + build" if sync else "build")
     if problems:
         raise AutodiceError(*problems)
@@ -136,7 +163,7 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
               f"{h.target.host}:{build.binary(h)}"], "sending the program failed")
         h.program = by_name[h.builder].program
 
-    problems = parallel([h for h in hosts if h.builder != h.target.host
+    problems = parallel([h for h in hosts if not h.cross and h.builder != h.target.host
                          and h.program != by_name[h.builder].program], "receive program",
                         receive, progress)
     if problems:

@@ -49,6 +49,8 @@ class Host:
     facts: dict = field(default_factory=dict)  # what the check script said
     program: str = ""  # checksum of the program this host has (builders: after the build)
     compiled: bool = False
+    lacks: tuple[str, ...] = ()  # what a build on the host would need and it has not
+    cross: bool = False  # its program is cross-built on this machine (see .cross)
 
     @property
     def dir(self) -> str:

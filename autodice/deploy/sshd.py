@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import AutodiceError
+from .arm_board import namespace_argv, sshd_options
 
 if TYPE_CHECKING:
     from .cluster_state import Cluster, Host
@@ -23,7 +24,9 @@ def _keygen(*args: str) -> None:
                             f"{(proc.stderr or proc.stdout).strip()}")
 
 
-def create_keys(c: Cluster) -> None:
+def create_keys(c: Cluster, board: Path | None = None) -> None:
+    """Host and client keys, known_hosts, and each host's sshd config (``board``: the files of
+    the emulated boards among them, :func:`~.arm_board.board_root`)."""
     root = Path(c.state_dir)
     root.chmod(0o700)
     _keygen("-q", "-t", "ed25519", "-N", "", "-C", "autodice-cluster",
@@ -40,10 +43,11 @@ def create_keys(c: Cluster) -> None:
     c.known_hosts.write_text("".join(known))
     for h in c.hosts:
         folder = root / "hosts" / h.name
-        (folder / "sshd_config").write_text(_config(c, h, folder))
+        extra = sshd_options(board) if h.arch and board else []
+        (folder / "sshd_config").write_text(_config(c, h, folder, extra))
 
 
-def _config(c: Cluster, h: Host, folder: Path) -> str:
+def _config(c: Cluster, h: Host, folder: Path, extra: list[str]) -> str:
     return "\n".join([
         f"# sshd of emulated host {h.name} (autodice cluster)",
         f"ListenAddress {h.address}",
@@ -65,19 +69,30 @@ def _config(c: Cluster, h: Host, folder: Path) -> str:
         "ClientAliveInterval 2",
         "ClientAliveCountMax 3",
         "Subsystem sftp internal-sftp",
+        *extra,
         "",
     ])
 
 
-def start(c: Cluster, h: Host) -> None:
+def start(c: Cluster, h: Host, board: Path | None = None) -> None:
+    """Start the host's sshd in its namespace; an emulated board's (``h.arch``, its files in
+    ``board``) in the board's own namespaces too (:func:`~.arm_board.namespace_argv`)."""
+    from ..backend.engine import mpi_prefix
+
     folder = Path(c.state_dir) / "hosts" / h.name
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     (folder / "sshd.pid").unlink(missing_ok=True)
     pin = ["taskset", "-c", h.cores] if h.cores else []
     # setsid -f: sshd is nobody's child here (init reaps it), so no zombies after `down`.
     # The shell is a constant; the host name reaches it as "$1", never inside the script.
-    cmd = ["setsid", "-f", "ip", "netns", "exec", h.netns, "unshare", "--uts", "--",
-           "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", h.name, *pin,
+    if h.arch:
+        if board is None:
+            raise AutodiceError(f"cluster: {h.name} is an {h.arch} board: its files are needed")
+        inside = [*pin, *namespace_argv(board, str(mpi_prefix()), h.name)]
+    else:
+        inside = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"',
+                  "sh", h.name, *pin]
+    cmd = ["setsid", "-f", "ip", "netns", "exec", h.netns, *inside,
            "/usr/sbin/sshd", "-D", "-f", str(folder / "sshd_config"),
            "-E", str(folder / "sshd.log")]
     subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

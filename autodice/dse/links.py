@@ -31,6 +31,7 @@ from ..core.spec import parse_platform
 from ..deploy.check import check_all
 from ..deploy.inventory import Inventory, load_inventory
 from ..deploy.launch import check_launchable, mpirun_head, run_mpirun
+from ..deploy.head_build import choose
 from ..deploy.remote_build import build_all
 from ..deploy.ssh import Build, Host, Ssh, must, parallel, ssh_config
 from ..deploy.sync import sync_all
@@ -84,8 +85,10 @@ def probe_links(inventory: str | Path | Inventory, console=None,
         ssh = Ssh(inv, work)
         try:
             check_all(ssh, every, progress, TOOLS)  # + connect
+            choose(every)
             sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
-            build_all(ssh, every, sources, work / "bin", progress, TOOLS)
+            build_all(ssh, every, sources, work / "bin", progress, TOOLS,
+                      package=lambda _: work / "tools")
             heads = [hosts[n] for n in dict.fromkeys(a for a, _ in pairs)]
             _send_launch_files(ssh, inv, heads, pairs, work / "launch", progress)
             links = {}
