@@ -28,8 +28,9 @@ demo: $(STAMP)
 	$(BIN)/autodice build $(DEMO)/out
 	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
 
-# What the tests run besides Python: sshd and rsync (an emulated cluster, tests/test_cluster.py)
-# and a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU). As root, install what is
+# What the tests run besides Python: sshd and rsync (an emulated cluster, tests/test_cluster.py),
+# a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU), and for an emulated aarch64
+# board qemu-user and the aarch64 cross compiler (tests/test_arm.py). As root, install what is
 # missing from Debian; otherwise those tests skip and say why.
 test-tools:
 	@missing=; \
@@ -37,6 +38,8 @@ test-tools:
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing="$$missing mesa-vulkan-drivers"; \
 	ldconfig -p | grep -q libvulkan.so.1 || missing="$$missing libvulkan1"; \
+	[ -x /usr/bin/qemu-aarch64-static ] || missing="$$missing qemu-user-static"; \
+	command -v aarch64-linux-gnu-g++ >/dev/null || missing="$$missing g++-aarch64-linux-gnu"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \

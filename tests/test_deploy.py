@@ -78,7 +78,9 @@ def test_inventory_every_offender_at_once(fig2_plan):
         "file to check host keys against (default: ssh's)), mpi_prefix (Open MPI install prefix "
         "on the host (default: the remote PATH)), ncnn_dir (ncnn install prefix on the host "
         "(default: build ncnn there)), filesystem (label shared by hosts on one filesystem: they "
-        "share one build per arch)"),
+        "share one build per arch), build (\"head\" (cross-build here and ship) or \"board\" "
+        "(build there); default: head for a board of another architecture when its cross "
+        "compiler is installed here)"),
         (f'{where}: host edge01: remote_dir "srv/x; rm -rf /" must be an absolute path of '
          'letters, digits and "._+@-" (no "..", spaces or quotes)'),
         (f"{where}: host edge04 of the plan has no [hosts.edge04] entry (address, remote_dir) "

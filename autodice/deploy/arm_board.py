@@ -11,8 +11,8 @@ has the factor measured here).
 The board's files are a real aarch64 Debian's, put at the paths a board has them:
 
 - ``/usr/bin`` (and so ``/bin``) is the board's: ``busybox-static`` for the shell and the core
-  tools, and ``rsync``, from Debian bookworm's arm64 packages;
-- the C and C++ runtime (glibc, libstdc++, libgomp, zlib and rsync's libraries), from the same
+  tools, ``rsync`` and the ssh client, from Debian bookworm's arm64 packages;
+- the C and C++ runtime (glibc, libstdc++, libgomp, zlib, and rsync's and ssh's libraries), from the
   packages, found by qemu through ``QEMU_LD_PREFIX`` (this machine has no ``/lib/aarch64-*`` to
   mount them on);
 - the aarch64 build of this machine's Open MPI wheel, at the inventory's ``mpi_prefix``.
@@ -41,9 +41,12 @@ QEMU = Path("/usr/bin/qemu-aarch64-static")
 DEBIAN_ARCH = "arm64"
 SUITE = "bookworm"
 # The board's runtime: what a Debian-based board has that the program and Open MPI link, busybox
-# for the tools, rsync (deploy copies with it) and rsync's libraries.
+# for the tools, rsync (deploy copies with it), the ssh client (mpirun on a board that holds
+# rank 0 starts the others' daemons with it), and their libraries.
 PACKAGES = ("libc6", "libgcc-s1", "libstdc++6", "libgomp1", "zlib1g", "busybox-static", "rsync",
-            "libacl1", "liblz4-1", "libpopt0", "libssl3", "libxxhash0", "libzstd1")
+            "libacl1", "liblz4-1", "libpopt0", "libssl3", "libxxhash0", "libzstd1",
+            "openssh-client", "libselinux1", "libpcre2-8-0", "libgssapi-krb5-2", "libkrb5-3",
+            "libk5crypto3", "libkrb5support0", "libcom-err2", "libkeyutils1")
 # qemu's handler for 64-bit little-endian ARM ELF executables (magic and mask as in qemu's
 # qemu-binfmt-conf.sh); F: the interpreter is opened now, so it works inside the board's
 # mount namespace, where /usr/bin is the board's.

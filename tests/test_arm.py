@@ -1,0 +1,172 @@
+"""An emulated aarch64 board beside an x86 host: cross-built programs, one mpirun across both.
+
+The board (``cluster up --arch edge02=aarch64``) runs every program of its own under qemu-user,
+registered in the board's own user namespace; its files are Debian arm64's. Deploy cross-builds
+ncnn and the program here and ships the binary; outputs must equal onnxruntime's. Needs root,
+``qemu-user-static`` and ``g++-aarch64-linux-gnu`` (``make test`` installs them); CI has them.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from autodice.backend.gen import gen
+from autodice.core.errors import AutodiceError
+from autodice.core.spec import mapping_json
+from autodice.deploy import cluster
+from autodice.deploy.arm_board import QEMU
+from autodice.deploy.deploy import deploy
+from autodice.deploy.head_build import HERE
+from autodice.deploy.inventory import inventory_toml
+from autodice.frontend.split import split
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root; CI runs these as root"
+    lacking = [p for p, ok in (("qemu-user-static", QEMU.exists()),
+                               ("g++-aarch64-linux-gnu", shutil.which("aarch64-linux-gnu-g++")),
+                               ("apt", shutil.which("apt-get"))) if not ok]
+    if lacking:
+        return f"an emulated aarch64 board needs {', '.join(lacking)} (`make test` installs them)"
+    return ""
+
+
+pytestmark = [pytest.mark.cpp, pytest.mark.skipif(bool(_missing()), reason=_missing())]
+HOSTS = ["edge01", "edge02"]
+ELF_MACHINE = {b"\x3e\x00": "x86_64", b"\xb7\x00": "aarch64"}
+
+
+@pytest.fixture(scope="module")
+def emu():
+    c = cluster.up(HOSTS, bandwidth="1gbit", arch={"edge02": "aarch64"})
+    yield c
+    cluster.down()
+
+
+def ssh(c, host: str, command: str) -> str:
+    return subprocess.run(["ssh", "-F", "/dev/null", "-i", str(c.identity), "-o",
+                           f"UserKnownHostsFile={c.known_hosts}", "-o", "BatchMode=yes",
+                           f"root@{host}", command],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def machine_of(path: Path) -> str:
+    """The architecture an ELF executable is for (its e_machine field)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    assert head[:4] == b"\x7fELF"
+    return ELF_MACHINE.get(head[18:20], repr(head[18:20]))
+
+
+def test_the_board_is_an_aarch64_board(emu):
+    addr = {h.name: h.address for h in emu.hosts}
+    assert ssh(emu, addr["edge02"], "uname -m") == "aarch64"
+    assert ssh(emu, addr["edge01"], "uname -m") == "x86_64"
+    # What a board has and has not: Debian's aarch64 tools, its Open MPI; no compiler.
+    said = ssh(emu, addr["edge02"], "command -v c++ cmake; rsync --version | head -n 1; "
+                                    "echo; hostname")
+    assert "rsync" in said and "c++" not in said and said.endswith("edge02")
+    # The handler lives in the board's namespace only: this machine's binfmt_misc has none.
+    assert not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists()
+
+
+def _job(folder: Path, model: Path, keys: dict[str, list[str]], platform: str) -> Path:
+    (folder / "mapping.json").write_text(mapping_json(keys))
+    (folder / "platform.txt").write_text(platform)
+    split(model, folder / "mapping.json", folder / "platform.txt", folder / "out")
+    gen(folder / "out")
+    return folder / "out"
+
+
+def _inventory(c, folder: Path, **extra: str) -> Path:
+    text = inventory_toml(c, HOSTS)
+    for host, line in extra.items():
+        text = text.replace(f"[hosts.{host}]\n", f"[hosts.{host}]\n{line}\n")
+    (folder / "inventory.toml").write_text(text)
+    return folder / "inventory.toml"
+
+
+PLATFORM = "edge01, x86, slots=0-1\nedge02, arm, slots=0-1\n"
+
+
+def _check_run(c, out: Path, inventory: Path, model: Path, x: np.ndarray, name: str) -> dict:
+    np.save(out.parent / "x.npy", x)
+    res = deploy(out, inventory, run=True, inputs={name: out.parent / "x.npy"}, frames=2)
+    session = ort.InferenceSession(str(model))
+    want = session.run(None, {name: x})[0]
+    got = res.run.outputs[session.get_outputs()[0].name]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    # Cross-built here for the board, built on itself for the x86 host; each holds its kind.
+    assert res.hosts["edge02"].built_by == HERE and res.hosts["edge02"].arch == "aarch64"
+    assert res.hosts["edge01"].built_by == "edge01"
+    work = {h.name: Path(h.remote_dir) for h in c.hosts}
+    assert machine_of(work["edge02"] / "build" / "program") == "aarch64"
+    assert machine_of(work["edge01"] / "build" / "program") == "x86_64"
+    return res.run.stats
+
+
+@pytest.mark.parametrize("first", ["edge01", "edge02"])
+def test_squeezenet_across_an_x86_host_and_an_arm64_board(emu, tmp_path, zoo_model, first):
+    """SqueezeNet in two halves; the input is read on ``first`` (both placements)."""
+    model = zoo_model("squeezenet")
+    nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
+    half = len(nodes) * 2 // 3
+    second = "edge02" if first == "edge01" else "edge01"
+    family = {"edge01": "x86", "edge02": "arm"}
+    keys = {f"{first}_{family[first]}0": nodes[:half], f"{second}_{family[second]}0": nodes[half:]}
+    out = _job(tmp_path, model, keys, PLATFORM)
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    stats = _check_run(emu, out, _inventory(emu, tmp_path), model, x, "data_0")
+    arch = {"edge01": "x86_64", "edge02": "aarch64"}
+    assert [r["arch"] for r in stats["ranks"]] == [arch[first], arch[second]]
+    # Nothing changed: the redeploy compiles nothing and moves no file.
+    again = deploy(out, tmp_path / "inventory.toml")
+    assert not any(r.compiled or r.files for r in again.hosts.values())
+
+
+def test_a_cut_inside_a_residual_block(emu, tmp_path, zoo_model):
+    """ResNet-50 cut between the two convolutions of a bottleneck: the block's main path and its
+    shortcut both cross from the x86 host to the board."""
+    model = zoo_model("resnet50")
+    graph = onnx.load(model, load_external_data=False).graph
+    nodes = [n.name or n.output[0] for n in graph.node]
+    adds = [i for i, n in enumerate(graph.node) if n.op_type in ("Add", "Sum")]
+    cut = adds[-2] - 3  # inside the last but one block: from its last Relu on, on the board
+    keys = {"edge01_x860": nodes[:cut], "edge02_arm0": nodes[cut:]}
+    out = _job(tmp_path, model, keys, PLATFORM)
+    crossing = {e["tensor"] for e in json.loads((out / "plan.json").read_text())["edges"]}
+    assert len(crossing) >= 2  # the main path and the shortcut
+    x = np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    _check_run(emu, out, _inventory(emu, tmp_path), model, x, graph.input[0].name)
+
+
+def test_a_host_that_is_not_what_the_platform_says(emu, tmp_path, zoo_model):
+    model = zoo_model("squeezenet")
+    nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
+    out = _job(tmp_path, model, {"edge01_x860": nodes[:30], "edge02_x860": nodes[30:]},
+               "edge01, x86, slots=0-1\nedge02, x86, slots=0-1\n")
+    with pytest.raises(AutodiceError) as e:
+        deploy(out, _inventory(emu, tmp_path))
+    assert e.value.problems == [
+        "edge02 (root@10.77.0.12:22): the platform file says x86 but the host is aarch64 "
+        "(uname -m)"]
+    assert not (out / "deploy" / "cross").exists()  # stopped before anything was built
+
+
+def test_a_board_asked_to_build_itself_without_a_compiler(emu, tmp_path, zoo_model):
+    model = zoo_model("squeezenet")
+    nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
+    out = _job(tmp_path, model, {"edge01_x860": nodes[:30], "edge02_arm0": nodes[30:]}, PLATFORM)
+    with pytest.raises(AutodiceError) as e:
+        deploy(out, _inventory(emu, tmp_path, edge02='build = "board"'))
+    (line,) = e.value.problems
+    assert line.startswith("edge02 (root@10.77.0.12:22): check: missing c++, cmake, make")
+    assert line.endswith("or apt-get install g++-aarch64-linux-gnu here to cross-build for it")
