@@ -50,7 +50,7 @@ test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
-# every goal with the figure measured and ✔/✘. The deploy, cost-model and recovery ones need
+# every goal with the figure measured and ✔/✘. The deploy, cost-model, recovery and ARM ones need
 # root (an emulated cluster); they are skipped with a note otherwise.
 bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
@@ -59,8 +59,9 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/parallel_bench.py
 	$(BIN)/python bench/session_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
-	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py; \
-	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py need root" \
+	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
+	  && $(BIN)/python bench/arm_bench.py --ncnn; \
+	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py, arm_bench.py need root" \
 	  "(emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
 

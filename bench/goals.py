@@ -96,6 +96,17 @@ def recovery(d: dict) -> Iterator[Goal]:
                    m["replayed_max"] <= m["in_flight_max"])
 
 
+def arm(d: dict) -> Iterator[Goal]:
+    """Issue 21: an x86 host and an emulated aarch64 board."""
+    yield Goal("ARM", "redeploy x86 + aarch64 board, nothing changed (2 hosts) <= 1.0 s",
+               f"{d['redeploy_s']:.2f} s", d["redeploy_s"] <= d["redeploy_goal_s"])
+    build = d.get("ncnn_build_s")
+    if build:
+        yield Goal("ARM", "ncnn cross build for aarch64 <= this machine's native build",
+                   f"{build['aarch64 cross']:.0f} s vs {build['native']:.0f} s",
+                   build["aarch64 cross"] <= build["native"])
+
+
 def deploy(d: dict) -> Iterator[Goal]:
     """P7 (redeploy) and P5's link half."""
     for r in d["deploy"]:
@@ -145,7 +156,7 @@ def dse(d: dict) -> Iterator[Goal]:
 
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
-    "costmodel": costmodel, "session": session, "recovery": recovery}
+    "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm}
 
 
 def main() -> int:

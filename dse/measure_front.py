@@ -51,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
 
     inventory, emulated = args.inventory, args.inventory is None
     if emulated:
+        # The emulated hosts are this machine's kind, whatever the boards are: "cpu" says so
+        # (deploy refuses a host that is not what the platform file says).
+        lines = [ln.split(",", 2) for ln in platform.read_text().splitlines()
+                 if ln.strip() and not ln.startswith("#")]
+        platform = args.out.parent / "emulated-boards.txt"
+        platform.write_text("".join(f"{p[0]}, cpu,{p[2]}\n" for p in lines))
         inventory = args.out.parent / "inventory.toml"
         cluster.up(hosts, "1gbit", inventory=inventory)
     try:

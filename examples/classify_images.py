@@ -59,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
             for b in boards]
     mapping = args.work / "mapping.json"
     mapping.write_text(mapping_json(balanced_mapping(load_model(model), keys)))
+    platform = args.platform
+    if args.inventory is None:  # the emulated boards are this machine's kind: "cpu" says so
+        platform = args.work / "platform.txt"
+        platform.write_text("".join(f"{b.name}, cpu, slots={b.slots[0]}-{b.slots[-1]}\n"
+                                    if b.slots else f"{b.name}\n" for b in boards))
     out = args.work / "out"
     print(f"splitting {model.name} over {' and '.join(keys)}, converting to ncnn", flush=True)
-    plan = autodice.split(model, mapping, args.platform, out)
+    plan = autodice.split(model, mapping, platform, out)
     autodice.gen(out)
     names = read_labels(args.labels) if args.labels else None
     x = plan.model_inputs[0]
