@@ -170,3 +170,44 @@ def test_a_board_asked_to_build_itself_without_a_compiler(emu, tmp_path, zoo_mod
     (line,) = e.value.problems
     assert line.startswith("edge02 (root@10.77.0.12:22): check: missing c++, cmake, make")
     assert line.endswith("or apt-get install g++-aarch64-linux-gnu here to cross-build for it")
+
+
+def test_profile_on_the_board_and_a_dse_point_measured_there(emu, tmp_path, fig2):
+    """`autodice profile --on edge02` times the layers on the board itself (the profiler
+    cross-built for it); dse searches the board with that profile, and `--measure` deploys the
+    point it proposes onto the board and runs it there. Under qemu the times mean nothing; the
+    path must work."""
+    from click.testing import CliRunner
+
+    from autodice.cli import main
+    from autodice.dse.profile import load_profile
+
+    model, platform = fig2 / "model.onnx", tmp_path / "platform.txt"
+    platform.write_text(PLATFORM)
+    inventory = _inventory(emu, tmp_path)
+    runner = CliRunner()
+    said = runner.invoke(main, ["profile", str(model), "-p", str(platform), "-i", str(inventory),
+                                "--on", "edge02", "-o", str(tmp_path / "board.json"),
+                                "--runs", "3", "--warmup", "1", "--no-cache"])
+    assert said.exit_code == 0, said.output
+    board = load_profile(tmp_path / "board.json")
+    assert board.machine["arch"] == "aarch64" and board.threads == (1, 2)
+    assert all(lc.cpu_ms[1] > 0 for lc in board.layers)
+    assert "edge01-edge02" in board.links and board.links["shm"].bandwidth > 0
+    assert machine_of(Path(remote_dir(emu, "edge02")) / "tools/build/profile_layers") == "aarch64"
+
+    front = tmp_path / "front"
+    said = runner.invoke(main, ["dse", str(model), "-p", str(platform), "--profile",
+                                f"edge02={tmp_path / 'board.json'}", "--hosts", "edge02",
+                                "-o", str(front), "--pop", "8", "--gens", "3", "--measure", "1",
+                                "--frames", "3", "--rounds", "1", "-i", str(inventory)])
+    assert said.exit_code == 0, said.output
+    (point,) = json.loads((front / "measure.json").read_text())
+    assert point["measured_fps"] > 0 and point["where"] == str(inventory)
+    stats = json.loads((front / "measure" / point["point"] / "results" /
+                        "stats.json").read_text())
+    assert {r["arch"] for r in stats["ranks"]} == {"aarch64"}
+
+
+def remote_dir(c, host: str) -> str:
+    return next(h.remote_dir for h in c.hosts if h.name == host)

@@ -5,6 +5,7 @@ for real)."""
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.deploy import sync
 from autodice.deploy.inventory import load_inventory
+from autodice.deploy import launch
 from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
 from autodice.deploy.remote_build import build_groups
 from autodice.deploy.ssh import Host, Ssh, connection_key, control_dir, ssh_config
@@ -128,7 +130,7 @@ def test_launch_files_and_mpirun_command(fig2_plan):
     argv = mpirun_argv(plan, inv, hosts, ["--stream", "/srv/s.sock"], gateway=True)
     assert argv[argv.index("--rankfile") + 1:][:3] == [
         "/srv/autodice/edge01/launch/rankfile.stream", "--bind-to", "core:overload-allowed"]
-    assert argv.count(":") == 3 and "/srv/autodice/edge01/results/died-3" in argv
+    assert argv.count(":") == 3 and "/srv/autodice/edge01/results/exit-3" in argv
     hosts["edge01"].cpus = 2  # cores 1,2,3 do not exist there: run unbound
     argv = mpirun_argv(plan, inv, hosts, ["--frames", "5"])
     assert "--rankfile" not in argv and "--bind-to" in argv and not honours_cores(
@@ -292,3 +294,36 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     assert r.exit_code == 2
     assert "error: " in r.output and "host edge04 of the plan has no [hosts.edge04]" in r.output
     assert 'did you mean "edge05"?' in r.output
+
+
+def _launch(tmp_path: Path, script: str) -> tuple[int, str, float]:
+    """Run the head's launch script here around ``sh -c script`` (standing in for mpirun);
+    (exit code, what it printed, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run(["sh", "-c", launch._LAUNCH, "sh", str(tmp_path / "mpirun.pid"),
+                           str(tmp_path / "mpirun.log"), "2", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout, time.monotonic() - start
+
+
+def test_the_launch_script_stops_an_mpirun_that_hangs_after_its_job(tmp_path):
+    """Open MPI's mpirun now and then deadlocks once every process of its job has ended
+    (openpmix/prrte#1839). Its shape: children that end, then a parent that never exits. The
+    watchdog stops it two idle seconds later and says so; the ranks' markers decide the rest."""
+    code, said, seconds = _launch(tmp_path, "echo ranks ran; sleep 2.5 & wait; exec sleep 600")
+    assert code == launch.MPIRUN_HUNG
+    assert said.splitlines() == ["ranks ran",
+                                 "autodice: mpirun hung after its last process ended; stopped"]
+    assert 4 <= seconds < 10
+
+
+def test_the_launch_script_passes_mpiruns_own_exit_through_at_once(tmp_path):
+    """An mpirun that ends by itself (with children or none) keeps its exit code and output,
+    and the watchdog beside it holds nothing up."""
+    code, said, seconds = _launch(tmp_path, "sleep 1.5 & wait; echo done; exit 3")
+    assert (code, said) == (3, "done\n")
+    assert seconds < 2.5
+    code, said, seconds = _launch(tmp_path, "exit 0")
+    assert (code, said) == (0, "")
+    assert seconds < 0.5
+    assert not (tmp_path / "mpirun.pid.hung").exists()

@@ -3,7 +3,8 @@
 ``autodice run`` (every rank on this machine) and ``autodice deploy --run`` (ranks across hosts)
 fail the same ways, so one reading serves both. Evidence, strongest first:
 
-1. Death markers (deploy's rank wrapper writes one when its rank dies of a signal, with the time):
+1. Death markers (deploy's rank wrapper writes one with the time and exit code when its rank
+   ends; those of a signal death count here):
    the rank that died *first* is the culprit, not the peers that then lost their connection to it.
 2. mpirun's notice that a process exited on a signal.
 3. The ranks' watchdog lines: a rank that waits longer than ``AUTODICE_TIMEOUT_S`` says what it

@@ -36,33 +36,46 @@ def _thread_list(ctx, param, value):
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
               help="inventory.toml of the cluster: measure the links between its hosts there "
                    "(instead of the platform's bandwidth/latency fields).")
+@click.option("--on", "on", metavar="HOST", default=None,
+              help="Measure the layers on this host of --inventory (a board: the profiler is "
+                   "built for it, cross-compiled here as deploy does) instead of here; give "
+                   "the result to dse as --profile HOST=FILE.")
 @click.option("--gpu/--no-gpu", default=None,
               help="Also time every layer on this machine's Vulkan device [default: when the "
                    "platform lists a GPU and ncnn finds a device].")
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
-            gpu):
+            on, gpu):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
+    import contextlib
+
     from rich.table import Table
 
     from ..core.outdir import check_writable_file
     from ..core.shapes import parse_input_shapes
+    from ..deploy.inventory import load_inventory
     from ..dse.profile import save_profile
     from ..dse.profiler import op_summary, run_profile
+    from ..dse.remote_tools import on_host
 
     check_writable_file(Path(output))
+    if on and not inventory:
+        raise AutodiceError(f"--on {on}: needs --inventory, the cluster {on} is a host of")
     links = None
-    if inventory:
+    if inventory and not (on and len(load_inventory(inventory).targets) < 2):
         from ..dse.links import probe_links
 
         links = probe_links(inventory, console=console, platform=platform)
         _links_table(links, inventory)
-    res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup, runs,
-                      console=console, use_cache=not no_cache, links=links, gpu=gpu)
+    with on_host(inventory, on, console) if on else contextlib.nullcontext() as machine:
+        res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup,
+                          runs, console=console, use_cache=not no_cache, links=links, gpu=gpu,
+                          on=machine)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
-    table = Table(title=f"{len(p.layers)} layers of {p.model} ({res.ncnn_layers} ncnn layers), "
-                        f"median ms{' (cached)' if res.cached else ''} -> {output}")
+    where = f" on {on} ({p.machine['arch']})" if on else ""
+    table = Table(title=f"{len(p.layers)} layers of {p.model} ({res.ncnn_layers} ncnn layers)"
+                        f"{where}, median ms{' (cached)' if res.cached else ''} -> {output}")
     table.add_column("op")
     table.add_column("layers", justify="right")
     for t in ts:
@@ -198,7 +211,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         with progress() as bar:
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
-                              inventory,
+                              inventory, hosts=hosts.split(",") if hosts else None,
                               progress=lambda k, n, what: bar.update(task, completed=k, total=n,
                                                                       description=what))
         where = f"on the hosts of {inventory}" if inventory else "on this machine"

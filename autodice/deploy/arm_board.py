@@ -49,11 +49,13 @@ PACKAGES = ("libc6", "libgcc-s1", "libstdc++6", "libgomp1", "zlib1g", "busybox-s
             "libk5crypto3", "libkrb5support0", "libcom-err2", "libkeyutils1")
 # qemu's handler for 64-bit little-endian ARM ELF executables (magic and mask as in qemu's
 # qemu-binfmt-conf.sh); F: the interpreter is opened now, so it works inside the board's
-# mount namespace, where /usr/bin is the board's.
+# mount namespace, where /usr/bin is the board's; P: argv[0] reaches the program as given —
+# busybox picks its applet by it (without P, every applet the board's shell starts through
+# /proc/self/exe, cat and env among them, ran as sh).
 BINFMT = (r":qemu-aarch64:M::"
           r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:"
           r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:"
-          f"{QEMU}:F")
+          f"{QEMU}:FP")
 HOST_TOOLS = {"apt-get": "apt", "dpkg-deb": "dpkg", str(QEMU): "qemu-user-static"}
 
 

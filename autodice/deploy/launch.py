@@ -58,26 +58,55 @@ exit 0
 """
 # Start mpirun on the head with its output in a file (a daemon it leaves behind must not hold
 # the ssh channel open), record its pid, wait, then print the output.
+# Open MPI 5's mpirun now and then hangs once its job has ended (openpmix/prrte#1839: every
+# process gone, mpirun deadlocked in its teardown; 1 run in 5 of the killed-rank test here). A
+# watchdog beside it: once mpirun has had children and none of them has been alive for
+# HUNG_AFTER_S seconds, it kills mpirun and the script exits MPIRUN_HUNG; the ranks' exit
+# markers then say how the job really ended (HeadJob). Killed as soon as mpirun exits by itself.
+MPIRUN_HUNG = 75  # the launch script's exit code when its watchdog stopped a hung mpirun
+HUNG_AFTER_S = 5
 _LAUNCH = r"""
-pidfile=$1; log=$2; shift 2
+pidfile=$1; log=$2; patience=$3; shift 3
+rm -f "$pidfile.hung"
 "$@" > "$log" 2>&1 < /dev/null &
-echo $! > "$pidfile"
-wait $!
+job=$!
+echo $job > "$pidfile"
+(
+  seen=; idle=0
+  while sleep 1; do
+    live=
+    for c in $(cat /proc/$job/task/*/children 2>/dev/null); do
+      s=$(sed 's/.*) //; s/ .*//' "/proc/$c/stat" 2>/dev/null)
+      [ -n "$s" ] && [ "$s" != Z ] && live=1
+    done
+    if [ -n "$live" ]; then seen=1; idle=0
+    elif [ -n "$seen" ]; then
+      idle=$((idle + 1))
+      [ "$idle" -ge "$patience" ] && : > "$pidfile.hung" && kill -KILL $job && exit 0
+    fi
+  done
+) > /dev/null 2>&1 < /dev/null &
+watch=$!
+wait $job 2> /dev/null
 code=$?
+kill $watch 2>/dev/null
 cat "$log"
+[ -f "$pidfile.hung" ] && echo "autodice: mpirun hung after its last process ended; stopped" \
+  && exit MPIRUN_HUNG
 exit $code
-"""
-# Each rank runs under this: a rank that dies of a signal (killed, out of memory, crashed)
-# leaves "<time> <exit code>" in a marker file, so the report names the rank that died first
-# rather than the peers that then lost their connection to it. Once the rank has ended, this
-# shell ignores mpirun's TERM (its abort of the job may come a moment later) until the marker
-# is written. $1 marker, then the command.
+""".replace("MPIRUN_HUNG", str(MPIRUN_HUNG))
+# Each rank runs under this: it leaves "<time> <exit code>" in a marker file when its rank ends,
+# so the report names the rank that died of a signal (killed, out of memory, crashed) first
+# rather than the peers that then lost their connection to it, and a job whose mpirun hung
+# still says how every rank ended. Once the rank has ended, this shell ignores mpirun's TERM
+# (its abort of the job may come a moment later) until the marker is written. $1 marker, then
+# the command.
 _RANK = r"""
 marker=$1; shift
 "$@"
 code=$?
 trap '' TERM
-[ "$code" -gt 128 ] && echo "$(date +%s.%N) $code" > "$marker"
+echo "$(date +%s.%N) $code" > "$marker"
 exit "$code"
 """
 _STOP = r"""
@@ -196,7 +225,7 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], flags: list[
         argv += ["-np", "1", "--wdir", d]
         if not bound:
             argv += ["--host", hosts[key].target.address]
-        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/died-{rank}",
+        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/exit-{rank}",
                  f"{d}/build/program", "--models", f"{d}/package/models", "--inputs",
                  f"{d}/inputs", "--results", f"{d}/results", *flags]
     return argv
@@ -232,7 +261,8 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
     log_path = work / "run.log"
     for h in hosts:
         progress(h.target.host, "running")
-    code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s)
+    code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s,
+                                          ranks=len(plan.ranks))
     output = log_path.read_text(errors="replace")
     if timed_out:
         raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
@@ -244,21 +274,23 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
 
 
 def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
-               timeout_s: float, build: Build = PROGRAM) -> tuple[int, bool, float]:
+               timeout_s: float, build: Build = PROGRAM, ranks: int = 0
+               ) -> tuple[int, bool, float]:
     """Run the mpirun command ``argv`` on the head (``hosts[0]``), its output into ``log_path``.
 
     Stops it after ``timeout_s``; after anything but a clean exit, nothing of the job (ranks
     running ``build``'s binary, Open MPI daemons, the head's ssh sessions) survives on any host.
+    ``ranks``: how many ranks run under the rank wrapper (see :class:`HeadJob`).
 
     Returns:
         (exit code, whether it timed out, seconds).
     """
-    job = HeadJob(ssh, hosts, argv, log_path, build)
+    job = HeadJob(ssh, hosts, argv, log_path, build, ranks=ranks)
     try:
-        timed_out = job.wait(timeout_s) is None
+        code = job.wait(timeout_s)
     finally:
         job.stop()
-    return job.proc.returncode, timed_out, job.seconds
+    return job.outcome(job.proc.returncode), code is None, job.seconds
 
 
 class HeadJob(ProcessJob):
@@ -266,16 +298,22 @@ class HeadJob(ProcessJob):
     ``log_path``. ``stop()`` ends it, and after anything but a clean exit leaves nothing of the
     job (ranks running ``build``'s binary, Open MPI daemons, the head's ssh sessions) on any
     host. ``ssh_options`` go to the ssh command that carries mpirun (a session's forward).
+
+    ``ranks`` is how many ranks run under the rank wrapper (their exit markers): when the launch
+    script had to stop an mpirun that hung after its job (:data:`MPIRUN_HUNG`), the job's exit
+    code is the ranks' own — 0 when all of them ended with 0 — not the hang's.
     """
 
     def __init__(self, ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,
-                 build: Build = PROGRAM, ssh_options: tuple[str, ...] = ()):
-        self.ssh, self.hosts, self.build = ssh, hosts, build
+                 build: Build = PROGRAM, ssh_options: tuple[str, ...] = (), ranks: int = 0):
+        self.ssh, self.hosts, self.build, self.ranks = ssh, hosts, build, ranks
+        self._outcome: int | None = None
         head = hosts[0]
         self.folder = f"{build.root(head)}/launch"  # in every rank's command line: names mpirun
         job = f"{build.root(head)}/job"
         self.pid_file = f"{job}/mpirun.pid"
-        cmd = ssh.script(head.target, _LAUNCH, self.pid_file, f"{job}/mpirun.log", *argv)
+        cmd = ssh.script(head.target, _LAUNCH, self.pid_file, f"{job}/mpirun.log",
+                         str(HUNG_AFTER_S), *argv)
         cmd[1:1] = ssh_options
         self._start = time.monotonic()
         self._ended: float | None = None
@@ -292,6 +330,24 @@ class HeadJob(ProcessJob):
     @property
     def seconds(self) -> float:
         return (self._ended or time.monotonic()) - self._start
+
+    def poll(self) -> int | None:
+        return self.outcome(self.proc.poll())
+
+    def wait(self, timeout: float) -> int | None:
+        return self.outcome(super().wait(timeout))
+
+    def outcome(self, code: int | None) -> int | None:
+        """The job's exit code given the launch script's: after a hung mpirun was stopped, the
+        first non-zero exit of a rank, else 0 once every rank has a marker saying 0."""
+        if code != MPIRUN_HUNG:
+            return code
+        if self._outcome is None:
+            exits = rank_exits(self.ssh, self.hosts) if self.ranks else []
+            failed = [c for _, _, c in exits if c != 0]
+            self._outcome = (failed[0] if failed else
+                             0 if len(exits) == self.ranks else MPIRUN_HUNG)
+        return self._outcome
 
     def stop(self) -> None:
         """End the job now if it still runs; then make sure nothing of it is left anywhere."""
@@ -328,18 +384,24 @@ def reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> 
         list(pool.map(one, hosts))
 
 
-_DEATHS = r"""
-for f in "$1"/results/died-*; do [ -f "$f" ] && echo "${f##*/died-} $(cat "$f")"; done
+_EXITS = r"""
+for f in "$1"/results/exit-*; do [ -f "$f" ] && echo "${f##*/exit-} $(cat "$f")"; done
 exit 0
 """
 
 
 def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
     """(time, rank, exit code) of every rank that died of a signal, earliest first."""
+    return [d for d in rank_exits(ssh, hosts) if d[2] > 128]
+
+
+def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[Death]:
+    """(time, rank, exit code) of every rank that has ended, earliest first (the markers the
+    rank wrapper leaves in each host's results folder)."""
     found: list[Death] = []
 
     def read(h: Host) -> None:
-        proc = subprocess.run(ssh.script(h.target, _DEATHS, h.dir), capture_output=True,
+        proc = subprocess.run(ssh.script(h.target, _EXITS, h.dir), capture_output=True,
                               text=True, timeout=60)
         for line in proc.stdout.splitlines():
             parts = line.split()

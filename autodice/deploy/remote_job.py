@@ -37,7 +37,7 @@ class RemoteJob:
         # A connection of its own (not the shared master): the forward lives and dies with it.
         self.job = HeadJob(ssh, shipped.hosts, argv, self.log, ssh_options=(
             "-o", "ControlPath=none", "-o", "ExitOnForwardFailure=yes",
-            "-R", f"{self.socket}:{local_socket}"))
+            "-R", f"{self.socket}:{local_socket}"), ranks=len(plan.ranks) + 1)
 
     def _clear_results(self) -> None:
         """A fresh results folder on every host: a death marker of an earlier job must not

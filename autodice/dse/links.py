@@ -6,12 +6,9 @@ each host runs ``profile_layers --link`` (the ping-pong through ``autodice::Tran
 measures ``shm``), and :func:`~autodice.dse.profile.fit_link` turns its one-way times into a
 :class:`~autodice.dse.profile.Link` (a poor fit is a warning, never a failure).
 
-Getting there is ``autodice deploy``'s machinery, reused as it is: one ssh master connection per
-host, the same prerequisite check, rsync by content, one build per architecture and shared
-filesystem (ncnn built on a host that has none), and ``mpirun`` started on the pair's first host
-with Open MPI's ssh launcher and the inventory's subnet. The "tools package" (profile_layers.cpp,
-the runtime and the profiler's CMakeLists.txt) lives in ``<remote_dir>/tools``, apart from a
-deployed program, so neither rebuilds the other.
+The tools get there as :func:`~.remote_tools.ship_tools` ships them (deploy's machinery), and
+``mpirun`` is started on the pair's first host with Open MPI's ssh launcher and the inventory's
+subnet.
 
 Pairs are measured one after the other: two pairs that share a host would share its link and
 each see a fraction of it. Nothing is cached: the numbers describe the network today, not the
@@ -25,20 +22,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..backend.tools import write_sources
 from ..core.errors import AutodiceError
 from ..core.spec import parse_platform
-from ..deploy.check import check_all
 from ..deploy.inventory import Inventory, load_inventory
-from ..deploy.launch import check_launchable, mpirun_head, run_mpirun
-from ..deploy.head_build import choose
-from ..deploy.remote_build import build_all
-from ..deploy.ssh import Build, Host, Ssh, must, parallel, ssh_config
-from ..deploy.sync import sync_all
+from ..deploy.launch import MPIRUN_HUNG, check_launchable, mpirun_head, run_mpirun
+from ..deploy.ssh import Host, Ssh, must, parallel, ssh_config
 from .profile import Link, link_from_rows
-
-TOOLS = Build(folder="tools", exe="profile_layers")
-TOOLS_FOLDERS = ("package", "build", "launch", "results", "job")  # inside <remote_dir>/tools
+from .remote_tools import TOOLS, ship_tools
 # The ranks' environment. A slow link may take seconds per 4 MiB message: the runtime's hang
 # detection (8 s by default) must not mistake that for a dead peer.
 RANK_ENV = {"OMP_WAIT_POLICY": "passive", "AUTODICE_TIMEOUT_S": "120"}
@@ -79,16 +69,10 @@ def probe_links(inventory: str | Path | Inventory, console=None,
         def progress(host: str, step: str) -> None:
             bar.update(tasks[host], description=step)
 
-        sources = write_sources(work / "tools")
         hosts = {name: Host(t) for name, t in inv.targets.items()}
-        every = list(hosts.values())
         ssh = Ssh(inv, work)
         try:
-            check_all(ssh, every, progress, TOOLS)  # + connect
-            choose(every)
-            sync_all(ssh, every, lambda _: work / "tools", progress, TOOLS, TOOLS_FOLDERS)
-            build_all(ssh, every, sources, work / "bin", progress, TOOLS,
-                      package=lambda _: work / "tools")
+            ship_tools(ssh, list(hosts.values()), work, progress)
             heads = [hosts[n] for n in dict.fromkeys(a for a, _ in pairs)]
             _send_launch_files(ssh, inv, heads, pairs, work / "launch", progress)
             links = {}
@@ -166,7 +150,7 @@ def measure_pair(ssh: Ssh, inv: Inventory, a: Host, b: Host, work: Path,
     if timed_out:
         raise AutodiceError(f"{between}: profile_layers --link ran past {timeout_s:.0f} s and "
                             "was stopped")
-    if code != 0:
+    if code not in (0, MPIRUN_HUNG):  # (after a hang, the measurement's file says)
         said = [ln for ln in log.read_text(errors="replace").splitlines()
                 if ln.strip() and "setpgid" not in ln]
         raise AutodiceError(f"{between}: profile_layers --link failed (exit {code}):",

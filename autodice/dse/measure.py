@@ -18,8 +18,10 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.model import load_model
 from ..core.outdir import claim
+from ..core.spec import parse_platform
 from .cost import plan_cost
 from .profile import six_digits
+from .search import only_hosts
 from .timing import make_timing
 
 
@@ -56,7 +58,7 @@ def pick_points(n: int, k: int) -> list[int]:
 
 def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k: int,
             frames: int = 100, rounds: int = 5, inventory: str | Path | None = None,
-            progress=None, power=None) -> list[Measurement]:
+            progress=None, power=None, hosts=None) -> list[Measurement]:
     """Re-run ``k`` front points of ``out`` for real: split -> gen -> build -> run, ``rounds``
     times each.
 
@@ -67,6 +69,9 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     with something else slows one round of each point rather than every round of one point;
     each point's figure is its median round. Writes ``out/measure/<point>/`` and
     ``out/measure.json``.
+
+    ``hosts``: the boards the search was restricted to (``dse --hosts``): the profiles cover
+    those only.
 
     Raises:
         AutodiceError: no front in ``out``, or a step failed (its message).
@@ -84,7 +89,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         raise AutodiceError(f"{out}/pareto.json: no front here; run `autodice dse` first") from None
     names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
     claim(out, "measure/", "measure.json")
-    timing = make_timing(platform, profile, power)
+    timing = make_timing(only_hosts(parse_platform(platform), hosts), profile, power)
     graph = load_model(model)
     steps = len(names) * (rounds + 1)
     say = progress or (lambda done, total, what: None)

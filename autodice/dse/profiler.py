@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform as host_platform
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +46,7 @@ from ..frontend.extract import submodel_proto
 from ..frontend.partition import static_memory
 from .attribution import attribute_bytes, attribute_times, fingerprint_onnx, match_layers
 from .cost import held_bytes, weights_peak
-from .probe import measure_corun, measure_shm, run_profiler
+from .probe import Here, Machine, measure_corun, measure_shm, run_profiler
 from .profile import (
     GpuCopies,
     LayerCost,
@@ -85,7 +84,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                 threads: tuple[int, ...] | None = None,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
-                links: dict[str, Link] | None = None, gpu: bool | None = None) -> ProfileRun:
+                links: dict[str, Link] | None = None, gpu: bool | None = None,
+                on: Machine | None = None) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -104,6 +104,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
             network, not the model.
         gpu: also time every layer on this machine's first Vulkan device (``gpu_ms``) and its
             host<->device copies; None: when the platform lists a GPU and there is a device.
+        on: measure there instead of here (a host of an inventory,
+            :func:`~autodice.dse.remote_tools.on_host`): the same tool, built for that host.
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -118,26 +120,30 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
     console = console or Console(stderr=True)
     model = Path(model)
     spec = platform if isinstance(platform, Platform) else parse_platform(platform)
-    threads = choose_threads(spec, threads)
+    threads = choose_threads(spec, threads, on.cores if on else os.cpu_count() or 1)
     if warmup < 0 or runs < 1:
         raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")
     graph = load_model(model, input_shapes)
     check_inputs(graph)
     digest = model_sha256(model)
-    ncnn = ensure_ncnn(console=console)
-    wants_gpu = any(d.gpu for d in spec.devices.values()) if gpu is None else gpu
+    if on and gpu:
+        raise AutodiceError("--gpu with --on: timing a board's GPU from here is not supported; "
+                            "run autodice profile --gpu on the board itself")
+    ncnn = None if on else ensure_ncnn(console=console)
+    wants_gpu = not on and (any(d.gpu for d in spec.devices.values()) if gpu is None else gpu)
     devices = vulkan_devices(build_tools(ncnn)) if wants_gpu else []
     if gpu and not devices:
         raise AutodiceError("--gpu: ncnn finds no Vulkan device on this machine (install the "
                             "GPU's Vulkan driver, or Mesa's lavapipe to try it on the CPU)")
     device = devices[0] if devices else None
-    key = cache_key(digest, ncnn, threads, input_shapes, warmup, runs, device)
+    key = cache_key(digest, on.key if on else str(ncnn), threads, input_shapes, warmup, runs,
+                    device)
     entry = cache_root() / "profile" / f"{key}.json"
     measured = read_cache(entry) if use_cache else None
     cached = measured is not None
     if measured is None:
         measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console,
-                                 0 if device else None)
+                                 0 if device else None, on)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
                       links={**(links or {}),
@@ -145,7 +151,7 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                                          measured["shm"]["latency"])})
     notes = [f"shm: {measured['shm']['warning']}"] if measured["shm"].get("warning") else []
     gpus = [f"{d.name} ({d.gpu})" for d in spec.devices.values() if d.gpu]
-    if gpus and profile.gpu is None:
+    if gpus and profile.gpu is None and not on:
         notes.append(f"gpu_ms is null: the platform lists GPUs ({', '.join(gpus)}) but ncnn "
                      "finds no Vulkan device on this machine; profile on a board with its GPU")
     elif profile.gpu is not None:
@@ -185,19 +191,19 @@ def engine_info() -> dict:
 # --- inputs and cache -----------------------------------------------------------------------
 
 
-def choose_threads(spec: Platform, threads: tuple[int, ...] | None) -> tuple[int, ...]:
+def choose_threads(spec: Platform, threads: tuple[int, ...] | None,
+                   cores: int) -> tuple[int, ...]:
     """The thread counts to measure: given ones, else 1 and every device's core count.
 
-    Counts above this machine's cores would measure oversubscription, not the layer, so they
-    are refused when asked for and capped when derived from the platform.
+    Counts above the measuring machine's ``cores`` would measure oversubscription, not the
+    layer, so they are refused when asked for and capped when derived from the platform.
     """
-    cores = os.cpu_count() or 1
     if threads:
         bad = [t for t in threads if not 1 <= t <= cores]
         if bad:
             raise AutodiceError(f"--threads {','.join(map(str, threads))}: "
-                                f"{', '.join(map(str, bad))} not between 1 and this machine's "
-                                f"{cores} cores")
+                                f"{', '.join(map(str, bad))} not between 1 and the measuring "
+                                f"machine's {cores} cores")
         return tuple(sorted(set(threads)))
     return tuple(sorted({1} | {min(len(d.slots), cores) for d in spec.devices.values()
                                if d.slots is not None}))
@@ -227,10 +233,11 @@ def model_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def cache_key(digest: str, ncnn: Path, threads, input_shapes, warmup: int, runs: int,
+def cache_key(digest: str, tool: str, threads, input_shapes, warmup: int, runs: int,
               gpu: str | None = None) -> str:
+    """``tool``: what measures — this machine's ncnn build, or a host and its tool's checksum."""
     blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(), "gpu": gpu,
-                       "ncnn": str(ncnn),
+                       "ncnn": tool,
                        "pnnx": PNNX_VERSION, "src": source_digest(), "threads": list(threads),
                        "shapes": sorted((k, list(v)) for k, v in (input_shapes or {}).items()),
                        "warmup": warmup, "runs": runs}, sort_keys=True)
@@ -252,25 +259,15 @@ def write_cache(entry: Path, measured: dict) -> None:
     os.replace(tmp, entry)
 
 
-def machine_info() -> dict:
-    cpu = host_platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"arch": host_platform.machine(), "cpu": cpu, "cores": os.cpu_count() or 1}
-
-
 # --- measuring ------------------------------------------------------------------------------
 
 
-def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...], warmup: int,
-                  runs: int, console, gpu: int | None = None) -> dict:
+def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[int, ...],
+                  warmup: int, runs: int, console, gpu: int | None = None,
+                  on: Machine | None = None) -> dict:
     """Convert, fingerprint, time and attribute; the cacheable part of a profile (``gpu``: the
-    Vulkan device to time as well)."""
+    Vulkan device to time as well; ``on``: the machine to time on, else this one with the tools
+    built against ``ncnn``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     mappable = [i for i in range(len(graph.nodes)) if i not in graph.followers]
@@ -285,20 +282,19 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
         feeds = write_inputs(graph, work)
         reference = fingerprint_onnx(graph, work / "model.onnx", feeds, mappable)
         progress.update(step, advance=1, description="building the profiler")
-        tools = build_tools(ncnn)
+        m = on or Here(build_tools(ncnn), work)
         progress.update(step, advance=1, description="timing layers at "
                         f"{','.join(map(str, threads))} threads"
                         + (" and on the GPU" if gpu is not None else ""))
         timing = progress.add_task("  runs", total=None)
-        raw = run_profiler(tools / "profile_layers", param, feeds, threads, warmup, runs,
-                           work / "raw.json", lambda d, n: progress.update(timing, completed=d,
-                                                                           total=n),
+        raw = run_profiler(m, param, feeds, threads, warmup, runs,
+                           lambda d, n: progress.update(timing, completed=d, total=n),
                            str(graph.path), gpu)
         progress.update(step, advance=1, description="measuring shared-memory transfers")
-        shm = measure_shm(tools / "profile_layers", work)
+        shm = measure_shm(m)
         progress.update(step, advance=1, description="timing the model with every core busy")
         corun, peak_rss = measure_corun(
-            tools / "profile_layers", param, feeds, warmup, runs, work,
+            m, param, feeds, warmup, runs,
             lambda d, n: progress.update(timing, completed=d, total=n))
         progress.update(step, advance=1)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
@@ -316,7 +312,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path, threads: tuple[int, ...
               ["gpu"] if copies else None)
     profile = Profile(
         model=graph.path.name, model_sha256=digest, engine=engine_info(),
-        machine=machine_info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
+        machine=m.info(), threads=threads, corun=corun, runtime_bytes=runtime_bytes,
         layers=tuple(LayerCost(graph.names[i], graph.nodes[i].op_type,
                                {t: six_digits(cpu_ms[t][i]) for t in threads},
                                six_digits(gpu_ms[i]) if gpu_ms else None,
