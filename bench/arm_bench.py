@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from autodice.backend.engine import cached_ncnn, ncnn_flags
 from autodice.backend.gen import gen
@@ -82,10 +83,9 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("arm_bench.py needs root (an emulated cluster)")
     work = ROOT / "build" / "bench" / "arm"
-    model = work / "squeezenet.onnx"
     work.mkdir(parents=True, exist_ok=True)
-    zoo.save(zoo.materialize("squeezenet", seed=0), model)
-    nodes = [f"n{i}" for i in range(len(zoo.materialize("squeezenet", seed=0).graph.node))]
+    model = zoo.cached("squeezenet")
+    nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     np.save(work / "x.npy", x)
     c = cluster.up(HOSTS, bandwidth="1gbit", arch={"edge02": "aarch64"})

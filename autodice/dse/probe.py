@@ -21,7 +21,8 @@ from ..backend.engine import mpi_prefix
 from ..core.errors import AutodiceError
 from .profile import Corun, link_from_rows, six_digits
 
-# As `autodice run` runs the program: passive OpenMP waits unless the user chose otherwise.
+# mpirun refuses root unless told (the emulated cluster's hosts are reached as root). OpenMP's
+# waiting stays as `autodice run` runs the program: the user's choice, else the default.
 RUN_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -31,7 +32,6 @@ class Machine(Protocol):
     tool: str  # profile_layers
     mpirun: str
     cores: int
-    key: str  # what measures there (the profile cache's key holds it)
 
     def place(self, files: list[Path]) -> list[str]:
         """Make local ``files`` readable there (one folder, names kept); their paths there."""
@@ -57,7 +57,6 @@ class Here:
         self.tool = str(tools / "profile_layers")
         self.mpirun = str(mpi_prefix() / "bin" / "mpirun")
         self.cores = os.cpu_count() or 1
-        self.key = str(tools)
         self.work = work
 
     def place(self, files: list[Path]) -> list[str]:

@@ -31,6 +31,7 @@ import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,6 +58,9 @@ from .profile import (
     profile_to_json,
     six_digits,
 )
+
+if TYPE_CHECKING:
+    from .remote_tools import OnHost
 
 # 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings; 5: layer bytes
 CACHE_VERSION = 5
@@ -85,7 +89,7 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
                 links: dict[str, Link] | None = None, gpu: bool | None = None,
-                on: Machine | None = None) -> ProfileRun:
+                on: OnHost | None = None) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
