@@ -4,6 +4,7 @@ for real)."""
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -294,6 +295,18 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     assert r.exit_code == 2
     assert "error: " in r.output and "host edge04 of the plan has no [hosts.edge04]" in r.output
     assert 'did you mean "edge05"?' in r.output
+
+
+def test_a_rank_ended_by_mpiruns_abort_still_leaves_its_marker(tmp_path):
+    """mpirun aborts a job with TERM to each rank's process group, at times the moment a rank
+    was killed: the rank dies of it, its wrapper lives on to say so (real sh, own group)."""
+    marker = tmp_path / "exit-1"
+    proc = subprocess.Popen(["sh", "-c", launch._RANK, "sh", str(marker), "sleep", "30"],
+                            start_new_session=True)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+    assert marker.read_text().split()[1] == str(128 + signal.SIGTERM)
 
 
 def _launch(tmp_path: Path, script: str) -> tuple[int, str, float]:

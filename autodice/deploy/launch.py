@@ -98,14 +98,15 @@ exit $code
 # Each rank runs under this: it leaves "<time> <exit code>" in a marker file when its rank ends,
 # so the report names the rank that died of a signal (killed, out of memory, crashed) first
 # rather than the peers that then lost their connection to it, and a job whose mpirun hung
-# still says how every rank ended. Once the rank has ended, this shell ignores mpirun's TERM
-# (its abort of the job may come a moment later) until the marker is written. $1 marker, then
-# the command.
+# still says how every rank ended. mpirun aborts a job with TERM to each rank's process group,
+# which may come the moment this rank was killed: the trap is set before the rank starts (a
+# caught signal is reset on exec, so the rank still dies of TERM) and this shell lives on to
+# write the marker. $1 marker, then the command.
 _RANK = r"""
 marker=$1; shift
+trap : TERM
 "$@"
 code=$?
-trap '' TERM
 echo "$(date +%s.%N) $code" > "$marker"
 exit "$code"
 """
