@@ -297,16 +297,33 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     assert 'did you mean "edge05"?' in r.output
 
 
-def test_a_rank_ended_by_mpiruns_abort_still_leaves_its_marker(tmp_path):
-    """mpirun aborts a job with TERM to each rank's process group, at times the moment a rank
-    was killed: the rank dies of it, its wrapper lives on to say so (real sh, own group)."""
-    marker = tmp_path / "exit-1"
+def _rank_ended(tmp_path: Path, group: bool) -> list[str]:
+    """A rank (sleep) under the real wrapper in its own process group, sent TERM as mpirun's
+    abort sends it (``group``) or to the rank alone; what its marker says after the time."""
+    marker = tmp_path / f"exit-{int(group)}"
     proc = subprocess.Popen(["sh", "-c", launch._RANK, "sh", str(marker), "sleep", "30"],
                             start_new_session=True)
-    time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not (rank := _children(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        os.kill(rank[0], signal.SIGTERM)
     assert proc.wait(10) == 128 + signal.SIGTERM
-    assert marker.read_text().split()[1] == str(128 + signal.SIGTERM)
+    return marker.read_text().split()[1:]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_rank_ended_by_mpiruns_abort_still_leaves_its_marker(tmp_path):
+    """mpirun aborts a job with TERM to each rank's process group, at times the moment a rank
+    was killed: its wrapper lives on to say so, and says it was the abort (no culprit); a rank
+    killed on its own with TERM is a death like any other (real sh)."""
+    assert _rank_ended(tmp_path, group=True) == ["143", "aborted"]
+    assert _rank_ended(tmp_path, group=False) == ["143"]
 
 
 def _launch(tmp_path: Path, script: str) -> tuple[int, str, float]:

@@ -4,7 +4,7 @@
 fail the same ways, so one reading serves both. Evidence, strongest first:
 
 1. Death markers (deploy's rank wrapper writes one with the time and exit code when its rank
-   ends; those of a signal death count here):
+   ends; those of a signal death count here, but not the TERM with which mpirun aborts a job):
    the rank that died *first* is the culprit, not the peers that then lost their connection to it.
 2. mpirun's notice that a process exited on a signal.
 3. The ranks' watchdog lines: a rank that waits longer than ``AUTODICE_TIMEOUT_S`` says what it

@@ -13,10 +13,12 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,13 +103,15 @@ exit $code
 # still says how every rank ended. mpirun aborts a job with TERM to each rank's process group,
 # which may come the moment this rank was killed: the trap is set before the rank starts (a
 # caught signal is reset on exec, so the rank still dies of TERM) and this shell lives on to
-# write the marker. $1 marker, then the command.
+# write the marker, with "aborted" when that TERM reached it: a rank that died of the job's
+# abort is not a culprit. $1 marker, then the command.
 _RANK = r"""
 marker=$1; shift
-trap : TERM
+aborted=
+trap 'aborted=" aborted"' TERM
 "$@"
 code=$?
-echo "$(date +%s.%N) $code" > "$marker"
+echo "$(date +%s.%N) $code$aborted" > "$marker"
 exit "$code"
 """
 _STOP = r"""
@@ -345,7 +349,7 @@ class HeadJob(ProcessJob):
             return code
         if self._outcome is None:
             exits = rank_exits(self.ssh, self.hosts) if self.ranks else []
-            failed = [c for _, _, c in exits if c != 0]
+            failed = [e.code for e in exits if e.code != 0]
             self._outcome = (failed[0] if failed else
                              0 if len(exits) == self.ranks else MPIRUN_HUNG)
         return self._outcome
@@ -391,15 +395,26 @@ exit 0
 """
 
 
+class RankExit(NamedTuple):
+    """A rank's end, from the marker its wrapper left."""
+
+    time: float
+    rank: int
+    code: int
+    aborted: bool  # mpirun's TERM (its abort of the job) reached the wrapper
+
+
 def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
-    """(time, rank, exit code) of every rank that died of a signal, earliest first."""
-    return [d for d in rank_exits(ssh, hosts) if d[2] > 128]
+    """(time, rank, exit code) of every rank that died of a signal, earliest first; not those
+    that died of the TERM mpirun ends a failed job with."""
+    return [(e.time, e.rank, e.code) for e in rank_exits(ssh, hosts)
+            if e.code > 128 and not (e.aborted and e.code == 128 + signal.SIGTERM)]
 
 
-def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[Death]:
-    """(time, rank, exit code) of every rank that has ended, earliest first (the markers the
-    rank wrapper leaves in each host's results folder)."""
-    found: list[Death] = []
+def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
+    """Every rank that has ended, earliest first (the markers the rank wrapper leaves in each
+    host's results folder)."""
+    found: list[RankExit] = []
 
     def read(h: Host) -> None:
         proc = subprocess.run(ssh.script(h.target, _EXITS, h.dir), capture_output=True,
@@ -407,7 +422,8 @@ def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[Death]:
         for line in proc.stdout.splitlines():
             parts = line.split()
             try:
-                found.append((float(parts[1]), int(parts[0]), int(parts[2])))
+                found.append(RankExit(float(parts[1]), int(parts[0]), int(parts[2]),
+                                      parts[3:] == ["aborted"]))
             except (IndexError, ValueError):
                 continue
 
