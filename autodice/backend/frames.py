@@ -2,7 +2,7 @@
 
 Each source yields ``(label, frame)`` pairs lazily (a folder of 100,000 images is never held in
 memory); a frame that cannot be made (an unreadable image) is yielded as a
-:class:`~autodice.backend.session.FrameError` in its place, so the session reports it and goes on.
+:class:`~autodice.backend.gateway.FrameError` in its place, so the session reports it and goes on.
 
 Images are made into a model input by a stated recipe (:class:`ImageRecipe`), by default the one
 torchvision's ImageNet models were trained with: shorter side resized to 256/224 of the input's
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
-from .session import FrameError
+from .gateway import FrameError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
 

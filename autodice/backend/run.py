@@ -184,6 +184,41 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
     return cmd, env
 
 
+class LocalJob(ProcessJob):
+    """Every rank and the gateway on this machine under mpirun, output to ``log``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan):
+        super().__init__(argv, log, env)
+        self.plan = plan
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:  # mpirun ends its ranks on SIGTERM
+            self.proc.terminate()
+            if self.wait(15) is None:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+    def failure(self, code: int | None) -> list[str]:
+        said = self.log.read_text(errors="replace")
+        ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
+        return [f"the job failed (exit {code}):", *explain_failure(self.plan, said),
+                *(ranks_said[-5:] or said.strip().splitlines()[-8:]), f"log: {self.log}"]
+
+
+def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = False) -> LocalJob:
+    """Start every rank of ``out_dir``'s built program here, plus the gateway on rank 0's core
+    (its files beside the socket, in the session's folder)."""
+    program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
+    if not program.exists():
+        raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")
+    workdir = Path(socket_path).parent
+    args = ["--models", str(out_dir / "ncnn"), "--stream", socket_path]
+    argv, env = local_mpirun(plan, program, workdir, args + (["--gpu-fallback", "cpu"]
+                                                             if gpu_fallback else []),
+                             gateway=True)
+    return LocalJob(argv, env, workdir / "job.log", plan)
+
+
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
         results: str | Path | None = None, pipeline: bool = True,
         timeout_s: float = 600, gpu_fallback: bool = False) -> RunResult:

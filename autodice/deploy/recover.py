@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..backend.failure import culprits
-from ..backend.session import Restart
+from ..backend.job import Restart
 from ..core.errors import AutodiceError
 from ..core.names import file_slug
 from ..core.outdir import claim

@@ -1,0 +1,51 @@
+"""What a session measures as results come back: frames delivered, frames/s, end-to-end latency.
+
+Busy time runs from a stream's first frame sent to its last result delivered, summed over the
+session's maps, so the idle time between two ``map`` calls does not dilute frames/s. A replayed
+frame keeps its first send time: its latency includes the recovery.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class Figures:
+    def __init__(self) -> None:
+        self.latency: list[float] = []
+        self.busy_s = self._last = 0.0
+        self.delivered = 0
+
+    def delivered_one(self, sent: float, first: bool) -> None:
+        """A result handed out, of a frame sent at ``sent`` (perf_counter); ``first``: the
+        first of its stream (busy time starts at its send, else at the last result)."""
+        now = time.perf_counter()
+        self.busy_s += now - (sent if first else self._last)
+        self._last = now
+        self.delivered += 1
+        self.latency.append(now - sent)
+
+    def summary(self) -> dict:
+        """frames, seconds, fps and latency_s (p50/p90/p99/mean)."""
+        lat = np.array(self.latency) if self.latency else np.zeros(1)
+        seconds = self.busy_s
+        return {"frames": self.delivered, "seconds": seconds,
+                "fps": self.delivered / seconds if seconds > 0 else 0.0,
+                "latency_s": {"p50": float(np.percentile(lat, 50)),
+                              "p90": float(np.percentile(lat, 90)),
+                              "p99": float(np.percentile(lat, 99)),
+                              "mean": float(lat.mean())}}
+
+
+def per_frame(job_stats: dict) -> list[dict]:
+    """The ranks' own figures (compute and wait seconds, bytes, peak memory, as the program
+    reports them at the end), each with its share of a frame in ms (``ms_per_frame``)."""
+    ranks = []
+    for r in job_stats["ranks"]:
+        n = max(1, r["frames"])
+        ranks.append({**r, "ms_per_frame": {
+            "compute": 1e3 * r["compute_s"] / n, "recv_wait": 1e3 * r["recv_wait_s"] / n,
+            "send_wait": 1e3 * r["send_wait_s"] / n}})
+    return ranks

@@ -1,0 +1,253 @@
+"""One started job and its gateway's connection: the session's end of the wire.
+
+The gateway (``runtime_cpp/autodice_stream.h``) connects back to a Unix socket of the session's
+and says hello: ``ADSTREAM``, then each model input and output (name, dtype, shape). After that
+every message has a 16-byte header (kind, reserved, frame id or byte count): a frame is its
+inputs' bytes in the hello's order, a result its outputs' bytes; ``STOP`` asks the ranks to
+finish and the gateway answers with their figures (``STATS``, JSON).
+
+A :class:`Gateway` is the job and that socket, and nothing of the stream: which frames are in
+flight, what to do when the job dies, the figures over many jobs are the session's
+(``session.py``). Kept apart so a restart is a new ``Gateway`` and the wire is read in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import AutodiceError
+from ..core.plan import Plan
+from .job import Job
+
+HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
+_FRAME, _STOP, _RESULT, _STATS = 1, 2, 3, 4
+_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i8")}
+START_TIMEOUT_S = 120.0  # loading a large sub-model on a small board takes a while
+
+
+class FrameError(AutodiceError):
+    """One frame the session did not send (it names the frame and the input); the others go on."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(f"frame {index}: {message}")
+        self.index = index
+
+
+class Gone(Exception):
+    """The gateway hung up mid-stream: the job ended under the session."""
+
+
+@dataclass(frozen=True)
+class StreamTensor:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def encode(inputs: list[StreamTensor], frame, index: int) -> list[memoryview]:
+    """Frame ``index``'s bytes in the gateway's order, or a FrameError saying what is wrong.
+
+    A frame is an array (a model with one input) or a dict by input name; its shape is the
+    input's, with or without the leading batch dimension of 1.
+    """
+    if isinstance(frame, dict):
+        names = {t.name for t in inputs}
+        unknown = sorted(set(frame) - names)
+        if unknown:
+            raise FrameError(index, f'the model has no input "{unknown[0]}" '
+                                    f"(inputs: {', '.join(sorted(names))})")
+        by_name = frame
+    elif len(inputs) == 1:
+        by_name = {inputs[0].name: frame}
+    else:
+        raise FrameError(index, "the model has inputs "
+                         f"{', '.join(t.name for t in inputs)}: give a dict by name")
+    parts = []
+    for t in inputs:
+        if t.name not in by_name:
+            raise FrameError(index, f'no array for input "{t.name}"')
+        try:
+            a = np.asarray(by_name[t.name])
+        except Exception as e:  # noqa: BLE001 - whatever the caller passed
+            raise FrameError(index, f'input "{t.name}": not an array ({e})') from None
+        shape = "x".join(map(str, t.shape))
+        if a.shape != t.shape and not (t.shape[:1] == (1,) and a.shape == t.shape[1:]):
+            raise FrameError(index, f'input "{t.name}" must be {shape} {t.dtype.name}, got '
+                                    f"{'x'.join(map(str, a.shape))} {a.dtype}")
+        if a.dtype != t.dtype:
+            raise FrameError(index, f'input "{t.name}" must be {t.dtype.name}, got {a.dtype}')
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise FrameError(index, f'input "{t.name}" holds NaN or infinite values')
+        parts.append(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return parts
+
+
+class Gateway:
+    """A started job and its gateway's connection (see the module docstring)."""
+
+    def __init__(self, job: Job, sock: socket.socket, plan: Plan):
+        """Read the gateway's hello and check it against ``plan``.
+
+        Raises:
+            AutodiceError: the job ended first, or its program was built from another plan.
+        """
+        self.job = job
+        self._sock: socket.socket | None = sock
+        try:
+            self.inputs, self.outputs = self._hello(plan)
+        except BaseException:
+            self.hang_up()
+            raise
+
+    @classmethod
+    def start(cls, start: Callable[[str], Job], path: str, plan: Plan,
+              timeout_s: float) -> Gateway:
+        """Listen on ``path``, start the job (``start`` gets the path) and take its gateway's
+        connection; a job that fails or does not connect in time is stopped.
+
+        Raises:
+            AutodiceError: the job failed to start (the rank named) or did not start in time.
+        """
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            listener.listen(1)
+            job = start(path)
+            try:
+                return cls(job, _accept(listener, job, timeout_s), plan)
+            except BaseException:
+                job.stop()
+                raise
+        finally:
+            listener.close()
+            Path(path).unlink(missing_ok=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def send(self, fid: int, parts: list[memoryview]) -> None:
+        """Frame ``fid`` to the gateway. Raises OSError when the connection is gone."""
+        sock = self._sock
+        if sock is None:
+            raise OSError("the session's socket is closed")
+        sock.sendall(HEADER.pack(_FRAME, 0, fid))
+        for p in parts:
+            sock.sendall(p)
+
+    def result(self):
+        """The next result: an array (one output) or a dict by output name.
+
+        Raises:
+            Gone: the gateway hung up (the job ended).
+        """
+        kind, _, _ = HEADER.unpack(self.read(HEADER.size))
+        if kind != _RESULT:
+            raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
+        data = self.read(sum(t.nbytes for t in self.outputs))
+        arrays, offset = {}, 0
+        for t in self.outputs:
+            arrays[t.name] = np.frombuffer(data, t.dtype, int(np.prod(t.shape)), offset) \
+                .reshape(t.shape)
+            offset += t.nbytes
+        return arrays[self.outputs[0].name] if len(arrays) == 1 else arrays
+
+    def finish(self) -> dict | None:
+        """Ask the ranks to finish; their figures (None if the gateway sent none). The
+        connection is closed after.
+
+        Raises:
+            OSError: the job ended while the session was idle.
+            AutodiceError: it ended before it answered (the job's failure).
+        """
+        self._sock.sendall(HEADER.pack(_STOP, 0, 0))
+        kind, _, n = HEADER.unpack(self.read(HEADER.size, "the job ended at close"))
+        stats = json.loads(self.read(n, "the job ended at close")) if kind == _STATS else None
+        self.hang_up()
+        return stats
+
+    def read(self, n: int, why: str | None = None) -> bytearray:
+        """``n`` bytes off the socket. If the gateway hangs up: ``why`` and the job's failure,
+        or (``why`` None: mid-stream) :class:`Gone` for the caller to restart or report."""
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            try:
+                k = self._sock.recv_into(view[got:])
+            except (OSError, AttributeError):  # AttributeError: our end was closed (None)
+                k = 0
+            if k == 0:
+                if why is None:
+                    raise Gone()
+                self.hang_up()
+                code = self.job.wait(10)
+                raise AutodiceError(why, *self.job.failure(code))
+            got += k
+        return buf
+
+    def hang_up(self) -> None:
+        """Close our end: an ssh that forwards it waits for that before it ends (shut down
+        first: a feeder blocked in a send wakes up)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _hello(self, plan: Plan) -> tuple[list[StreamTensor], list[StreamTensor]]:
+        """The tensors the gateway carries, checked against the plan."""
+        head = self.read(8 + 12, "the job ended before it was ready")
+        if head[:8] != b"ADSTREAM":
+            raise AutodiceError("the program's gateway did not say hello: rebuild it "
+                                "(`autodice gen` then `autodice build`)")
+        _, n_in, n_out = struct.unpack("<III", head[8:])
+        tensors = []
+        for _ in range(n_in + n_out):
+            (n,) = struct.unpack("<I", self.read(4))
+            name = self.read(n).decode("utf-8", "surrogateescape")
+            dtype, rank = struct.unpack("<II", self.read(8))
+            shape = struct.unpack(f"<{rank}q", self.read(8 * rank))
+            tensors.append(StreamTensor(name, _DTYPES[dtype], tuple(shape)))
+        inputs, outputs = tensors[:n_in], tensors[n_in:]
+        want = ({t.name for t in plan.model_inputs}, {t.name for t in plan.model_outputs})
+        if ({t.name for t in inputs}, {t.name for t in outputs}) != want:
+            raise AutodiceError("the running program was built from another plan: "
+                                "run `autodice gen` and `autodice build` again")
+        # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
+        # one per 208 KiB (the default) with the gateway woken for each.
+        frame_bytes = sum(t.nbytes for t in inputs) + HEADER.size
+        if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
+        return inputs, outputs
+
+
+def _accept(listener: socket.socket, job: Job, timeout_s: float) -> socket.socket:
+    """The gateway's connection; the job's failure if it ends first."""
+    listener.settimeout(0.2)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn, _ = listener.accept()
+            conn.settimeout(None)
+            return conn
+        except TimeoutError:
+            pass
+        code = job.poll()
+        if code is not None:
+            raise AutodiceError(*job.failure(code))
+        if time.monotonic() > deadline:
+            raise AutodiceError(f"the job did not start within {timeout_s:.0f} s")
