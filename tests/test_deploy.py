@@ -16,7 +16,7 @@ from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.deploy import sync
 from autodice.deploy.inventory import load_inventory
-from autodice.deploy import launch
+from autodice.deploy import launch, rank_exits
 from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
 from autodice.deploy.remote_build import build_groups
 from autodice.deploy.ssh import Host, Ssh, connection_key, control_dir, ssh_config
@@ -301,7 +301,7 @@ def _rank_ended(tmp_path: Path, group: bool) -> list[str]:
     """A rank (sleep) under the real wrapper in its own process group, sent TERM as mpirun's
     abort sends it (``group``) or to the rank alone; what its marker says after the time."""
     marker = tmp_path / f"exit-{int(group)}"
-    proc = subprocess.Popen(["sh", "-c", launch._RANK, "sh", str(marker), "sleep", "30"],
+    proc = subprocess.Popen(["sh", "-c", rank_exits.WRAPPER, "sh", str(marker), "sleep", "30"],
                             start_new_session=True)
     deadline = time.monotonic() + 10
     while not (rank := _children(proc.pid)) and time.monotonic() < deadline:

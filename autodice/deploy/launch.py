@@ -13,12 +13,10 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -28,6 +26,7 @@ from ..core.errors import AutodiceError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
 from .inventory import Inventory
+from .rank_exits import WRAPPER, rank_deaths, rank_exits
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel, ssh_config
 from .sync import sync_folder
 
@@ -97,23 +96,6 @@ cat "$log"
   && exit MPIRUN_HUNG
 exit $code
 """.replace("MPIRUN_HUNG", str(MPIRUN_HUNG))
-# Each rank runs under this: it leaves "<time> <exit code>" in a marker file when its rank ends,
-# so the report names the rank that died of a signal (killed, out of memory, crashed) first
-# rather than the peers that then lost their connection to it, and a job whose mpirun hung
-# still says how every rank ended. mpirun aborts a job with TERM to each rank's process group,
-# which may come the moment this rank was killed: the trap is set before the rank starts (a
-# caught signal is reset on exec, so the rank still dies of TERM) and this shell lives on to
-# write the marker, with "aborted" when that TERM reached it: a rank that died of the job's
-# abort is not a culprit. $1 marker, then the command.
-_RANK = r"""
-marker=$1; shift
-aborted=
-trap 'aborted=" aborted"' TERM
-"$@"
-code=$?
-echo "$(date +%s.%N) $code$aborted" > "$marker"
-exit "$code"
-"""
 _STOP = r"""
 pid=$(cat "$1" 2>/dev/null) || exit 0
 grep -q "$2" "/proc/$pid/cmdline" 2>/dev/null && kill -TERM "$pid"
@@ -230,7 +212,7 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], flags: list[
         argv += ["-np", "1", "--wdir", d]
         if not bound:
             argv += ["--host", hosts[key].target.address]
-        argv += ["sh", "-c", _RANK, "sh", f"{d}/results/exit-{rank}",
+        argv += ["sh", "-c", WRAPPER, "sh", f"{d}/results/exit-{rank}",
                  f"{d}/build/program", "--models", f"{d}/package/models", "--inputs",
                  f"{d}/inputs", "--results", f"{d}/results", *flags]
     return argv
@@ -387,49 +369,6 @@ def reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> 
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         list(pool.map(one, hosts))
-
-
-_EXITS = r"""
-for f in "$1"/results/exit-*; do [ -f "$f" ] && echo "${f##*/exit-} $(cat "$f")"; done
-exit 0
-"""
-
-
-class RankExit(NamedTuple):
-    """A rank's end, from the marker its wrapper left."""
-
-    time: float
-    rank: int
-    code: int
-    aborted: bool  # mpirun's TERM (its abort of the job) reached the wrapper
-
-
-def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
-    """(time, rank, exit code) of every rank that died of a signal, earliest first; not those
-    that died of the TERM mpirun ends a failed job with."""
-    return [(e.time, e.rank, e.code) for e in rank_exits(ssh, hosts)
-            if e.code > 128 and not (e.aborted and e.code == 128 + signal.SIGTERM)]
-
-
-def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
-    """Every rank that has ended, earliest first (the markers the rank wrapper leaves in each
-    host's results folder)."""
-    found: list[RankExit] = []
-
-    def read(h: Host) -> None:
-        proc = subprocess.run(ssh.script(h.target, _EXITS, h.dir), capture_output=True,
-                              text=True, timeout=60)
-        for line in proc.stdout.splitlines():
-            parts = line.split()
-            try:
-                found.append(RankExit(float(parts[1]), int(parts[0]), int(parts[2]),
-                                      parts[3:] == ["aborted"]))
-            except (IndexError, ValueError):
-                continue
-
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        list(pool.map(read, hosts))
-    return sorted(found)
 
 
 _RANK_SAYS = re.compile(r"^\[rank (\d+) ([^\]]*)\] (.*)")

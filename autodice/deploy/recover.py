@@ -43,7 +43,8 @@ from ..core.plan import Plan, load_plan
 from ..core.spec import mapping_json, parse_key, parse_mapping
 from .deploy import Shipped, ship
 from .inventory import Inventory
-from .launch import rank_deaths, reap, run_failure
+from .launch import reap, run_failure
+from .rank_exits import rank_deaths
 from .remote_build import ncnn_prefixes
 from .remote_job import RemoteJob
 from .ssh import PROGRAM, Build, Progress

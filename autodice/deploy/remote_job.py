@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..core.errors import AutodiceError
 from .deploy import Shipped
-from .launch import HeadJob, mpirun_argv, rank_deaths, run_failure
+from .launch import HeadJob, mpirun_argv, run_failure
+from .rank_exits import rank_deaths
 from .ssh import must, parallel
 
 _SOCKET_BYTES = 107  # sun_path holds 108 bytes with its terminating zero

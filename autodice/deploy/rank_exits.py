@@ -1,0 +1,74 @@
+"""What each rank leaves when it ends: a marker with the time and its exit code.
+
+Every rank of a deployed job runs under :data:`WRAPPER`, so that after a failure the report names
+the rank that died of a signal (killed, out of memory, crashed) first rather than the peers that
+then lost their connection to it, and a job whose mpirun hung (``launch.MPIRUN_HUNG``) still says
+how every rank ended.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from ..backend.failure import Death
+from .ssh import Host, Ssh
+
+# mpirun aborts a job with TERM to each rank's process group, which may come the moment this
+# rank was killed: the trap is set before the rank starts (a caught signal is reset on exec, so
+# the rank still dies of TERM) and this shell lives on to write the marker, with "aborted" when
+# that TERM reached it: a rank that died of the job's abort is not a culprit. $1 marker, then
+# the command.
+WRAPPER = r"""
+marker=$1; shift
+aborted=
+trap 'aborted=" aborted"' TERM
+"$@"
+code=$?
+echo "$(date +%s.%N) $code$aborted" > "$marker"
+exit "$code"
+"""
+# Prints "rank time code [aborted]" for each marker in $1/results.
+_EXITS = r"""
+for f in "$1"/results/exit-*; do [ -f "$f" ] && echo "${f##*/exit-} $(cat "$f")"; done
+exit 0
+"""
+
+
+class RankExit(NamedTuple):
+    """A rank's end, from the marker its wrapper left."""
+
+    time: float
+    rank: int
+    code: int
+    aborted: bool  # mpirun's TERM (its abort of the job) reached the wrapper
+
+
+def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
+    """(time, rank, exit code) of every rank that died of a signal, earliest first; not those
+    that died of the TERM mpirun ends a failed job with."""
+    return [(e.time, e.rank, e.code) for e in rank_exits(ssh, hosts)
+            if e.code > 128 and not (e.aborted and e.code == 128 + signal.SIGTERM)]
+
+
+def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
+    """Every rank that has ended, earliest first (the markers the rank wrapper leaves in each
+    host's results folder)."""
+    found: list[RankExit] = []
+
+    def read(h: Host) -> None:
+        proc = subprocess.run(ssh.script(h.target, _EXITS, h.dir), capture_output=True,
+                              text=True, timeout=60)
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            try:
+                found.append(RankExit(float(parts[1]), int(parts[0]), int(parts[2]),
+                                      parts[3:] == ["aborted"]))
+            except (IndexError, ValueError):
+                continue
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        list(pool.map(read, hosts))
+    return sorted(found)
