@@ -27,7 +27,7 @@ from ..core.errors import AutodiceError
 from ..core.plan import Plan
 from .job import Job
 
-HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
+_HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
 _FRAME, _STOP, _RESULT, _STATS = 1, 2, 3, 4
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i8")}
 START_TIMEOUT_S = 120.0  # loading a large sub-model on a small board takes a while
@@ -143,7 +143,7 @@ class Gateway:
         sock = self._sock
         if sock is None:
             raise OSError("the session's socket is closed")
-        sock.sendall(HEADER.pack(_FRAME, 0, fid))
+        sock.sendall(_HEADER.pack(_FRAME, 0, fid))
         for p in parts:
             sock.sendall(p)
 
@@ -153,7 +153,7 @@ class Gateway:
         Raises:
             Gone: the gateway hung up (the job ended).
         """
-        kind, _, _ = HEADER.unpack(self.read(HEADER.size))
+        kind, _, _ = _HEADER.unpack(self.read(_HEADER.size))
         if kind != _RESULT:
             raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
         data = self.read(sum(t.nbytes for t in self.outputs))
@@ -172,8 +172,8 @@ class Gateway:
             OSError: the job ended while the session was idle.
             AutodiceError: it ended before it answered (the job's failure).
         """
-        self._sock.sendall(HEADER.pack(_STOP, 0, 0))
-        kind, _, n = HEADER.unpack(self.read(HEADER.size, "the job ended at close"))
+        self._sock.sendall(_HEADER.pack(_STOP, 0, 0))
+        kind, _, n = _HEADER.unpack(self.read(_HEADER.size, "the job ended at close"))
         stats = json.loads(self.read(n, "the job ended at close")) if kind == _STATS else None
         self.hang_up()
         return stats
@@ -229,7 +229,7 @@ class Gateway:
                                 "run `autodice gen` and `autodice build` again")
         # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
         # one per 208 KiB (the default) with the gateway woken for each.
-        frame_bytes = sum(t.nbytes for t in inputs) + HEADER.size
+        frame_bytes = sum(t.nbytes for t in inputs) + _HEADER.size
         if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
         return inputs, outputs

@@ -35,7 +35,7 @@ from pathlib import Path
 from ..core.errors import AutodiceError
 from ..core.plan import Plan
 from .figures import Figures, per_frame
-from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, encode
+from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
 from .job import Job, Recovery, Restart
 from .run import local_job
 
@@ -97,7 +97,16 @@ class Session:
         except BaseException:
             self._abandon(keep=True)
             raise
-        self.inputs, self.outputs = self._gw.inputs, self._gw.outputs
+
+    @property
+    def inputs(self) -> list[StreamTensor]:
+        """The model inputs a frame holds, as the running program's gateway said."""
+        return self._gw.inputs
+
+    @property
+    def outputs(self) -> list[StreamTensor]:
+        """The model outputs a result holds."""
+        return self._gw.outputs
 
     @property
     def recovery(self) -> Recovery | None:
@@ -347,7 +356,6 @@ class Session:
             self._abandon(keep=True)
             raise
         self.plan = restart.plan
-        self.inputs, self.outputs = gw.inputs, gw.outputs
         with self._sending:
             self._gw = gw
             again = list(self._inflight)
