@@ -164,3 +164,61 @@ def channel_shuffle(seed: int = 0) -> onnx.ModelProto:
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 6, 6])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
                              producer_name="autodice-tests")
+
+
+def window_attention(seed: int = 0) -> onnx.ModelProto:
+    """Swin's shifted-window attention and MaxViT's einsums, small, as torch exports them:
+    the window partition and merge go through 6-D tensors, the heads through 5-D ones::
+
+        input 1x4x8x8 -> Conv conv1 -> Transpose nhwc (1x8x8x4) -> Reshape partition
+          (1x2x4x2x4x4) -> Transpose windows (1x2x2x4x4x4) -> Reshape tokens (4x16x4)
+          -> MatMul qkv (4x16x12) -> Reshape heads (4x16x3x2x2) -> Transpose split
+          (3x4x2x16x2) -> Gather q / k / v (4x2x16x2 each) -> Reshape q5 / k5 (1x4x2x16x2)
+          -> Einsum scores (1x4x2x16x16) -> Add masked (+ 1x4x1x16x16) -> Softmax attend
+          -> Reshape probs (4x2x16x16) -> MatMul mix with v (4x2x16x2) -> Transpose
+          gather_heads (4x16x2x2) -> Reshape merge_heads (1x2x2x4x4x4) -> Transpose unwindow
+          (1x2x4x2x4x4) -> Reshape image (1x8x8x4) -> Transpose nchw -> Conv conv2 -> output
+    """
+    rng = np.random.default_rng(seed)
+    floats = {"w1": rng.standard_normal((4, 4, 1, 1)), "w2": rng.standard_normal((4, 4, 1, 1)),
+              "wqkv": rng.standard_normal((4, 12)),
+              "mask": np.where(rng.random((1, 4, 1, 16, 16)) < 0.3, -100.0, 0.0)}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in floats.items()]
+    shapes = {"s_part": [1, 2, 4, 2, 4, 4], "s_tokens": [4, 16, 4], "s_heads": [4, 16, 3, 2, 2],
+              "s_5d": [1, 4, 2, 16, 2], "s_probs": [4, 2, 16, 16],
+              "s_merge": [1, 2, 2, 4, 4, 4], "s_image": [1, 8, 8, 4]}
+    inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in shapes.items()]
+    inits += [numpy_helper.from_array(np.array(i, np.int64), f"i{i}") for i in range(3)]
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["input", "w1"], ["c1"], name="conv1"),
+        node("Transpose", ["c1"], ["nhwc"], name="nhwc", perm=[0, 2, 3, 1]),
+        node("Reshape", ["nhwc", "s_part"], ["part"], name="partition"),
+        node("Transpose", ["part"], ["win"], name="windows", perm=[0, 1, 3, 2, 4, 5]),
+        node("Reshape", ["win", "s_tokens"], ["tok"], name="tokens"),
+        node("MatMul", ["tok", "wqkv"], ["qkv"], name="qkv"),
+        node("Reshape", ["qkv", "s_heads"], ["heads"], name="heads"),
+        node("Transpose", ["heads"], ["split"], name="split", perm=[2, 0, 3, 1, 4]),
+        *[node("Gather", ["split", f"i{i}"], [v], name=v, axis=0)
+          for i, v in enumerate(("q", "k", "v"))],
+        node("Reshape", ["q", "s_5d"], ["q5"], name="q5"),
+        node("Reshape", ["k", "s_5d"], ["k5"], name="k5"),
+        node("Einsum", ["q5", "k5"], ["scores"], name="scores",
+             equation="b g h i d, b g h j d -> b g h i j"),
+        node("Add", ["scores", "mask"], ["masked"], name="masked"),
+        node("Softmax", ["masked"], ["att"], name="attend", axis=-1),
+        node("Reshape", ["att", "s_probs"], ["probs"], name="probs"),
+        node("MatMul", ["probs", "v"], ["mixed"], name="mix"),
+        node("Transpose", ["mixed"], ["gathered"], name="gather_heads", perm=[0, 2, 1, 3]),
+        node("Reshape", ["gathered", "s_merge"], ["merged"], name="merge_heads"),
+        node("Transpose", ["merged"], ["unwin"], name="unwindow", perm=[0, 1, 3, 2, 4, 5]),
+        node("Reshape", ["unwin", "s_image"], ["img"], name="image"),
+        node("Transpose", ["img"], ["nchw"], name="nchw", perm=[0, 3, 1, 2]),
+        node("Conv", ["nchw", "w2"], ["output"], name="conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "window_attention",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                             producer_name="autodice-tests")

@@ -60,6 +60,15 @@ class TensorType:
         return "x".join(str(d) if d is not None else "?" for d in self.shape) or "scalar"
 
 
+def mat_form(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The same bytes on at most the four axes of an ncnn Mat: axes of length one dropped, the
+    leading axes merged down to four (Swin-T's 1x8x7x8x7x96 window partition is 56x8x7x96)."""
+    axes = [d for d in shape if d != 1] or [1]
+    while len(axes) > 4:
+        axes[:2] = [axes[0] * axes[1]]
+    return tuple(axes)
+
+
 def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
     """``["data=1x3x224x224"]`` -> ``{"data": (1, 3, 224, 224)}``.
 

@@ -28,6 +28,7 @@ from .legalize import (
     pin_batch,
     reduce_axes_as_attributes,
 )
+from .lower import lower_ranks
 
 INTEGERS = frozenset({TensorProto.INT64, TensorProto.INT32})
 
@@ -68,6 +69,8 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
         rewritten.extend(gather_by_range(graph, node, constants, opset) or [node])
     del g.node[:]
     g.node.extend(rewritten)
+    constants = Constants(model, graph)  # and the Constant nodes the Gathers' rewrites made
+    lower_ranks(g, graph, constants, opset, rank.submodel_inputs, rank.submodel_outputs)
     gelu_in_pnnx_order(g, constants)
     reduce_axes_as_attributes(model, constants)
     pin_batch(g, rank.submodel_inputs)

@@ -8,12 +8,20 @@ from pathlib import Path
 from ..core.errors import Problems
 from ..core.model import Graph
 from ..core.plan import Edge, Memory, Plan, Rank, Step, TensorSpec
+from ..core.shapes import mat_form
+from .lower import batched_tensors
 from .place import Placement
 
 
-def tensor_spec(graph: Graph, name: str) -> TensorSpec:
+def tensor_spec(graph: Graph, name: str, batched: frozenset[str] = frozenset()) -> TensorSpec:
+    """The tensor as ranks exchange it: as the model has it where an ncnn Mat holds it (at most
+    four axes, or a batch of one pnnx sees as such (``batched``) and four more), else in its
+    ``mat_form``, which the sub-models reshape from and to at their edges."""
     t = graph.types[name]
-    return TensorSpec(name, tuple(int(d) for d in t.shape), t.dtype, t.nbytes)
+    shape = tuple(int(d) for d in t.shape)
+    if len(shape) > 4 and not (len(shape) == 5 and shape[0] == 1 and name in batched):
+        shape = mat_form(shape)
+    return TensorSpec(name, shape, t.dtype, t.nbytes)
 
 
 def consumer_ranks(graph: Graph, placement: Placement, tensor: str) -> set[int]:
@@ -70,7 +78,8 @@ def find_edges(graph: Graph, placement: Placement, mapping_path: str) -> tuple[E
                          f"shape ({shape}); give the input shape with --input-shape NAME=1x3x...",
                          f"{mapping_path}: and {{n}} more cut tensors without a static shape")
     problems.raise_if_any()
-    specs = [tensor_spec(graph, t) for t, *_ in cuts]
+    batched = batched_tensors(graph)
+    specs = [tensor_spec(graph, t, batched) for t, *_ in cuts]
     return tuple(Edge(t, src, dst, spec.shape, spec.dtype, spec.nbytes, tag=k, kind=kind)
                  for k, ((t, src, dst, kind), spec) in enumerate(zip(cuts, specs)))
 
@@ -97,6 +106,7 @@ def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_
         elif t in owner:
             out_owner[t] = owner[t]
 
+    batched = batched_tensors(graph)
     ranks = []
     for r, res in enumerate(placement.resources):
         nodes = members[r]
@@ -116,8 +126,8 @@ def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_
             layers=tuple(graph.names[i] for i in nodes if i not in graph.followers),
             followers=tuple(graph.names[i] for i in nodes if i in graph.followers),
             inputs=inputs, outputs=outputs, recv=tuple(recvs[r]), send=tuple(sends[r]),
-            submodel_inputs=tuple(tensor_spec(graph, t) for t in sub_in),
-            submodel_outputs=tuple(tensor_spec(graph, t) for t in sub_out),
+            submodel_inputs=tuple(tensor_spec(graph, t, batched) for t in sub_in),
+            submodel_outputs=tuple(tensor_spec(graph, t, batched) for t in sub_out),
             steps=steps,
             memory=static_memory(graph, nodes, sub_in, set(sub_out), recvs[r], sends[r]),
         ))
@@ -125,8 +135,8 @@ def build_plan(graph: Graph, placement: Placement, edges: tuple[Edge, ...], out_
         model_ref = os.path.relpath(model_path.resolve(), out_dir.resolve())
     except ValueError:  # another drive on Windows
         model_ref = str(model_path.resolve())
-    return Plan(model_ref, tuple(tensor_spec(graph, t) for t in graph.inputs),
-                tuple(tensor_spec(graph, t) for t in graph.outputs), tuple(ranks), edges)
+    return Plan(model_ref, tuple(tensor_spec(graph, t, batched) for t in graph.inputs),
+                tuple(tensor_spec(graph, t, batched) for t in graph.outputs), tuple(ranks), edges)
 
 
 def _steps(graph: Graph, nodes: list[int], received: tuple[str, ...], outputs: tuple[str, ...],

@@ -1,0 +1,456 @@
+"""Tensors ncnn can hold: layout plumbing on 5-D and 6-D tensors, rewritten on at most 4 axes.
+
+An ncnn Mat has four axes at most (pnnx drops a leading batch of one), so window attention as
+exported cannot be converted: Swin-T partitions 1x56x56x96 into 1x8x7x8x7x96, permutes and
+flattens it to 64x49x96, and splits its heads through 64x49x3x3x32; MaxViT-T does the same for
+its blocks and grids and runs 5-D einsums and softmaxes in between. Every op that reads or
+writes a tensor of five or more axes is rewritten on a view of the same bytes with fewer axes:
+
+* Transpose: axes that stay neighbours are one axis and axes of length one go; a permutation
+  that still needs five is done as a few transposes that each need four at most (found by a
+  breadth-first search over moves of one block of axes, so it is always found).
+* Slice, Split, Concat, Softmax on one axis: (before the axis, the axis, after it).
+* Elementwise ops, broadcasting included: neighbouring axes on which every operand is alike
+  (all full, or all one) are one axis.
+* Einsum: letters of length one go and letters that are neighbours everywhere merge; a batched
+  matrix product then becomes MatMul.
+
+A rewritten op reads each input through a Reshape and writes its output through one, so every
+tensor of the graph keeps its name, shape and value; the Reshapes then collapse in chains and
+the 5-D and 6-D tensors between rewritten ops are gone. What is left (an op with no rule, or a
+tensor a rank sends or receives) is for ``high_tensors`` to name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..core.model import Graph
+from ..core.plan import TensorSpec
+from .legalize import BATCH_OPS, Constants
+from .views import NCNN_AXES, broadcast_view, einsum_view, transpose_view, transposes
+
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where",
+    "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf",
+    "Gelu", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Floor", "Ceil", "Round", "Sin",
+    "Cos", "Clip", "Identity", "Softplus", "Mish", "Sign", "Not", "Equal", "Less", "Greater"})
+
+
+def batched_tensors(graph: Graph) -> frozenset[str]:
+    """The tensors whose leading axis pnnx takes for a batch: the model's inputs, what the ops
+    that know a batch axis make (a 3-D convolution's 1xCxDxHxW), and what elementwise ops make
+    of those. A reshape, transpose or einsum makes a tensor whose leading 1 is just an axis
+    (Swin-T's 1x64x3x49x49 scores): pnnx cannot reshape a tensor without a batch into it."""
+    batched = set(graph.inputs)
+    for node in graph.nodes:
+        if node.op_type in BATCH_OPS or (node.op_type in ELEMENTWISE
+                                         and any(t in batched for t in node.input)):
+            batched.update(node.output)
+    return frozenset(batched)
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else helper.get_attribute_value(a)
+
+
+class _Lowering:
+    """One pass over a sub-model's nodes (see the module docstring)."""
+
+    def __init__(self, g: onnx.GraphProto, graph: Graph, constants: Constants):
+        self.g, self.graph, self.constants = g, graph, constants
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.exact: set[str] = set()  # the Reshapes written here, to shapes given in full
+        self.fresh = 0
+
+    def target_is_exact(self, reshape: onnx.NodeProto) -> bool:
+        """Whether the Reshape's target never copies a dimension of its input (no 0 in it)."""
+        if reshape.output[0] in self.exact:
+            return True
+        target = self.constants.get(reshape.input[1])
+        return target is not None and (bool(_attr(reshape, "allowzero", 0)) or 0 not in target)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self.shapes:
+            return self.shapes[name]
+        t = self.graph.types.get(name)
+        return tuple(t.shape) if t is not None and t.static else None
+
+    def _name(self, base: str, what: str) -> str:
+        self.fresh += 1
+        return f"{base}/{what}{self.fresh}"
+
+    @property
+    def nodes_written(self) -> bool:
+        return self.fresh > 0
+
+    def const(self, base: str, values) -> str:
+        name = self._name(base, "c")
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                           value=numpy_helper.from_array(
+                                               np.array(values, np.int64), name)))
+        self.shapes[name] = (len(values),)
+        return name
+
+    def reshape(self, base: str, x: str, shape: tuple[int, ...], out: str | None = None) -> str:
+        if out is None and self.shape(x) == tuple(shape):
+            return x
+        name = self._name(base, "view")
+        out = out or name
+        self.exact.add(out)
+        self.nodes.append(helper.make_node("Reshape", [x, self.const(base, list(shape))], [out],
+                                           name=name))
+        self.shapes[out] = tuple(shape)
+        return out
+
+    def emit(self, op: str, base: str, inputs: list[str], out_shape: tuple[int, ...],
+             out: str | None = None, **attrs) -> str:
+        name = self._name(base, op.lower())
+        out = out or name
+        self.nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        self.shapes[out] = tuple(out_shape)
+        return out
+
+    def strided(self, node: onnx.NodeProto) -> bool:
+        steps = self.constants.get(node.input[4]) if len(node.input) > 4 and node.input[4] \
+            else None
+        return steps is not None and any(int(v) != 1 for v in steps.ravel())
+
+    def known(self, node: onnx.NodeProto) -> bool:
+        """Whether the shapes of the node's first input and its outputs are known (what the
+        rules read; a rule that reads more checks for itself)."""
+        return all(self.shape(t) is not None for t in (*node.input[:1], *node.output) if t)
+
+    # ---- one rule per kind of op; each returns False to keep the node as it is ----------------
+
+    def transpose(self, node, base) -> bool:
+        x, y = node.input[0], node.output[0]
+        shape = self.shape(x)
+        perm = tuple(_attr(node, "perm", range(len(shape))[::-1]))
+        cur, cur_shape = x, shape
+        for step in transposes(shape, perm):
+            view, p = transpose_view(cur_shape, step)
+            cur_shape = tuple(cur_shape[a] for a in step)
+            cur = self.reshape(base, cur, view)
+            if p != tuple(range(len(p))):
+                cur = self.emit("Transpose", base, [cur], tuple(view[a] for a in p), perm=list(p))
+        self.reshape(base, cur, self.shape(y), out=y)
+        return True
+
+    def _around(self, shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+        axis %= len(shape)
+        return math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+
+    def slice(self, node, base) -> bool:
+        axes = self.constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        x, y = node.input[0], node.output[0]
+        shape = self.shape(x)
+        if axes is None or axes.size != 1 or any(self.constants.get(t) is None
+                                                 for t in node.input[1:] if t):
+            return False
+        before, after = self._around(shape, int(axes.ravel()[0]))
+        axis = int(axes.ravel()[0]) % len(shape)
+        view = self.reshape(base, x, (before, shape[axis], after))
+        out = self.shape(y)
+        inputs = [view, node.input[1], node.input[2], self.const(base, [1]), *node.input[4:]]
+        sliced = self.emit("Slice", base, inputs, (before, out[axis], after))
+        self.reshape(base, sliced, out, out=y)
+        return True
+
+    def strided_slice(self, node, base) -> bool:
+        """A Slice with steps (Swin-T's patch merging takes every other row and column), one
+        axis at a time: the m elements picked from ``first`` on by a step of s are column c of
+        the rows of (before, m, s, after), a view of the s * m elements from ``first - c``.
+        ncnn's Crop has no step. Left alone where no such window fits in the axis (from 0 of
+        an odd length by 2: the last row would run past the end)."""
+        bounds = [self.constants.get(t) if t else None for t in node.input[1:5]]
+        shape = self.shape(node.input[0])
+        if len(bounds) < 4 or any(b is None for b in bounds) or shape is None:
+            return False
+        starts, ends, axes, steps = (b.ravel().tolist() for b in bounds)
+        if any(step < 1 for step in steps):
+            return False
+        cur, cur_shape = node.input[0], shape
+        for lo, hi, axis, step in zip(starts, ends, axes, steps):
+            axis %= len(shape)
+            n = cur_shape[axis]
+            picked = range(*slice(lo, hi, step).indices(n))
+            if not picked:
+                return False
+            first, m = picked[0], len(picked)
+            step = step if m > 1 else 1
+            col = max(0, first + step * m - n)
+            if col > first or col >= step:
+                return False
+            before, after = self._around(cur_shape, axis)
+            view = self.reshape(base, cur, (before, n, after))
+            if step * m != n:
+                view = self.emit("Slice", base, [view, self.const(base, [first - col]),
+                                                 self.const(base, [first - col + step * m]),
+                                                 self.const(base, [1])],
+                                 (before, step * m, after))
+            rows = self.reshape(base, view, (before, m, step, after))
+            if step > 1:
+                rows = self.emit("Slice", base, [rows, self.const(base, [col]),
+                                                 self.const(base, [col + 1]),
+                                                 self.const(base, [2])],
+                                 (before, m, 1, after))
+            cur_shape = (*cur_shape[:axis], m, *cur_shape[axis + 1:])
+            cur = self.reshape(base, rows, cur_shape)
+        self.reshape(base, cur, self.shape(node.output[0]), out=node.output[0])
+        return True
+
+    def split(self, node, base) -> bool:
+        x = node.input[0]
+        shape = self.shape(x)
+        axis = _attr(node, "axis", 0) % len(shape)
+        before, after = self._around(shape, axis)
+        view = self.reshape(base, x, (before, shape[axis], after))
+        parts = [self._name(base, "part") for _ in node.output]
+        self.nodes.append(helper.make_node("Split", [view, *node.input[1:]], parts,
+                                           name=self._name(base, "split"),
+                                           axis=1, **{a.name: helper.get_attribute_value(a)
+                                                      for a in node.attribute
+                                                      if a.name not in ("axis",)}))
+        for part, y in zip(parts, node.output):
+            out = self.shape(y)
+            self.shapes[part] = (before, out[axis], after)
+            self.reshape(base, part, out, out=y)
+        return True
+
+    def concat(self, node, base) -> bool:
+        y = node.output[0]
+        out = self.shape(y)
+        axis = _attr(node, "axis") % len(out)
+        before, after = self._around(out, axis)
+        if any(self.shape(x) is None for x in node.input):
+            return False
+        views = [self.reshape(base, x, (before, self.shape(x)[axis], after)) for x in node.input]
+        joined = self.emit("Concat", base, views, (before, out[axis], after), axis=1)
+        self.reshape(base, joined, out, out=y)
+        return True
+
+    def softmax(self, node, base) -> bool:
+        x, y = node.input[0], node.output[0]
+        shape = self.shape(x)
+        if self.opset < 13:
+            return False  # before 13 Softmax flattens at its axis: legalize spells that
+        axis = _attr(node, "axis", -1) % len(shape)
+        before, after = self._around(shape, axis)
+        view = (before, shape[axis], after) if after != 1 else (before, shape[axis])
+        done = self.emit(node.op_type, base, [self.reshape(base, x, view)], view, axis=1)
+        self.reshape(base, done, shape, out=y)
+        return True
+
+    def elementwise(self, node, base) -> bool:
+        y = node.output[0]
+        ins = [self.shape(x) if x else () for x in node.input]
+        if any(s is None for s in ins):
+            return False
+        inputs = list(node.input)
+        views, out = broadcast_view(ins, self.shape(y))
+        spread = {}
+        if len(out) > NCNN_AXES:
+            # Broadcast along too many separate runs of axes: constant operands (a bias, a
+            # mask) are spread to the output's shape here, as constants of its view.
+            spread = {k: self.constants.get(x) for k, x in enumerate(inputs)
+                      if x and ins[k] != self.shape(y) and self.constants.get(x) is not None}
+            for k in spread:
+                ins[k] = self.shape(y)
+            views, out = broadcast_view(ins, self.shape(y))
+            if len(out) > NCNN_AXES:
+                return False
+        for k, value in spread.items():
+            inputs[k] = self._name(base, "spread")
+            tensor = numpy_helper.from_array(np.ascontiguousarray(
+                np.broadcast_to(value, self.shape(y)).reshape(views[k])), inputs[k])
+            self.nodes.append(helper.make_node("Constant", [], [inputs[k]], name=inputs[k],
+                                               value=tensor))
+            self.shapes[inputs[k]] = views[k]
+        inputs = [x if not x or math.prod(s) == 1 and len(s) <= 1 else self.reshape(base, x, v)
+                  for x, s, v in zip(inputs, ins, views)]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        done = self.emit(node.op_type, base, inputs, out, **attrs)
+        self.reshape(base, done, self.shape(y), out=y)
+        return True
+
+    def einsum(self, node, base) -> bool:
+        ins = [self.shape(x) for x in node.input]
+        if any(s is None for s in ins):
+            return False
+        view = einsum_view(_attr(node, "equation").decode(), ins)
+        if view is None:
+            return False
+        terms, out, size = view
+        if max(len(t) for t in (*terms, out)) > NCNN_AXES:
+            return False
+        y = node.output[0]
+        inputs = [self.reshape(base, x, tuple(size[c] for c in t))
+                  for x, t in zip(node.input, terms)]
+        out_shape = tuple(size[c] for c in out)
+        if len(terms) == 2:
+            (a, b) = terms
+            # A batched matrix product: a = B i k, b = B k j (or B j k), out = B i j.
+            batch = out[:-2]
+            if len(out) >= 2 and a[:-2] == batch and b[:-2] == batch and len(a) == len(b) \
+                    == len(out) and a[-2] == out[-2] and a[-1] not in out:
+                k, j = a[-1], out[-1]
+                if b[-2:] in (k + j, j + k):
+                    right = inputs[1]
+                    if b[-2:] == j + k:
+                        perm = [*range(len(batch)), len(b) - 1, len(b) - 2]
+                        right = self.emit("Transpose", base, [right],
+                                          tuple(size[c] for c in batch + k + j), perm=perm)
+                    done = self.emit("MatMul", base, [inputs[0], right], out_shape)
+                    self.reshape(base, done, self.shape(y), out=y)
+                    return True
+        done = self.emit("Einsum", base, inputs, out_shape,
+                         equation=",".join(terms) + "->" + out)
+        self.reshape(base, done, self.shape(y), out=y)
+        return True
+
+    RULES = {"Transpose": transpose, "Slice": slice, "Split": split, "Concat": concat,
+             "Softmax": softmax, "LogSoftmax": softmax, "Einsum": einsum}
+    RULES.update(dict.fromkeys(ELEMENTWISE, elementwise))
+
+    def slice_shape(self, node) -> None:
+        """The output shape of a Slice with constant bounds (legalize's Gathers become those)."""
+        shape = self.shape(node.input[0])
+        bounds = [self.constants.get(t) if t else None for t in node.input[1:5]]
+        if shape is None or any(b is None for b in bounds[:2]):
+            return
+        starts, ends = (b.ravel() for b in bounds[:2])
+        axes = bounds[2].ravel() if len(bounds) > 2 and bounds[2] is not None \
+            else range(len(starts))
+        steps = bounds[3].ravel() if len(bounds) > 3 and bounds[3] is not None \
+            else [1] * len(starts)
+        out = list(shape)
+        for a, lo, hi, step in zip(axes, starts, ends, steps):
+            a = int(a) % len(shape)
+            out[a] = len(range(*slice(int(lo), int(hi), int(step)).indices(shape[a])))
+        self.shapes[node.output[0]] = tuple(out)
+
+    def rule_for(self, node: onnx.NodeProto):
+        """The rule that rewrites ``node``, or None to keep it."""
+        if node.domain not in ("", "ai.onnx") or not self.known(node):
+            return None
+        if node.op_type == "Slice" and self.strided(node):
+            return _Lowering.strided_slice
+        shapes = [self.shape(t) for t in (*node.input, *node.output) if t]
+        if max(len(s) for s in shapes if s is not None) <= NCNN_AXES:
+            return None
+        return self.RULES.get(node.op_type)
+
+    def run(self, opset: int) -> None:
+        self.opset = opset
+        for node in self.g.node:
+            if node.op_type == "Slice" and self.shape(node.output[0]) is None:
+                self.slice_shape(node)
+            rule = self.rule_for(node)
+            if rule is None or not rule(self, node, node.name or node.output[0]):
+                self.nodes.append(node)
+        del self.g.node[:]
+        self.g.node.extend(self.nodes)
+
+
+def collapse_reshapes(g: onnx.GraphProto, lowering: _Lowering, outputs: set[str]) -> None:
+    """Reshape(Reshape(x)) is one Reshape of x, a Reshape to x's own shape is x, where either
+    Reshape is one the lowering wrote (the model's own stay as they are, so sub-models with
+    nothing to lower are unchanged); then nodes whose outputs nobody reads any more go."""
+    producer = {t: n for n in g.node for t in n.output}
+    was_read = {t for n in g.node for t in n.input} | outputs
+    alias: dict[str, str] = {}
+    for node in g.node:
+        node.input[:] = [alias.get(t, t) for t in node.input]
+        if node.op_type != "Reshape" or not lowering.target_is_exact(node):
+            continue
+        src = producer.get(node.input[0])
+        mine = node.output[0] in lowering.exact
+        if src is not None and src.op_type == "Reshape" and (mine or src.output[0]
+                                                              in lowering.exact):
+            node.input[0] = src.input[0]
+            mine = True
+        x, y = node.input[0], node.output[0]
+        if mine and lowering.shape(x) == lowering.shape(y) and y not in outputs:
+            alias[y] = x
+    while True:
+        read = {t for n in g.node for t in n.input} | outputs
+        dead = [n for n in g.node if not any(t in read for t in n.output)
+                and all(t in was_read or t in lowering.shapes for t in n.output)]
+        if not dead:
+            return
+        for n in dead:
+            g.node.remove(n)
+
+
+def reshape_at_edges(g: onnx.GraphProto, lowering: _Lowering,
+                     edges: tuple[TensorSpec, ...]) -> None:
+    """A tensor the sub-model receives or sends in another shape than the model gives it (its
+    Mat form, see ``mat_form``) is reshaped as it enters or leaves: the nodes read and write
+    ``<name>/full`` and ``<name>`` is the received or sent view."""
+    outputs = {t for n in g.node for t in n.output}
+    full = {s.name: f"{s.name}/full" for s in edges
+            if s.name in lowering.graph.types and tuple(lowering.graph.types[s.name].shape)
+            != tuple(s.shape)}
+    if not full:
+        return
+    for node in g.node:
+        node.input[:] = [full.get(t, t) for t in node.input]
+        node.output[:] = [full.get(t, t) for t in node.output]
+    for s in edges:
+        if s.name in full:
+            lowering.shapes[s.name] = tuple(s.shape)
+            lowering.shapes[full[s.name]] = tuple(lowering.graph.types[s.name].shape)
+            if s.name in outputs:  # made here and sent
+                lowering.reshape(s.name, full[s.name], tuple(s.shape), out=s.name)
+                tail = lowering.nodes[-2:]
+                del lowering.nodes[-2:]
+                g.node.extend(tail)
+            else:
+                lowering.reshape(s.name, s.name, lowering.shapes[full[s.name]], out=full[s.name])
+                head = lowering.nodes[-2:]
+                del lowering.nodes[-2:]
+                rest = list(g.node)
+                del g.node[:]
+                g.node.extend([*head, *rest])
+
+
+def lower_ranks(g: onnx.GraphProto, graph: Graph, constants: Constants, opset: int,
+                inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> None:
+    """Rewrite the ops of ``g`` that touch tensors of more than four axes onto at most four
+    (see the module docstring); ``inputs`` and ``outputs`` are the sub-model's, in the shapes
+    ranks exchange them."""
+    lowering = _Lowering(g, graph, constants)
+    reshape_at_edges(g, lowering, (*inputs, *outputs))
+    lowering.run(opset)
+    if lowering.nodes_written:
+        collapse_reshapes(g, lowering, {s.name for s in outputs})
+
+
+def missing_rewrites(model: onnx.ModelProto) -> str:
+    """What is left on more than four axes in a sub-model, by the ops that read it: "" when
+    nothing, else one clause for an error message (pnnx failed or left layers ncnn lacks)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a hint only; the caller's error stands without it
+        return ""
+    g = inferred.graph
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in (*g.value_info, *g.input, *g.output)}
+    high = {t: s for t, s in shapes.items() if len(s) > NCNN_AXES}
+    # A Reshape reading one is the seam of a rewrite, not the op that lacks one.
+    readers = [(n, t) for n in g.node for t in n.input if t in high and n.op_type != "Reshape"]
+    if not readers:
+        return ""
+    ops = sorted({n.op_type for n, _ in readers})
+    shown = ", ".join(f'{n.name or n.output[0]} reads "{t}" '
+                      f'({"x".join(map(str, high[t]))})' for n, t in readers[:3])
+    more = f" and {len(readers) - 3} more" if len(readers) > 3 else ""
+    return (f"no rewrite onto four axes for {', '.join(ops)} ({shown}{more}); ncnn holds at "
+            "most four")
