@@ -5,6 +5,7 @@ one ``AUTODICE_TORCH_PYTHON`` names), in a process of its own: the exporters are
 test process stays free of torch.
 
     python tests/fidelity_export.py convnext_tiny dynamo out.onnx
+    python tests/fidelity_export.py --versions      # torch, torchvision and onnx versions
 
 ``dynamo`` is ``torch.onnx.export(..., dynamo=True)`` at opset 18 (weights in ``out.onnx.data``
 beside it when large), ``torchscript`` the legacy exporter (``dynamo=False``) at opset 17.
@@ -15,16 +16,38 @@ from __future__ import annotations
 import sys
 
 MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "regnet_x_400mf",
-          "shufflenet_v2_x1_0", "googlenet", "densenet121", "convnext_tiny")
+          "shufflenet_v2_x1_0", "googlenet", "densenet121", "convnext_tiny", "swin_t", "maxvit_t",
+          "efficientnet_v2_s", "regnet_y_400mf", "resnext50_32x4d")
 OPSETS = {"dynamo": 18, "torchscript": 17}
+
+
+def import_torchvision():
+    """torchvision, even where its compiled ops cannot load: PyPI's torchvision wheel is built
+    against the CUDA torch of its release, and beside the CPU build of that torch (what
+    ``/opt/wheels`` holds of the previous minor) its ops library fails to load and the import
+    fails registering them. The classification models need none of those ops."""
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    import torch
+
+    ops = Path(importlib.util.find_spec("torchvision").origin).parent / "_C.so"
+    try:
+        torch.ops.load_library(str(ops))
+    except (OSError, RuntimeError):
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("no registrations")
+    import torchvision
+
+    return torchvision
 
 
 def build(name: str, seed: int = 0):
     """The torchvision model ``name`` with seeded random weights and batch-norm statistics (not
     the trivial mean 0 / variance 1 of a fresh model, so folding them is tested too)."""
     import torch
-    import torchvision
 
+    torchvision = import_torchvision()
     torch.manual_seed(seed)
     extra = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
     model = torchvision.models.get_model(name, weights=None, **extra)
@@ -51,4 +74,10 @@ def export(name: str, exporter: str, path: str, seed: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    export(*sys.argv[1:4])
+    if sys.argv[1:] == ["--versions"]:
+        import onnx
+        import torch
+
+        print(torch.__version__, import_torchvision().__version__, onnx.__version__)
+    else:
+        export(*sys.argv[1:4])

@@ -30,13 +30,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from fidelity_export import MODELS, OPSETS
-from graphs import channel_shuffle, convnext_dynamo
+from graphs import channel_shuffle, convnext_dynamo, window_attention
 
 from autodice.backend.build import build
 from autodice.backend.engine import cache_root
 from autodice.backend.gen import gen
 from autodice.backend.run import run
+from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
 from autodice.frontend.check import session
 from autodice.frontend.split import split
@@ -164,6 +166,91 @@ def test_a_channel_shuffle_cut_at_both_5d_tensors_runs_like_onnxruntime(tmp_path
     run_distributed(tmp_path / "shuffle.onnx", mapping, tmp_path, x)
 
 
+# Window attention cut where the rewrites to at most four axes meet the wire: at the 6-D
+# partition, at the 5-D heads before and after their split, at the masked 5-D scores.
+WINDOW_MAPPINGS = {
+    "cuts": {"edge01_x860": ["conv1", "nhwc", "partition", "heads", "q", "q5", "masked"],
+             "edge01_x861": ["windows", "tokens", "qkv", "split", "k", "k5", "scores", "unwindow",
+                             "image"],
+             "edge01_x862": ["v", "attend", "probs", "mix", "gather_heads", "merge_heads",
+                             "nchw", "conv2"]},
+    "contiguous": 0,
+    "interleaved": 1,
+    "short runs": 2,
+}
+
+
+@pytest.mark.cpp
+@pytest.mark.parametrize("how", list(WINDOW_MAPPINGS))
+def test_window_attention_cut_at_its_5d_and_6d_tensors_runs_like_onnxruntime(tmp_path, how):
+    """ncnn holds four axes: each rank's 5-D and 6-D plumbing is rewritten onto four or fewer,
+    and a 6-D tensor crosses the wire in a 4-D form both sides agree on."""
+    onnx.save(window_attention(), tmp_path / "window.onnx")
+    mapping = WINDOW_MAPPINGS[how]
+    if isinstance(mapping, int):
+        mapping = random_mapping(tmp_path / "window.onnx", mapping, most=3)
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    run_distributed(tmp_path / "window.onnx", mapping, tmp_path, x)
+    for sub in (tmp_path / "out" / "models").glob("*.onnx"):
+        model = onnx.shape_inference.infer_shapes(onnx.load(sub))
+        high = [v.name for v in (*model.graph.value_info, *model.graph.input,
+                                 *model.graph.output)
+                if len(v.type.tensor_type.shape.dim) > 4]
+        assert not high, f"{sub.name}: tensors of more than four axes: {high}"
+
+
+@pytest.mark.cpp
+def test_a_rank_whose_only_layer_adds_zeros_still_sends(tmp_path):
+    """TorchScript shares one all-zero bias between layers; a rank holding only that Add
+    receives x and sends x + 0, which pnnx folds to nothing (``Input in0 0 1 out0``)."""
+    zeros = numpy_helper.from_array(np.zeros(4, np.float32), "zeros")
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4, 1, 1))
+                                .astype(np.float32), "w")
+    flat, image = (numpy_helper.from_array(np.array(s, np.int64), n)
+                   for n, s in (("flat", [4, 36]), ("image", [1, 4, 6, 6])))
+    # 2-D between the ranks: a 4-D tensor would reach the Add through the batch-pinning MaxPool.
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c1"], name="conv1"),
+             helper.make_node("Reshape", ["c1", "flat"], ["f"], name="flat"),
+             helper.make_node("Transpose", ["f"], ["t"], name="rows", perm=[1, 0]),
+             helper.make_node("Add", ["zeros", "t"], ["b"], name="bias"),
+             helper.make_node("Transpose", ["b"], ["u"], name="cols", perm=[1, 0]),
+             helper.make_node("Reshape", ["u", "image"], ["i"], name="image"),
+             helper.make_node("Conv", ["i", "w"], ["output"], name="conv2")]
+    graph = helper.make_graph(nodes, "zero_bias",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                             [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT,
+                                                             [1, 4, 6, 6])],
+                              [zeros, w, flat, image])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), tmp_path / "zero_bias.onnx")
+    mapping = {"edge01_x860": ["conv1", "flat", "rows"], "edge01_x861": ["bias"],
+               "edge01_x862": ["cols", "image", "conv2"]}
+    x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    run_distributed(tmp_path / "zero_bias.onnx", mapping, tmp_path, x)
+    param = (tmp_path / "out" / "ncnn" / "edge01_x861.ncnn.param").read_text()
+    assert "Noop" in param  # what the test is about: pnnx did fold the Add away
+
+
+@pytest.mark.cpp
+def test_a_6d_tensor_read_by_an_op_without_a_rewrite_is_named(tmp_path):
+    """A mean over a 6-D tensor has no rewrite onto four axes: gen says so, naming the op."""
+    model = window_attention()
+    g = model.graph
+    g.node.append(helper.make_node("ReduceMean", ["part"], ["part_mean"], name="mean6d",
+                                   axes=[2, 4], keepdims=1))
+    g.output.append(helper.make_tensor_value_info("part_mean", TensorProto.FLOAT, None))
+    onnx.save(model, tmp_path / "window.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-3\n")
+    (tmp_path / "mapping.json").write_text(json.dumps({"edge01_x860": [
+        n.name for n in g.node]}))
+    split(tmp_path / "window.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+          tmp_path / "out")
+    with pytest.raises(AutodiceError, match=r"no rewrite onto four axes for ReduceMean "
+                                            r'\(mean6d reads "part" \(1x2x4x2x4x4\)\)'):
+        gen(tmp_path / "out")
+
+
 CASES = [pytest.param(m, e, seed, id=f"{m}-{e}-m{seed}")
          for m in MODELS for e in OPSETS for seed in range(3)]
 
@@ -184,9 +271,8 @@ def torch_python() -> str:
 def exported(torch_python):
     """exported(model, exporter) -> the model's ONNX export, made once and cached by the torch,
     torchvision and onnx versions and the export script."""
-    said = subprocess.run([torch_python, "-c", "import onnx, torch, torchvision; print("
-                           "torch.__version__, torchvision.__version__, onnx.__version__)"],
-                          capture_output=True, text=True)
+    said = subprocess.run([torch_python, str(EXPORT), "--versions"], capture_output=True,
+                          text=True)
     if said.returncode != 0:
         pytest.fail(f"{torch_python} cannot import torch and torchvision: {said.stderr[-300:]}")
     torch_v, vision_v, onnx_v = said.stdout.split()

@@ -17,8 +17,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import onnx
+
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
+from ..frontend.lower import missing_rewrites
 from .engine import cache_root
 
 PNNX_VERSION = "20261020"
@@ -76,9 +79,11 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
             if proc.returncode != 0 or not (work / "out.ncnn.param").exists():
                 tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
                 more = "..." if len(rank.layers) > 6 else ""
+                why = missing_rewrites(onnx.load(str(onnx_path), load_external_data=False))
                 raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
                                     f'{", ".join(rank.layers[:6])}{more}): '
-                                    f"pnnx could not convert {onnx_path.name}: {tail}")
+                                    f"pnnx could not convert {onnx_path.name}"
+                                    + (f" ({why})" if why else "") + f": {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             for suffix in ("param", "bin"):
                 shutil.move(work / f"out.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
@@ -87,13 +92,14 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                 staging.rename(entry)
             except OSError:  # another process cached it first
                 shutil.rmtree(staging, ignore_errors=True)
-    _check_interface(entry / "model.ncnn.param", rank)
+    param = _keep_inputs((entry / "model.ncnn.param").read_text())
+    _check_interface(param, rank)
+    # Copies, not hard links: a link would let anything that edits the output (a user, a test
+    # corrupting a model on purpose) poison the cache for every later conversion.
     for suffix in ("param", "bin"):
-        # A copy, not a hard link: a link would let anything that edits the output (a user, a
-        # test corrupting a model on purpose) poison the cache for every later conversion.
-        target = Path(f"{dest}.{suffix}")
-        target.unlink(missing_ok=True)
-        shutil.copyfile(entry / f"model.ncnn.{suffix}", target)
+        Path(f"{dest}.{suffix}").unlink(missing_ok=True)
+    Path(f"{dest}.param").write_text(param)
+    shutil.copyfile(entry / "model.ncnn.bin", f"{dest}.bin")
 
 
 def _place(src: Path, dest: Path) -> None:
@@ -111,10 +117,34 @@ def _ensure(path: Path) -> Path:
     return path
 
 
-def _check_interface(param: Path, rank: Rank) -> None:
+def _keep_inputs(param: str) -> str:
+    """The ncnn param with every input blob under its own name.
+
+    Where a sub-model sends on what it received with nothing but a no-op between (a reshape
+    between two alike Mat forms, a bias of zeros that an exporter shared between layers),
+    pnnx folds the no-op away and names the input's blob after the output:
+    ``Input in3 0 1 out2``. The runtime feeds in3 and extracts out2, so the input keeps its name
+    and a Noop layer hands it on as out2.
+    """
+    lines = param.splitlines()
+    passed = []
+    for k, line in enumerate(lines[2:], 2):
+        kind, name, *rest = line.split()
+        if kind == "Input" and rest[:2] == ["0", "1"] and rest[2] != name:
+            lines[k] = " ".join([f"{kind:<24}", f"{name:<24}", "0 1", name, *rest[3:]])
+            passed.append(" ".join([f"{'Noop':<24}", f"{'noop_' + rest[2]:<24}", "1 1", name,
+                                    rest[2]]))
+    if not passed:
+        return param
+    layers, blobs = map(int, lines[1].split())
+    lines[1] = f"{layers + len(passed)} {blobs + len(passed)}"
+    return "\n".join([*lines, *passed]) + "\n"
+
+
+def _check_interface(param: str, rank: Rank) -> None:
     """pnnx must expose in0..inN and out0..outM exactly as the plan's sub-model interface."""
     blobs = set()
-    for line in param.read_text().splitlines()[2:]:
+    for line in param.splitlines()[2:]:
         parts = line.split()
         if len(parts) >= 4:
             n_in, n_out = int(parts[2]), int(parts[3])

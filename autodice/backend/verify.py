@@ -26,6 +26,7 @@ import onnx
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
 from ..frontend.check import chain_values, random_inputs
+from ..frontend.lower import missing_rewrites
 from .engine import ensure_ncnn
 from .tools import build_tools
 
@@ -115,6 +116,8 @@ def _unknown_layers(rank: Rank, out_dir: Path, said: str) -> str:
                  f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}" if nodes
                  else f"ncnn layer{'s' if len(layers) > 1 else ''} {', '.join(layers[:5])}")
         found.append(f"{kind} ({where})")
+    why = missing_rewrites(model)
     return (f"{_who(rank)}: ncnn has no layer type {'; '.join(found)}: pnnx could not lower "
-            f"{'them' if len(found) > 1 else 'it'} to ncnn; map those layers elsewhere or change "
-            "how the model spells them")
+            f"{'them' if len(found) > 1 else 'it'} to ncnn; "
+            + (f"{why}; " if why else "") + "map those layers elsewhere or change how the model "
+            "spells them")
