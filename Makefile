@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := build/demo
 
-.PHONY: demo test bench clean test-tools
+.PHONY: demo test bench clean test-tools fidelity
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,19 @@ bench: $(STAMP) test-tools
 	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py, arm_bench.py need root" \
 	  "(emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
+
+# The fidelity suite (tests/test_fidelity.py, marked slow) once per torch release: the pinned
+# one and the previous minor, each in its own venv under ~/.cache/autodice/torch (torch and
+# torchvision from the package index: 1-6 GB each). FIDELITY passes options to pytest, e.g.
+# FIDELITY="-k swin_t".
+TORCH_RELEASES := 2.14.1:0.29.1 2.13.0:0.28.0
+TORCH_HOME_DIR := $(HOME)/.cache/autodice/torch
+fidelity: $(STAMP)
+	@for r in $(TORCH_RELEASES); do t=$${r%%:*}; v=$${r##*:}; d=$(TORCH_HOME_DIR)/$$t; \
+	  [ -x $$d/bin/python ] || { $(PY) -m venv $$d && $$d/bin/pip install -q "torch==$$t" \
+	    "torchvision==$$v" "onnxscript>=0.5,<0.8" onnx; } || exit 1; \
+	  echo "== torch $$t"; AUTODICE_TORCH_PYTHON=$$d/bin/python $(BIN)/python -m pytest -q \
+	    -m slow tests/test_fidelity.py $(FIDELITY) || exit 1; done
 
 clean:
 	rm -rf build

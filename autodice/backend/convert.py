@@ -21,8 +21,8 @@ import onnx
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
-from ..frontend.lower import missing_rewrites
 from .engine import cache_root
+from .verify import missing_rewrites
 
 PNNX_VERSION = "20261020"
 # Part of the cache key: bumped when the way pnnx is called changes what it writes (2: external

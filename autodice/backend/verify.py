@@ -26,7 +26,7 @@ import onnx
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
 from ..frontend.check import chain_values, random_inputs
-from ..frontend.lower import missing_rewrites
+from ..frontend.views import NCNN_AXES
 from .engine import ensure_ncnn
 from .tools import build_tools
 
@@ -121,3 +121,26 @@ def _unknown_layers(rank: Rank, out_dir: Path, said: str) -> str:
             f"{'them' if len(found) > 1 else 'it'} to ncnn; "
             + (f"{why}; " if why else "") + "map those layers elsewhere or change how the model "
             "spells them")
+
+
+def missing_rewrites(model: onnx.ModelProto) -> str:
+    """What is left on more than four axes in a sub-model, by the ops that read it: "" when
+    nothing, else one clause for an error message (pnnx failed or left layers ncnn lacks)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a hint only; the caller's error stands without it
+        return ""
+    g = inferred.graph
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in (*g.value_info, *g.input, *g.output)}
+    high = {t: s for t, s in shapes.items() if len(s) > NCNN_AXES}
+    # A Reshape reading one is the seam of a rewrite, not the op that lacks one.
+    readers = [(n, t) for n in g.node for t in n.input if t in high and n.op_type != "Reshape"]
+    if not readers:
+        return ""
+    ops = sorted({n.op_type for n, _ in readers})
+    shown = ", ".join(f'{n.name or n.output[0]} reads "{t}" '
+                      f'({"x".join(map(str, high[t]))})' for n, t in readers[:3])
+    more = f" and {len(readers) - 3} more" if len(readers) > 3 else ""
+    return (f"no rewrite onto four axes for {', '.join(ops)} ({shown}{more}); ncnn holds at "
+            "most four")

@@ -17,8 +17,9 @@ writes a tensor of five or more axes is rewritten on a view of the same bytes wi
 
 A rewritten op reads each input through a Reshape and writes its output through one, so every
 tensor of the graph keeps its name, shape and value; the Reshapes then collapse in chains and
-the 5-D and 6-D tensors between rewritten ops are gone. What is left (an op with no rule, or a
-tensor a rank sends or receives) is for ``high_tensors`` to name.
+the 5-D and 6-D tensors between rewritten ops are gone. A tensor a rank sends or receives
+crosses in its ``mat_form`` (``reshape_at_edges``); an op with no rule stays as it is, and
+``gen`` names it (``backend.verify.missing_rewrites``).
 """
 
 from __future__ import annotations
@@ -432,25 +433,3 @@ def lower_ranks(g: onnx.GraphProto, graph: Graph, constants: Constants, opset: i
     if lowering.nodes_written:
         collapse_reshapes(g, lowering, {s.name for s in outputs})
 
-
-def missing_rewrites(model: onnx.ModelProto) -> str:
-    """What is left on more than four axes in a sub-model, by the ops that read it: "" when
-    nothing, else one clause for an error message (pnnx failed or left layers ncnn lacks)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - a hint only; the caller's error stands without it
-        return ""
-    g = inferred.graph
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in (*g.value_info, *g.input, *g.output)}
-    high = {t: s for t, s in shapes.items() if len(s) > NCNN_AXES}
-    # A Reshape reading one is the seam of a rewrite, not the op that lacks one.
-    readers = [(n, t) for n in g.node for t in n.input if t in high and n.op_type != "Reshape"]
-    if not readers:
-        return ""
-    ops = sorted({n.op_type for n, _ in readers})
-    shown = ", ".join(f'{n.name or n.output[0]} reads "{t}" '
-                      f'({"x".join(map(str, high[t]))})' for n, t in readers[:3])
-    more = f" and {len(readers) - 3} more" if len(readers) > 3 else ""
-    return (f"no rewrite onto four axes for {', '.join(ops)} ({shown}{more}); ncnn holds at "
-            "most four")
