@@ -115,7 +115,7 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     if recover:
         raise AutodiceError("recover needs an inventory: the ranks on this machine have no "
                             "other host to go on with")
-    from .backend.session import open_session
+    from .backend.run import open_session
 
     return open_session(out, window, gpu_fallback)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..core.errors import AutodiceError
 from ..core.plan import Plan
 
 
@@ -42,3 +43,12 @@ class Recovery(Protocol):
     def recover(self, job: Job) -> Restart: ...  # the dead job: stop it, find what was lost
     def rebalance(self) -> Restart | None: ...  # the job for all hosts, ready; None: no move
     def close(self) -> None: ...  # the session ended: nothing of the recovery's left running
+
+
+class SessionError(AutodiceError):
+    """The job ended under the session. ``delivered``: the index (in the current ``map``) of the
+    last frame whose result was handed out, -1 if none: resend the frames after it."""
+
+    def __init__(self, delivered: int, *problems: str):
+        super().__init__(*problems)
+        self.delivered = delivered

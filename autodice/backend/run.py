@@ -20,6 +20,7 @@ from ..core.outdir import claim, tensor_files
 from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
 from .failure import explain_failure
+from .session import Session
 
 FP32_RTOL = 1e-4
 FP16_RTOL = 1e-2
@@ -269,3 +270,15 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     files = tensor_files(plan)
     outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
     return RunResult(results, stats, outputs, tuple(binding_problems(plan, stats)))
+
+
+def open_session(out_dir: str | Path, window: int | None = None,
+                 gpu_fallback: bool = False) -> Session:
+    """A session over every rank of ``out_dir``'s built program on this machine.
+
+    Raises:
+        AutodiceError: not built, or the job failed to start (the rank named).
+    """
+    out_dir = Path(out_dir)
+    plan = load_plan(out_dir)
+    return Session(plan, lambda path: local_job(out_dir, plan, path, gpu_fallback), window)

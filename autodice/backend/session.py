@@ -1,11 +1,11 @@
 """Sessions: the distributed program started once, frames streamed through it, results in order.
 
-``open_session(out)`` starts the job with one process more than the plan has ranks: the gateway
-(``runtime_cpp/autodice_stream.h``), which connects back to a Unix socket this session listens on.
-Frames go down that socket as raw bytes; the gateway hands each frame's model inputs to the
-ranks that read them over MPI and sends each frame's outputs back in the order frames came (stage
-replicas and split layers included: the ranks are the same program as ``run``'s). Nothing on a
-board needs Python: the gateway is the rank program itself, started with ``--stream``.
+``run.open_session(out)`` starts the job with one process more than the plan has ranks: the
+gateway (``runtime_cpp/autodice_stream.h``), which connects back to a Unix socket this session
+listens on. Frames go down that socket as raw bytes; the gateway hands each frame's model inputs
+to the ranks that read them over MPI and sends each frame's outputs back in the order frames came
+(stage replicas and split layers included: the ranks are the same program as ``run``'s). Nothing
+on a board needs Python: the gateway is the rank program itself, started with ``--stream``.
 
 The models are loaded once; ``map`` keeps up to ``window`` frames in flight, so a slow caller
 holds the pipeline back (no result piles up) and a slow pipeline holds the caller back (no frame
@@ -36,19 +36,9 @@ from ..core.errors import AutodiceError
 from ..core.plan import Plan
 from .figures import Figures, per_frame
 from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
-from .job import Job, Recovery, Restart
-from .run import local_job
+from .job import Job, Recovery, Restart, SessionError
 
-__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError", "open_session"]
-
-
-class SessionError(AutodiceError):
-    """The job ended under the session. ``delivered``: the index (in the current ``map``) of the
-    last frame whose result was handed out, -1 if none: resend the frames after it."""
-
-    def __init__(self, delivered: int, *problems: str):
-        super().__init__(*problems)
-        self.delivered = delivered
+__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError"]
 
 
 @dataclass
@@ -461,16 +451,3 @@ class Session:
                     pass
             self._abandon()
 
-
-def open_session(out_dir: str | Path, window: int | None = None,
-                 gpu_fallback: bool = False) -> Session:
-    """A session over every rank of ``out_dir``'s built program on this machine.
-
-    Raises:
-        AutodiceError: not built, or the job failed to start (the rank named).
-    """
-    from ..core.plan import load_plan
-
-    out_dir = Path(out_dir)
-    plan = load_plan(out_dir)
-    return Session(plan, lambda path: local_job(out_dir, plan, path, gpu_fallback), window)

@@ -111,7 +111,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     from itertools import islice
 
     from ..backend.frames import ImageRecipe, frames_from
-    from ..backend.session import open_session as open_local
+    from ..backend.run import open_session as open_local
     from ..backend.stream import finish, read_labels, stream, top_k
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
