@@ -129,11 +129,11 @@ def _keep_inputs(param: str) -> str:
     lines = param.splitlines()
     passed = []
     for k, line in enumerate(lines[2:], 2):
-        kind, name, *rest = line.split()
-        if kind == "Input" and rest[:2] == ["0", "1"] and rest[2] != name:
-            lines[k] = " ".join([f"{kind:<24}", f"{name:<24}", "0 1", name, *rest[3:]])
-            passed.append(" ".join([f"{'Noop':<24}", f"{'noop_' + rest[2]:<24}", "1 1", name,
-                                    rest[2]]))
+        parts = line.split()
+        if parts[:1] == ["Input"] and parts[2:4] == ["0", "1"] and parts[4] != parts[1]:
+            name, top = parts[1], parts[4]
+            lines[k] = " ".join([f"{'Input':<24}", f"{name:<24}", "0 1", name, *parts[5:]])
+            passed.append(" ".join([f"{'Noop':<24}", f"{'noop_' + top:<24}", "1 1", name, top]))
     if not passed:
         return param
     layers, blobs = map(int, lines[1].split())
