@@ -261,7 +261,7 @@ def torch_python() -> str:
     python = os.environ.get("AUTODICE_TORCH_PYTHON")
     if python:
         return python
-    why = "the fidelity suite exports with torch: pip install -e '.[fidelity]' (see README)"
+    why = "the fidelity suite exports with torch: make fidelity, or pip install -e '.[fidelity]'"
     pytest.importorskip("torch", reason=why)
     pytest.importorskip("torchvision", reason=why)
     return sys.executable
