@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from conftest import vulkan_available
 from test_zoo import interleaved, scattered
 
+from autodice.backend import build as build_module
 from autodice.backend.build import build
 from autodice.backend.failure import explain_failure
 from autodice.backend.gen import gen, render_program
@@ -89,6 +90,35 @@ def test_zoo_model_interleaved_three_ranks(tmp_path, zoo_model):
     want = ort.InferenceSession(str(path)).run(None, {"data_0": x})[0]
     got = res.outputs["softmaxout_1"]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+
+
+def test_the_runtime_is_compiled_once_then_linked(tmp_path, zoo_model, monkeypatch):
+    """The first build keeps the runtime library it compiled; the next plan compiles its
+    program.cpp alone, links the kept library and still computes what onnxruntime does."""
+    monkeypatch.setattr(build_module, "cache_root", lambda: tmp_path / "cache")
+    path = zoo_model("squeezenet")
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(path)).run(None, {"data_0": x})[0]
+    compiled = []
+    for k in range(2):  # one rank, then two: another plan
+        out = tmp_path / f"out{k}"
+        (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1\n")
+        keys = ["edge01_x860", "edge01_x861"][: k + 1]
+        (tmp_path / "mapping.json").write_text(json.dumps(
+            interleaved(load_model(path), keys, 7)))
+        split(path, tmp_path / "mapping.json", tmp_path / "platform.txt", out)
+        gen(out)
+        build(out)
+        log = (out / "build" / "local" / "build.log").read_text()
+        compiled.append(sorted(Path(ln.rpartition(" ")[2]).name
+                               for ln in log.splitlines() if "Building CXX object" in ln))
+        res = run(out, {"data_0": tmp_path / "x.npy"}, frames=2)
+        got = res.outputs["softmaxout_1"]
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    assert compiled == [["autodice_program.cpp.o", "autodice_runtime.cpp.o",
+                         "autodice_stream.cpp.o", "program.cpp.o"], ["program.cpp.o"]]
+    assert len(list((tmp_path / "cache" / "runtime").glob("*/libautodice_runtime.a"))) == 1
 
 
 def test_cli_run_check(fig2_built):

@@ -186,15 +186,38 @@ def test_a_build_folder_left_half_written_is_built_again(fig2_three_hosts, emu):
     and the link fails, so the host builds once more from nothing."""
     d = fig2_three_hosts
     deploy(d / "out", d / "inventory.toml")
-    objects = list((remote(emu, "edge01") / "build").rglob("*.o"))  # the hosts' one builder
+    build = remote(emu, "edge01") / "build"  # the hosts' one builder
+    objects = list(build.rglob("*.o"))
     assert objects
     for o in objects:
         o.write_bytes(b"")
-    for host in ("edge01", "edge02", "edge04"):
-        with open(d / "out" / "packages" / host / "program.cpp", "a") as f:
-            f.write("// a layer moved\n")
+    (build / "autodice-built").unlink()  # the build script's first step
     again = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
     assert again.hosts["edge01"].compiled and again.run is not None
+
+
+def test_a_host_keeps_the_runtime_library_and_the_next_plan_compiles_alone(fig2_three_hosts,
+                                                                            emu):
+    """The first build on a host compiles the runtime and keeps it in the host's own cache
+    (~/.cache/autodice/runtime); the first deploy of the next plan compiles program.cpp alone,
+    links that library and computes what onnxruntime does."""
+    d = fig2_three_hosts
+    kept = Path(emu.state_dir) / "hosts" / "edge01" / "home" / ".cache" / "autodice" / "runtime"
+    shutil.rmtree(kept, ignore_errors=True)
+    want = ort.InferenceSession(str(d / "model.onnx")).run(None, {"input": np.load(d / "x.npy")})
+    compiled = []
+    for _ in range(2):
+        for host in ("edge01", "edge02", "edge04"):  # a first deploy of this plan
+            shutil.rmtree(remote(emu, host))
+            remote(emu, host).mkdir()
+        res = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
+        np.testing.assert_allclose(res.run.outputs["output"], want[0], rtol=1e-5, atol=1e-6)
+        log = (remote(emu, "edge01") / "build.log").read_text()
+        compiled.append(sorted(Path(ln.rpartition(" ")[2]).name
+                               for ln in log.splitlines() if "Building CXX object" in ln))
+        assert len(list(kept.glob("*/libautodice_runtime.a"))) == 1
+    assert compiled == [["autodice_program.cpp.o", "autodice_runtime.cpp.o",
+                         "autodice_stream.cpp.o", "program.cpp.o"], ["program.cpp.o"]]
 
 
 def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):

@@ -1,15 +1,66 @@
-"""``autodice build``: compile each architecture's program once (packages share the source)."""
+"""``autodice build``: compile each architecture's program once (packages share the source).
+
+The runtime (``runtime/`` of every package) is the same in every program: it is compiled once
+per machine, compiler and flags and kept as a static library in the cache
+(:func:`kept_runtime`), so building a new plan compiles only its ``program.cpp``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 from ..core.errors import AutodiceError
 from ..core.outdir import claim
 from ..core.plan import load_plan
-from .engine import cmake_args, ensure_ncnn
+from .engine import cache_root, cmake_args, ensure_ncnn
+from .gen import RUNTIME_SOURCES
+
+RUNTIME_LIB = "libautodice_runtime.a"  # what the package's CMakeLists builds of runtime/
+# What the runtime library is built from: the CMakeLists holds its compile options.
+RUNTIME_FILES = ("CMakeLists.txt", *(f"runtime/{name}" for name in RUNTIME_SOURCES))
+
+
+def files_digest(package: Path, files: tuple[str, ...]) -> str:
+    """A short hash of ``files`` (paths inside ``package``), names and contents."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.encode() + b"\0" + (package / f).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def kept_runtime(package: Path, flags: list[str], cxx: str = "") -> Path:
+    """Where the runtime library of ``package`` built with these cmake ``flags`` and C++
+    compiler is kept (it may not be there yet: :func:`keep_runtime` puts it there).
+
+    The key is everything the objects depend on: the runtime's sources and compile options, the
+    flags (build type, MPI, ncnn, a cross toolchain), the compiler's version, and ncnn's
+    ``platform.h`` (its version and configuration), so an ncnn rebuilt in place gets a new one.
+    """
+    cxx = cxx or os.environ.get("CXX") or "c++"
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    ncnn = next((f.partition("=")[2] for f in flags if f.startswith("-Dncnn_DIR=")), "")
+    platform_h = Path(ncnn).parent.parent.parent / "include" / "ncnn" / "platform.h"
+    digest = hashlib.sha256()
+    for part in (files_digest(package, RUNTIME_FILES), *flags, cxx, version,
+                 platform_h.read_text(errors="replace") if platform_h.is_file() else ""):
+        digest.update(part.encode() + b"\0")
+    return cache_root() / "runtime" / digest.hexdigest()[:16] / RUNTIME_LIB
+
+
+def keep_runtime(build_dir: Path, lib: Path) -> None:
+    """Keep the runtime library a build compiled (it had none to link) at ``lib``; by rename,
+    so a concurrent build never links half a file."""
+    built = build_dir / RUNTIME_LIB
+    if lib.is_file() or not built.is_file():
+        return
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lib.with_name(f".{lib.name}.{os.getpid()}")
+    shutil.copyfile(built, tmp)
+    os.replace(tmp, lib)
 
 
 def run_logged(cmd: list[str], log: Path, what: str) -> None:
@@ -44,9 +95,13 @@ def build(out_dir: str | Path, console=None) -> Path:
     bdir.mkdir(parents=True, exist_ok=True)
     log = bdir / "build.log"
     log.write_text("")
-    run_logged(["cmake", "-S", str(packages / plan.hosts()[0]), "-B", str(bdir),
-          "-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)], log, "configuring")
+    package = packages / plan.hosts()[0]
+    flags = ["-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)]
+    runtime = kept_runtime(package, flags)
+    run_logged(["cmake", "-S", str(package), "-B", str(bdir), *flags,
+                f"-DAUTODICE_RUNTIME_LIB={runtime}"], log, "configuring")
     run_logged(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log, "compiling")
+    keep_runtime(bdir, runtime)
     program = bdir / "program"
     for host in plan.hosts():
         (packages / host / "build").mkdir(exist_ok=True)

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backend.build import RUNTIME_FILES, files_digest
 from ..backend.run import RunResult, check_inputs, program_flags, stage_inputs
 from ..core.errors import AutodiceError
 from ..core.outdir import claim
@@ -210,7 +211,8 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
     try:
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
         choose(hosts, _devices(out_dir))
-        sources = source_digest(out_dir / "packages" / hosts[0].target.host)
+        package = out_dir / "packages" / hosts[0].target.host
+        sources = source_digest(package)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
         synced: list[float] = []
         digests = Digests(work / "digests.json")
@@ -221,7 +223,8 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
 
         start = time.monotonic()
         build_all(ssh, hosts, sources, work / "bin", progress, gpu_hosts=gpu_hosts, sync=sync,
-                  package=lambda h: out_dir / "packages" / h.target.host)
+                  package=lambda h: out_dir / "packages" / h.target.host,
+                  runtime=files_digest(package, RUNTIME_FILES))
         seconds["sync"] = round(max(synced) - start, 3)
         seconds["build"] = round(time.monotonic() - max(synced), 3)  # after the last sync
         digests.save()

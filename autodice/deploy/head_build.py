@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backend.build import run_logged
+from ..backend.build import keep_runtime, kept_runtime, run_logged
 from ..core.errors import AutodiceError
 from ..core.spec import Device
 from .cross import machine_name, ncnn_for, program_flags, require, toolchain
@@ -91,12 +91,15 @@ class HeadBuilds:
         work: where the builds live (``OUT/deploy``): ``cross/<arch>/<folder>``.
         package: the local source folder for a host (the package its sync sends).
         ncnn_flags: the ncnn switches for a group of hosts (:func:`group_ncnn_flags`).
+        runtime: the package has the runtime library, kept in this machine's cache per
+            architecture and flags (:func:`~autodice.backend.build.kept_runtime`).
     """
 
     def __init__(self, work: Path, sources: str, package: Callable[[Host], Path],
-                 ncnn_flags: Callable[[list[Host]], dict[str, str]], build: Build):
+                 ncnn_flags: Callable[[list[Host]], dict[str, str]], build: Build,
+                 runtime: bool = False):
         self.work, self.sources, self.package = work, sources, package
-        self.ncnn_flags, self.build = ncnn_flags, build
+        self.ncnn_flags, self.build, self.runtime = ncnn_flags, build, runtime
         self._lock = threading.Lock()
         self._done: dict[str, tuple[Path, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -122,6 +125,9 @@ class HeadBuilds:
         tc = toolchain(h.arch)
         ncnn = ncnn_for(tc, self.ncnn_flags(group))
         flags = program_flags(tc, ncnn, h.target.mpi_prefix)
+        lib = kept_runtime(self.package(h), flags, tc.cxx) if self.runtime else None
+        if lib is not None:
+            flags.append(f"-DAUTODICE_RUNTIME_LIB={lib}")
         stamp = f"{self.sources}-{hashlib.sha256(' '.join(flags).encode()).hexdigest()[:12]}"
         root = self.folder(tc.machine)
         bdir, exe = root / "build", root / "build" / self.build.exe
@@ -137,6 +143,8 @@ class HeadBuilds:
             (bdir / "autodice-flags").write_text(" ".join(flags))
         run_logged(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log,
              f"cross-compiling for {tc.machine}")
+        if lib is not None:
+            keep_runtime(bdir, lib)
         (bdir / "autodice-built").write_text(stamp)
         return True
 

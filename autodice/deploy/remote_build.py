@@ -7,7 +7,10 @@ group: the first of them builds, the others receive its binary by rsync. A build
 runs only when the sources or flags differ from the stamp the last successful one left there, a
 copy only when the binaries differ. Within a deploy the build overlaps the sync step: a builder
 starts as soon as its own package is there. A host with no ncnn builds the pinned ncnn once in
-its remote directory, with the instruction sets that every host of its group has.
+its remote directory, with the instruction sets that every host of its group has. A builder
+keeps the runtime library it compiled in its own cache and links it from then on (as
+:mod:`autodice.backend.build` does here): the first deploy of another plan compiles only
+program.cpp.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backend.gen import RUNTIME_SOURCES
+from ..backend.build import RUNTIME_FILES, files_digest
 from ..core.errors import AutodiceError
 from .head_build import HERE, HeadBuilds
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
@@ -28,9 +31,22 @@ from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 # log stays on the host (its tail comes back). A build folder configured with other flags
 # (another MPI or ncnn) starts afresh; one reused that then fails to build (left half-written by
 # an interrupted build) is built once more from nothing before the failure counts.
+# $5 (empty for a package without one) hashes the runtime library's sources: with the flags,
+# the compiler, the machine and ncnn's platform.h it keys where the host keeps the library
+# (~/.cache/autodice/runtime), built by the first build that lacks it, linked by every later one.
 _BUILD = r"""
 cd "$1" || exit 1
-jobs=$2; stamp=$3; exe=$4; shift 4
+jobs=$2; stamp=$3; exe=$4; runtime=$5; shift 5
+lib=; platform=
+if [ -n "$runtime" ]; then
+  for f in "$@"; do
+    case $f in -Dncnn_DIR=*) platform="${f#-Dncnn_DIR=}/../../../include/ncnn/platform.h";; esac
+  done
+  id=$({ printf '%s\n' "$*"; ${CXX:-c++} --version 2>&1 | head -n 1; uname -m
+         cat "$platform" 2>/dev/null; } | cksum | cut -d ' ' -f 1)
+  lib="${XDG_CACHE_HOME:-$HOME/.cache}/autodice/runtime/$runtime-$id/libautodice_runtime.a"
+  set -- "$@" "-DAUTODICE_RUNTIME_LIB=$lib"
+fi
 flags="$*"
 configure() {
   rm -rf build && mkdir -p build && cmake -S package -B build "$@" > build.log 2>&1 \
@@ -43,6 +59,9 @@ if [ -f build/CMakeCache.txt ] && [ "$(cat build/autodice-flags 2>/dev/null)" = 
     || { configure "$@" && cmake --build build -j "$jobs" >> build.log 2>&1; } || exit 1
 else
   configure "$@" && cmake --build build -j "$jobs" >> build.log 2>&1 || exit 1
+fi
+if [ -n "$lib" ] && [ ! -f "$lib" ] && [ -f build/libautodice_runtime.a ]; then
+  mkdir -p "${lib%/*}" && cp build/libautodice_runtime.a "$lib.$$" && mv -f "$lib.$$" "$lib"
 fi
 p=$(cksum < "build/$exe")
 printf '%s %s' "$stamp" "$p" > build/autodice-built
@@ -81,7 +100,7 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
               progress: Progress, build: Build = PROGRAM,
               gpu_hosts: frozenset[str] = frozenset(),
               sync: Callable[[Host], None] | None = None,
-              package: Callable[[Host], Path] | None = None) -> None:
+              package: Callable[[Host], Path] | None = None, runtime: str = "") -> None:
     """Build once per group where sources or flags changed; copy the binary where it differs.
 
     ``sources`` names what the package holds (a build whose stamp differs runs again); binaries
@@ -96,11 +115,14 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
         package: the local folder a host's package comes from: hosts whose program is
             cross-built here (``h.cross``, see :mod:`.head_build`) are built from it, once per
             architecture, and receive the binary.
+        runtime: the hash of the package's runtime library sources (``files_digest`` of
+            ``RUNTIME_FILES``): every host keeps the library it built and links it from then
+            on, so the next plan compiles only program.cpp. Empty: the package has none.
     """
     crossed = [h for h in hosts if h.cross]
     arches = {h.arch: [m for m in crossed if m.arch == h.arch] for h in crossed}
     heads = HeadBuilds(bin_dir.parent, sources, package or (lambda h: Path()),
-                       lambda group: group_ncnn_flags(group, gpu_hosts), build)
+                       lambda group: group_ncnn_flags(group, gpu_hosts), build, bool(runtime))
     groups = build_groups([h for h in hosts if not h.cross])
     builders = [g[0] for g in groups.values()]
     for b in builders:
@@ -132,7 +154,8 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
         # since (another key order made another host the group's builder) builds again.
         if h.facts.get("built") != f"{stamps[name]} {h.program}" or not h.program:
             progress(name, "build")
-            _step("build", lambda b: _build(ssh, b, plans[name], stamps[name], build), h)
+            _step("build", lambda b: _build(ssh, b, plans[name], stamps[name], build,
+                                            runtime), h)
         if any(m.program != h.program for m in groups[name]):
             progress(name, "fetch program")
             local = bin_dir / name / build.exe
@@ -181,10 +204,7 @@ def _step(step: str, fn: Callable[[Host], object], h: Host) -> None:
 
 def source_digest(package: Path) -> str:
     """What the program is built from (the same in every package): changes force a build."""
-    digest = hashlib.sha256()
-    for f in ("CMakeLists.txt", "program.cpp", *(f"runtime/{name}" for name in RUNTIME_SOURCES)):
-        digest.update(f.encode() + b"\0" + (package / f).read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    return files_digest(package, ("program.cpp", *RUNTIME_FILES))
 
 
 def group_ncnn_flags(group: list[Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
@@ -225,11 +245,12 @@ def remote_ncnn(h: Host, ncnn: dict[str, str]) -> str:
     return f"{h.dir}/ncnn/{cache_key(ncnn)}/install"
 
 
-def _build(ssh: Ssh, h: Host, flags: list[str], stamp: str, build: Build = PROGRAM) -> None:
+def _build(ssh: Ssh, h: Host, flags: list[str], stamp: str, build: Build = PROGRAM,
+           runtime: str = "") -> None:
     t = h.target
     root = build.root(h)
     proc = subprocess.run(ssh.script(t, _BUILD, root, str(max(1, h.cpus)), stamp, build.exe,
-                                     *flags),
+                                     runtime, *flags),
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{root}/build.log"),
