@@ -119,7 +119,17 @@ def _json_lines(argv: list[str], env: dict | None = None) -> list[dict]:
 def wire(tools: Path, work: Path, rounds: int, reps: int = 15) -> dict:
     """Each tensor between two ranks as the programs send it (bench_transfer), beside the plain
     MPI ping-pong of the same bytes and the cross-core copy, rounds interleaved; medians over
-    rounds of each round's median. Also which single-copy component Open MPI selected."""
+    rounds of each round's median. Also which single-copy component Open MPI selected.
+
+    The ceiling, measured two ways: the same MPI calls inside bench_transfer, taking turns with
+    the wire in short blocks (``mpi_us``), and the plain program, a process of its own with
+    nothing of autodice in it (``plain_mpi_us``). This VM has fast and slow phases lasting
+    seconds, and whole launches run in one or the other (1 MiB one way in ~0.12 or ~0.4 ms):
+    the ratios are therefore paired, each taken within one round (the wire against the calls
+    beside it in the same launch; the plain program against the launch before it) and their
+    median over at least 11 rounds reported. goals.py holds the wire to >= 0.9x the calls beside
+    it and the two ceilings to within 10 % of each other."""
+    rounds = max(rounds, 11)
     pingpong, copy = ceilings(work)
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
     said = subprocess.run([mpirun, *MPIRUN_2, "--mca", "smsc_base_verbose", "10", str(pingpong),
@@ -142,23 +152,31 @@ def wire(tools: Path, work: Path, rounds: int, reps: int = 15) -> dict:
         for k in ("transfer_us", "packed_us", "datatype_us", "mpi_us", "plain_mpi_us",
                   "plain_mpi_best_us", "copy_us"):
             row[k] = statistics.median(r[b][k] for r in runs)
+        row["paired"] = {
+            "mpi / wire": statistics.median(r[b]["mpi_us"] / r[b]["transfer_us"] for r in runs),
+            "plain / mpi": statistics.median(r[b]["plain_mpi_us"] / r[b]["mpi_us"]
+                                             for r in runs)}
+        row["rounds_us"] = {k: [round(r[b][k], 1) for r in runs]
+                            for k in ("transfer_us", "mpi_us", "plain_mpi_us")}
         out.append(row)
     return {"smsc": ", ".join(smsc), "rounds": rounds, "reps": reps, "rows": out}
 
 
 def print_wire(w: dict) -> None:
-    print(f"\n{'tensor':<16} {'MB':>7} {'wire GB/s':>9} {'plain MPI':>9} {'wire/MPI':>8} "
-          f"{'MPI in runtime':>14} {'x-core copy':>11} {'MPI/copy':>8}   (medians; GB/s)")
+    print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'plain MPI':>9} "
+          f"{'x-core copy':>11} {'wire/MPI':>8} {'plain/MPI':>9}   (GB/s medians; ratios "
+          "paired by round)")
     for r in w["rows"]:
-        mb = r["bytes"] / 1e6
-        print(f"{r['shape']:<16} {mb:7.2f} {mb * 1e3 / r['transfer_us']:9.2f} "
-              f"{mb * 1e3 / r['plain_mpi_us']:9.2f} {r['plain_mpi_us'] / r['transfer_us']:8.2f} "
-              f"{mb * 1e3 / r['mpi_us']:14.2f} {mb * 1e3 / r['copy_us']:11.2f} "
-              f"{r['copy_us'] / r['plain_mpi_us']:8.2f}")
-    print("goal: wire >= 0.9x plain MPI from 1 MB. plain MPI: runtime_cpp/bench/mpi_pingpong.c, "
-          "the same bytes and mpirun flags; MPI in runtime: the same inside bench_transfer; "
-          "x-core copy: a buffer one core wrote, copied by the other (cross_core_copy.c). "
-          f"Open MPI's single-copy component: {w['smsc']}")
+        mb, pair = r["bytes"] / 1e6, r["paired"]
+        print(f"{r['shape']:<16} {mb:7.2f} {mb * 1e3 / r['transfer_us']:7.2f} "
+              f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['plain_mpi_us']:9.2f} "
+              f"{mb * 1e3 / r['copy_us']:11.2f} {pair['mpi / wire']:8.2f} "
+              f"{1 / pair['plain / mpi']:9.2f}")
+    print("goals from 1 MB: wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of the same "
+          "bytes inside bench_transfer, in turns with the wire), which agree within 10 % with "
+          "plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same bytes and mpirun flags). x-core "
+          "copy: a buffer one core wrote, copied by the other (cross_core_copy.c). Open MPI's "
+          f"single-copy component: {w['smsc']}")
 
 
 def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) -> dict:

@@ -72,39 +72,70 @@ void hop_transfer(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, 
   t.wait();
 }
 
-// Method 4, the limit: the same bytes between two contiguous buffers, Open MPI alone.
-void hop_mpi(const TensorInfo&, const ncnn::Mat&, ncnn::Mat&, bool sending,
-             std::vector<float>& scratch) {
-  const int n = static_cast<int>(scratch.size());
-  if (sending)
-    MPI_Send(scratch.data(), n, MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD);
-  else
-    MPI_Recv(scratch.data(), n, MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+// Method 4, the limit: Open MPI alone, blocking MPI_Send/MPI_Recv of the same storage the
+// transfer moves, between the same buffers (rank 0 sends its Mat and receives into its inbox;
+// rank 1 receives into its inbox and sends it back). The buffers matter: a 4 MiB ping-pong
+// through one buffer per rank stays in cache, and one through two does not.
+void hop_mpi(const TensorInfo& info, const ncnn::Mat& m, ncnn::Mat& inbox, bool sending,
+             std::vector<float>&) {
+  if (sending) {
+    MPI_Send(m.data, static_cast<int>(m.total()), MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD);
+    return;
+  }
+  if (inbox.empty()) inbox = autodice::alloc_mat(info.shape);
+  MPI_Recv(inbox.data, static_cast<int>(inbox.total()), MPI_FLOAT, g_peer, 4, MPI_COMM_WORLD,
+           MPI_STATUS_IGNORE);
 }
 
 using Hop = void (*)(const TensorInfo&, const ncnn::Mat&, ncnn::Mat&, bool,
                      std::vector<float>&);
 
-// Median one-way microseconds over `reps` ping-pongs (after a few untimed ones).
-double median_one_way_us(Hop hop, const TensorInfo& info, int reps) {
-  std::vector<float> dense(static_cast<size_t>(autodice::element_count(info.shape)), 1.0f);
-  std::vector<float> scratch(dense.size());
-  ncnn::Mat mine = autodice::mat_from_dense(dense.data(), info.shape), inbox;
-  std::vector<double> times;
-  for (int i = -3; i < reps; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    autodice::Timer timer;
-    if (g_rank == 0) {
-      hop(info, mine, inbox, true, scratch);
-      hop(info, mine, inbox, false, scratch);
-    } else {
-      hop(info, mine, inbox, false, scratch);
-      hop(info, inbox, inbox, true, scratch);
-    }
-    if (i >= 0) times.push_back(timer.elapsed_ms() * 1000.0 / 2.0);
+// One timed ping-pong of `hop` (rank 0 -> 1 -> 0): one-way microseconds.
+double one_way_us(Hop hop, const TensorInfo& info, const ncnn::Mat& mine, ncnn::Mat& inbox,
+                  std::vector<float>& scratch) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  autodice::Timer timer;
+  if (g_rank == 0) {
+    hop(info, mine, inbox, true, scratch);
+    hop(info, mine, inbox, false, scratch);
+  } else {
+    hop(info, mine, inbox, false, scratch);
+    hop(info, inbox, inbox, true, scratch);
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return timer.elapsed_ms() * 1000.0 / 2.0;
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Median one-way microseconds of each method over `reps` ping-pongs. The methods take turns in
+// short blocks (two untimed ping-pongs, then three timed), each block round in a rotated order:
+// this VM has fast and slow phases lasting seconds, and methods timed one after another each got
+// a different phase (the same MPI calls once measured 3x apart from one to the next). A block
+// reuses its method's buffers as a plain ping-pong loop does: turns taken ping-pong by ping-pong
+// left a 4 MiB tensor's buffers out of cache and halved its speed against the plain program.
+std::vector<double> median_one_way_us(const std::vector<Hop>& hops, const TensorInfo& info,
+                                      int reps) {
+  constexpr int kWarm = 2, kTimed = 3;
+  const size_t n = static_cast<size_t>(autodice::element_count(info.shape));
+  std::vector<float> dense(n, 1.0f);
+  ncnn::Mat mine = autodice::mat_from_dense(dense.data(), info.shape);
+  std::vector<ncnn::Mat> inbox(hops.size());
+  std::vector<std::vector<float>> scratch(hops.size(), std::vector<float>(n));
+  std::vector<std::vector<double>> times(hops.size());
+  for (int b = 0; b * kTimed < reps; ++b)
+    for (size_t k = 0; k < hops.size(); ++k) {
+      const size_t m = (k + static_cast<size_t>(b)) % hops.size();
+      for (int i = -kWarm; i < kTimed; ++i) {
+        const double us = one_way_us(hops[m], info, mine, inbox[m], scratch[m]);
+        if (i >= 0) times[m].push_back(us);
+      }
+    }
+  std::vector<double> out;
+  for (auto& t : times) out.push_back(median(t));
+  return out;
 }
 
 // Median microseconds of a plain memcpy of `bytes` between two warm buffers: the ceiling a
@@ -118,8 +149,7 @@ double median_memcpy_us(size_t bytes, int reps) {
     if (i >= 0) times.push_back(timer.elapsed_ms() * 1000.0);
     from[static_cast<size_t>(i + 3) % bytes] = to[0];  // keeps the copy from being elided
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 }  // namespace
@@ -145,10 +175,9 @@ int main(int argc, char** argv) {
                 "datatype_us", "transfer_us", "mpi_us", "memcpy_us", "GB/s", "memcpy/transfer");
   for (size_t i = 0; i < shapes.size(); ++i) {
     const TensorInfo info{"t", shapes[i], DType::Float32};
-    const double packed = median_one_way_us(hop_packed, info, reps);
-    const double datatype = median_one_way_us(hop_datatype, info, reps);
-    const double transfer = median_one_way_us(hop_transfer, info, reps);
-    const double mpi = median_one_way_us(hop_mpi, info, reps);
+    const std::vector<double> us =
+        median_one_way_us({hop_packed, hop_datatype, hop_transfer, hop_mpi}, info, reps);
+    const double packed = us[0], datatype = us[1], transfer = us[2], mpi = us[3];
     if (g_rank != 0) continue;
     const double copy = median_memcpy_us(info.bytes(), reps);
     const std::string shape = autodice::shape_str(info.shape);
