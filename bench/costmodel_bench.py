@@ -1,7 +1,7 @@
 """Cost-model benchmark (issue 15, P6): what `autodice dse` predicts against what the program does.
 
     python bench/costmodel_bench.py [--models densenet121,resnet50,vgg19] [--measure 4]
-                                    [--rounds 3] [--frames 40]
+                                    [--rounds 5] [--frames 40]
 
 Per model, as a user runs it: the zoo model, an emulated cluster (`autodice cluster up`),
 `autodice profile --inventory --no-cache` (layers on the real engine, measured in this run; the
@@ -64,7 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="densenet121,resnet50,vgg19")
     ap.add_argument("--measure", type=int, default=4, help="Pareto points run per model.")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--json", type=Path, default=Path("build/bench/costmodel.json"))
     args = ap.parse_args()

@@ -7,6 +7,17 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def _model(nodes, name: str, x: tuple[str, list[int]], y: tuple[str, list[int]], inits,
+           opset: int, ir: int) -> onnx.ModelProto:
+    """One float input, one float output: the graph every builder here ends with."""
+    graph = helper.make_graph(nodes, name,
+                              [helper.make_tensor_value_info(x[0], TensorProto.FLOAT, x[1])],
+                              [helper.make_tensor_value_info(y[0], TensorProto.FLOAT, y[1])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir,
+                             producer_name="autodice-tests")
+
+
 def figure2(seed: int = 0) -> onnx.ModelProto:
     """The AutoDiCE paper's Figure 2::
 
@@ -25,13 +36,8 @@ def figure2(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Add", ["Buff2", "Buff3"], ["Buff4"], name="Add1"),
         helper.make_node("Relu", ["Buff4"], ["output"], name="Relu1"),
     ]
-    graph = helper.make_graph(
-        nodes, "figure2",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 4, 4])],
-        [w_conv, w_fc])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8,
-                             producer_name="autodice-tests")
+    return _model(nodes, "figure2", ("input", [1, 4, 8, 8]), ("output", [1, 4, 4, 4]),
+                  [w_conv, w_fc], opset=13, ir=8)
 
 
 def symbolic_model() -> onnx.ModelProto:
@@ -131,12 +137,8 @@ def convnext_dynamo(seed: int = 0) -> onnx.ModelProto:
     y = b.op("Reshape", [y, b.const([1, 32], np.int64)], "view", allowzero=1)
     b.op("Gemm", [y, b.weight("fc.weight", (10, 32)), b.weight("fc.bias", 10)], "logits",
          transB=1)
-    graph = helper.make_graph(
-        b.nodes, "convnext_dynamo",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 32, 32])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], b.inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10,
-                             producer_name="autodice-tests")
+    return _model(b.nodes, "convnext_dynamo", ("input", [1, 3, 32, 32]), ("logits", [1, 10]),
+                  b.inits, opset=18, ir=10)
 
 
 def channel_shuffle(seed: int = 0) -> onnx.ModelProto:
@@ -158,12 +160,8 @@ def channel_shuffle(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Reshape", ["t", "flat"], ["s"], name="back"),
         helper.make_node("Conv", ["s", "w2"], ["output"], name="conv2"),
     ]
-    graph = helper.make_graph(
-        nodes, "channel_shuffle",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 6, 6])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 6, 6])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
-                             producer_name="autodice-tests")
+    return _model(nodes, "channel_shuffle", ("input", [1, 8, 6, 6]), ("output", [1, 8, 6, 6]),
+                  inits, opset=17, ir=8)
 
 
 def window_attention(seed: int = 0) -> onnx.ModelProto:
@@ -216,9 +214,5 @@ def window_attention(seed: int = 0) -> onnx.ModelProto:
         node("Transpose", ["img"], ["nchw"], name="nchw", perm=[0, 3, 1, 2]),
         node("Conv", ["nchw", "w2"], ["output"], name="conv2"),
     ]
-    graph = helper.make_graph(
-        nodes, "window_attention",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
-                             producer_name="autodice-tests")
+    return _model(nodes, "window_attention", ("input", [1, 4, 8, 8]), ("output", [1, 4, 8, 8]),
+                  inits, opset=17, ir=8)
