@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include <sys/utsname.h>
@@ -73,9 +74,12 @@ Args parse_args(int argc, char** argv) {
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
          peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
+  // When this rank finished its first and its last frame, in seconds on its clock: what it
+  // did in between is its steady state, without the pipeline's filling and draining.
+  double first_end_s = 0, last_end_s = 0;
   double start = 0;  // not gathered: when this rank's clock started
 };
-constexpr int kStatFields = 11;
+constexpr int kStatFields = 13;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
 constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
 
@@ -373,6 +377,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
       timed_wait_all(sends[s], st.send_wait_s);
       meet_until(f + 1);
     }
+    st.last_end_s = MPI_Wtime() - st.start;
+    if (local == 0) st.first_end_s = st.last_end_s;
     last_local = local++;
     last = f;
     next = frames.take();  // the frame peeked at above, or the gateway's next word
@@ -392,6 +398,27 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   st.bytes_received = static_cast<double>(r.bytes_received) * local;
 }
 
+// Frames/s once the pipeline is full: each rank that writes model outputs, from the end of its
+// first frame to the end of its last, weighted by its share of the model's outputs (replicas
+// each write all of them and their rates add up; ranks of one chain writing one output each
+// share a rate). -1 where no such rank did two frames.
+double steady_fps(const ProgramPlan& plan, const std::vector<double>& all) {
+  std::set<std::string> files;
+  for (const RankPlan& r : plan.ranks)
+    for (const ModelOutput& o : r.outputs) files.insert(o.file);
+  double fps = 0;
+  bool any = false;
+  for (size_t k = 0; k < plan.ranks.size(); ++k) {
+    const double* v = &all[k * kStatFields];
+    const double frames = v[9], span = v[12] - v[11];
+    if (plan.ranks[k].outputs.empty() || frames < 2 || span <= 0) continue;
+    fps += (frames - 1) / span * static_cast<double>(plan.ranks[k].outputs.size()) /
+           static_cast<double>(files.size());
+    any = true;
+  }
+  return any ? fps : -1;
+}
+
 // stats.json: the job's frames and seconds, then one object per rank of the plan.
 std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, double seconds,
                        const std::vector<double>& all, const std::vector<char>& devices,
@@ -402,10 +429,14 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
     std::snprintf(buf, sizeof buf, format, values...);
     out += buf;
   };
-  add("{\n  \"frames\": %lld,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n"
-      "  \"pipeline\": %s,\n  \"ranks\": [\n",
-      static_cast<long long>(frames), seconds, seconds > 0 ? frames / seconds : 0.0,
-      pipeline ? "true" : "false");
+  add("{\n  \"frames\": %lld,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n",
+      static_cast<long long>(frames), seconds, seconds > 0 ? frames / seconds : 0.0);
+  const double steady = steady_fps(plan, all);
+  if (steady < 0)
+    out += "  \"steady_fps\": null,\n";
+  else
+    add("  \"steady_fps\": %.4f,\n", steady);
+  add("  \"pipeline\": %s,\n  \"ranks\": [\n", pipeline ? "true" : "false");
   const int n = static_cast<int>(plan.ranks.size());
   for (int k = 0; k < n; ++k) {
     const double* v = &all[static_cast<size_t>(k) * kStatFields];
@@ -415,8 +446,10 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
            ", \"device\": " + json_string(device) + ", \"arch\": " + json_string(arch);
     add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
         "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
-        "\"peak_rss\": %.0f, \"load_s\": %.6f, \"cpus\": [",
-        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+        "\"peak_rss\": %.0f, \"load_s\": %.6f, \"first_frame_end_s\": %.9f, "
+        "\"last_frame_end_s\": %.9f, \"cpus\": [",
+        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[11],
+        v[12]);
     out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
     out += k + 1 < n ? ",\n" : "\n";
   }
@@ -481,7 +514,8 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
-                                    st.frames,     st.fp16};
+                                    st.frames,     st.fp16,           st.first_end_s,
+                                    st.last_end_s};
   const int root = streamed ? n : 0;  // who reports: the gateway tells the session
   std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,

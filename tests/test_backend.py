@@ -51,6 +51,19 @@ def test_figure2_program_golden(fig2):
     assert "{kRank0, kRank1, kRank2}" in program and "run_program(argc, argv, plan)" in program
 
 
+def steady_fps(out: Path, stats: dict) -> float:
+    """stats.json's steady_fps worked out from its ranks: each rank that writes model outputs,
+    (frames - 1) / (last frame's end - first frame's end), by its share of the model's outputs."""
+    plan = json.loads((out / "plan.json").read_text())
+    share = {r["rank"]: len(r["outputs"]) / len(plan["model_outputs"]) for r in plan["ranks"]}
+    rates = [(r["frames"] - 1) * share[r["rank"]]
+             / (r["last_frame_end_s"] - r["first_frame_end_s"])
+             for r in stats["ranks"] if share[r["rank"]]]
+    assert rates and all(r["first_frame_end_s"] <= r["last_frame_end_s"] <= stats["seconds"]
+                         for r in stats["ranks"])
+    return sum(rates)
+
+
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_figure2_runs_distributed(fig2_built, pipeline):
     x = np.load(fig2_built / "x.npy")
@@ -59,6 +72,7 @@ def test_figure2_runs_distributed(fig2_built, pipeline):
     np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-6)
     stats = json.loads((fig2_built / "out" / "results" / "stats.json").read_text())
     assert stats["frames"] == 6 and stats["pipeline"] is pipeline and stats["fps"] > 0
+    assert stats["steady_fps"] == pytest.approx(steady_fps(fig2_built / "out", stats), rel=1e-3)
     assert [r["key"] for r in stats["ranks"]] == ["edge01_arm123", "edge01_gpu", "edge04_gpu"]
     assert stats["ranks"][0]["bytes_sent"] == 6 * (256 * 2 + 256)
 

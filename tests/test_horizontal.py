@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from test_backend import steady_fps
 
 from autodice.backend.build import build
 from autodice.backend.gen import gen
@@ -296,6 +297,9 @@ def test_split_layers_and_a_replicated_stage_run_on_ncnn_like_onnxruntime(tmp_pa
     np.testing.assert_allclose(res.outputs["y"], want, rtol=1e-4, atol=1e-4)
     frames = [r["frames"] for r in res.stats["ranks"]]
     assert frames == [5, 5, 3, 2]  # the copies took turns: frames 0, 2, 4 and 1, 3
+    # Both copies write y, each at its own pace: the job's steady rate is their sum.
+    assert res.stats["steady_fps"] == pytest.approx(steady_fps(tmp_path / "out", res.stats),
+                                                    rel=1e-3)
     assert len(plan.ranks) == 4
 
 

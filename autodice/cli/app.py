@@ -217,6 +217,15 @@ def model_inputs(plan, specs) -> dict[str, Path]:
     return given
 
 
+def rate_line(stats: dict) -> str:
+    """Frames, seconds and frames/s of a job, and its steady state where it has one (the
+    pipeline's filling and draining left out: what a long stream of frames would get)."""
+    steady = stats.get("steady_fps")
+    return (f"{stats['frames']} frames in {stats['seconds']:.3f} s: [bold]{stats['fps']:.2f} "
+            f"frames/s[/bold]" + (f", {steady:.2f} once the pipeline is full"
+                                  if steady and stats["frames"] > 2 else ""))
+
+
 def stats_table(stats: dict) -> None:
     """One row per rank: where it ran (device, precision, cores) and where its time went."""
     from rich.table import Table

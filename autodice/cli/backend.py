@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from ..core.errors import AutodiceError
-from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, report_run,
-                  stats_table, stream_options, visible)
+from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, rate_line,
+                  report_run, stats_table, stream_options, visible)
 
 
 @main.command()
@@ -91,8 +91,8 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
         res = run_job(output, given, frames, results, pipeline=not no_pipeline,
                       gpu_fallback=gpu_fallback == "cpu")
     s = res.stats
-    out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s[/bold]"
-              f" ({'pipelined' if s['pipeline'] else 'frame by frame'}); results in {res.results}")
+    out.print(f"{rate_line(s)} ({'pipelined' if s['pipeline'] else 'frame by frame'}); "
+              f"results in {res.results}")
     stats_table(s)
     for line in res.warnings:
         console.print(f"[yellow]warning:[/yellow] {line}")

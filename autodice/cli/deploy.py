@@ -8,8 +8,8 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, report_run,
-                  stats_table, stream_options)
+from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, rate_line,
+                  report_run, stats_table, stream_options)
 from .backend import is_a_stream, run_stream
 
 
@@ -145,8 +145,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
     _deploy_table(res.hosts, res.seconds)
     if res.run is not None:
         s = res.run.stats
-        out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
-                  f"[/bold]; results in {res.run.results}")
+        out.print(f"{rate_line(s)}; results in {res.run.results}")
         stats_table(s)
         if check:
             feeds = {n: np.load(p) for n, p in given.items()}
