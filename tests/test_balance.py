@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -21,9 +22,9 @@ from autodice.dse.profile import LayerCost, Link, Profile, save_profile
 from autodice.frontend.suggest import balanced_mapping, min_max_cuts
 
 
-def brute_force(table: list[list[float]]) -> float:
+def brute_force(table: list[list[float]], entry: list[list[float]]) -> float:
     n, k = len(table[0]), len(table)
-    return min(max(sum(table[j][c[j]:c[j + 1]]) for j in range(k))
+    return min(max(entry[j][c[j]] + sum(table[j][c[j]:c[j + 1]]) for j in range(k))
                for cut in itertools.combinations(range(1, n), k - 1) for c in [(0, *cut, n)])
 
 
@@ -36,10 +37,16 @@ def test_min_max_cuts_is_optimal_for_keys_of_any_speed(data):
                               max_size=n))
     speed = data.draw(st.lists(st.sampled_from([0.25, 1.0, 2.0, 3.0]), min_size=k, max_size=k))
     table = [[b * s for b in base] for s in speed]
-    cuts = min_max_cuts(table)
+    # What a key pays to receive what crosses into its run, by where the run starts: none, or
+    # any (a dearer entry after a cheaper one is what the right pointer must step back for).
+    entry = [[0.0] * (n + 1) for _ in range(k)]
+    if data.draw(st.booleans(), label="entry costs"):
+        entry = [data.draw(st.lists(st.sampled_from([0.0, 0.5, 4.0, 30.0]), min_size=n + 1,
+                                    max_size=n + 1)) for _ in range(k)]
+    cuts = min_max_cuts(table, entry)
     assert cuts[0] == 0 and cuts[-1] == n and all(a < b for a, b in zip(cuts, cuts[1:]))
-    got = max(sum(table[j][cuts[j]:cuts[j + 1]]) for j in range(k))
-    assert got <= brute_force(table) * (1 + 1e-6) + 1e-12
+    got = max(entry[j][cuts[j]] + sum(table[j][cuts[j]:cuts[j + 1]]) for j in range(k))
+    assert got <= brute_force(table, entry) * (1 + 1e-6) + 1e-12
 
 
 def chain(n: int = 6) -> onnx.ModelProto:
@@ -73,11 +80,25 @@ def test_time_not_flops_decides_the_cut(tmp_path):
     # Measured, the last layer is as slow as the other five together: it gets a key alone.
     done = balance(graph, tmp_path / "chain.onnx", keys, profile_of([1, 1, 1, 1, 1, 5]))
     assert done.mapping == {"e1_x860": ["L0", "L1", "L2", "L3", "L4"], "e1_x861": ["L5"]}
-    assert done.seconds == pytest.approx({"e1_x860": 5e-3, "e1_x861": 5e-3})
+    # The second key also receives L4's output, 256 bytes over the profile's shm link.
+    assert done.seconds == pytest.approx({"e1_x860": 5e-3, "e1_x861": 5e-3 + 2e-6 + 256 / 5e9})
     # A key with two cores (twice as fast here) takes twice the work of a one-core key.
     done = balance(graph, tmp_path / "chain.onnx", ["e1_x8601", "e2_x860"],
                    profile_of([1] * 6))
     assert [len(v) for v in done.mapping.values()] == [4, 2]
+
+
+def test_receiving_a_cut_tensor_counts_against_its_run(tmp_path):
+    """Six equal layers cut 3/3, unless the link makes receiving a tensor cost as much as two
+    layers: then the second key takes two layers and the receiving (4 ms each side)."""
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    graph, keys = load_model(tmp_path / "chain.onnx"), ["e1_x860", "e1_x861"]
+    assert [len(v) for v in balance(graph, tmp_path / "chain.onnx", keys,
+                                    profile_of([1] * 6)).mapping.values()] == [3, 3]
+    slow = replace(profile_of([1] * 6), links={"shm": Link(256 / 2e-3, 0.0)})
+    done = balance(graph, tmp_path / "chain.onnx", keys, slow)
+    assert [len(v) for v in done.mapping.values()] == [4, 2]
+    assert done.seconds == pytest.approx({"e1_x860": 4e-3, "e1_x861": 4e-3})
 
 
 def test_cli_balances_by_a_given_profile_and_names_a_foreign_one(tmp_path):
