@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
@@ -32,12 +33,20 @@ def backend(d: dict) -> Iterator[Goal]:
         ranks = "; ".join(f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits "
                           f"{(x['recv_wait_s'] + x['send_wait_s']) * 1e3:.1f} ms"
                           for k, x in enumerate(m["2x1 per frame"]))
-        share = r["steady 2x1 / 2 alone"]
+        share, pipe = r["steady 2x1 / 2 alone"], r["steady 2x1 / 2 x slower alone"]
+        spread = {k: statistics.median(v) for k, v in m["core_spread"].items()}
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x two whole-model ncnn processes at "
                    "once (steady state)", f"{share:.2f}x", share >= 0.95,
-                   f"{still['2x1']:.1f} vs {still['2 alone']:.1f} frames/s; {m['frames']} frames "
-                   f"per run: {r['2x1 / 1x1'] / r['ceiling: 2 x ncnn alone at once / alone']:.2f}x"
-                   f" with the pipeline's fill; per frame: {ranks}")
+                   f"{still['2x1']:.1f} vs {still['2 alone']:.1f} frames/s, median of "
+                   f"{m['rounds']} rounds' ratios. Limit: the slower of the two cores sets a "
+                   f"pipeline's pace; slower / faster core, medians: the two ncnn processes "
+                   f"{spread['ncnn processes']:.2f}, a plain float loop on each core at once "
+                   f"(core_speeds.c) {spread['core_speeds']:.2f}; per frame: {ranks}")
+        yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x twice the slower of those two "
+                   "processes (the ceiling of a 2-stage pipeline on these cores)",
+                   f"{pipe:.2f}x", pipe >= 0.95,
+                   f"{still['2x1']:.1f} vs {still['2 x slower alone']:.1f} frames/s, median of "
+                   f"{m['rounds']} rounds' ratios")
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 1.05x 1 rank x 2 threads",
                    f"{r['2x1 / 1x2']:.2f}x", r["2x1 / 1x2"] >= 1.05, f"per frame: {ranks}")
         one, alone = m["fps"]["1x1"], m["fps"]["alone"]
