@@ -15,7 +15,9 @@ full ncnn build (the one `make demo` uses).
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of
 the plain ``core_speeds`` loop, differ by up to ~15 % in a run, and which core is slower changes
 from run to run. A 2-stage pipeline runs at the pace of its slower stage, so besides the issue's
-ceiling (the sum of the two processes) each round also holds 2x1 against twice the slower one.
+ceiling (the sum of the two processes) each round also holds 2x1 against twice the slower one,
+and against its own two sub-models run as plain ncnn processes (``stages_alone``): free, and
+meeting at every frame as a pipeline's stages are tied by their data, with nothing of autodice.
 """
 
 from __future__ import annotations
@@ -74,12 +76,14 @@ def prepare(model: Path, mapping: dict, work: Path, fp16: bool = False) -> Path:
 
 
 def build_tools(dest: Path) -> Path:
-    """ncnn_alone and bench_transfer, against the same ncnn build as the programs."""
+    """ncnn_alone, stages_alone and bench_transfer, against the same ncnn build as the
+    programs."""
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cmake", "-S", str(ROOT), "-B", str(dest), "-DCMAKE_BUILD_TYPE=Release",
                     "-DAUTODICE_BUILD_TESTS=OFF", *cmake_args(ensure_ncnn())], check=True,
                    capture_output=True)
-    subprocess.run(["cmake", "--build", str(dest), "--target", "ncnn_alone", "bench_transfer",
+    subprocess.run(["cmake", "--build", str(dest), "--target", "ncnn_alone", "stages_alone",
+                    "bench_transfer",
                     "-j", "2"], check=True, capture_output=True)
     return dest / "runtime_cpp"
 
@@ -101,6 +105,22 @@ def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,),
     got = [json.loads(p.communicate()[0]) for p in procs]
     return (sum(g["fps"] for g in got), max(g["peak_rss"] for g in got),
             [g["steady_fps"] for g in got])
+
+
+def stages_alone(tools: Path, out: Path, x: Path, frames: int, meet: bool) -> list[float]:
+    """Each stage's ms a frame when the 2-rank plan in ``out``'s two sub-models loop as plain
+    ncnn processes on cores 0 and 1 at once, free or meeting at every frame's start: the
+    pipeline's ceiling with nothing of autodice (MPI, copies, the plan) in it."""
+    ranks = json.loads((out / "plan.json").read_text())["ranks"]
+    cut = [t["name"] for t in ranks[0]["submodel_outputs"]]
+    assert cut == [t["name"] for t in ranks[1]["submodel_inputs"]], "stage 1 reads more than 0"
+    ncnn = [str(out / "ncnn" / f"{r['key']}.ncnn.{ext}") for r in ranks for ext in ("param",
+                                                                                   "bin")]
+    mode = f"meet:/autodice-bench-{os.getpid()}" if meet else "free"
+    procs = [subprocess.Popen(["taskset", "-c", str(s), str(tools / "stages_alone"), str(s),
+                               str(frames), mode, str(x), *ncnn[:2], str(len(cut)), *ncnn[2:]],
+                              stdout=subprocess.PIPE, text=True) for s in (0, 1)]
+    return [json.loads(p.communicate()[0])["steady_ms"] for p in procs]
 
 
 MPIRUN_2 = ["-n", "2", "--bind-to", "core"]  # two ranks, each on a core of its own
@@ -221,6 +241,9 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
         spread["ncnn processes"].append(min(each) / max(each))
         loops = _json_lines([str(speeds), "0", "1", "1"])[0]["passes_per_s"]
         spread["core_speeds"].append(min(loops) / max(loops))
+        for k, meet in (("2 stages free", False), ("2 stages meeting", True)):
+            ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, meet)
+            steady[k].append(1e3 / max(ms))
         for k in ("1x1", "1x2", "2x1", "2x1 flops"):
             res = run(outs[k], feeds, frames)
             fps[k].append(res.stats["fps"])
@@ -257,12 +280,18 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
                        "2x1 / 1x2": med["2x1"] / med["1x2"],
                        "pipelined / frame by frame": med["2x1"] / med["2x1 frame"],
                        "steady 2x1 / 2 alone": paired("2x1", "2 alone"),
-                       "steady 2x1 / 2 x slower alone": paired("2x1", "2 x slower alone")}}
+                       "steady 2x1 / 2 x slower alone": paired("2x1", "2 x slower alone"),
+                       "steady 2x1 / 2 stages meeting": paired("2x1", "2 stages meeting"),
+                       "steady 2 stages meeting / 2 alone": paired("2 stages meeting",
+                                                                   "2 alone"),
+                       "steady 2 stages free / 2 alone": paired("2 stages free", "2 alone")}}
 
 
 # What P4's ceilings compare at steady state: 2x1 against the two whole-model processes at once
-# (their sum, and twice the slower, what a 2-stage pipeline on those two cores could reach).
-STEADY = ("2 alone", "2 x slower alone", "2x1")
+# (their sum, and twice the slower, what a 2-stage pipeline on those two cores could reach), and
+# against 2x1's own two sub-models as plain processes at once (stages_alone), each at its own
+# pace or meeting every frame as a pipeline's stages do: the pace of the slower.
+STEADY = ("2 alone", "2 x slower alone", "2 stages free", "2 stages meeting", "2x1")
 
 
 def bench_fp16(frames: int, work: Path) -> dict:

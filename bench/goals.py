@@ -33,19 +33,22 @@ def backend(d: dict) -> Iterator[Goal]:
         ranks = "; ".join(f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits "
                           f"{(x['recv_wait_s'] + x['send_wait_s']) * 1e3:.1f} ms"
                           for k, x in enumerate(m["2x1 per frame"]))
-        share, pipe = r["steady 2x1 / 2 alone"], r["steady 2x1 / 2 x slower alone"]
+        share, own = r["steady 2x1 / 2 alone"], r["steady 2x1 / 2 stages meeting"]
         spread = {k: statistics.median(v) for k, v in m["core_spread"].items()}
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x two whole-model ncnn processes at "
                    "once (steady state)", f"{share:.2f}x", share >= 0.95,
                    f"{still['2x1']:.1f} vs {still['2 alone']:.1f} frames/s, median of "
-                   f"{m['rounds']} rounds' ratios. Limit: the slower of the two cores sets a "
-                   f"pipeline's pace; slower / faster core, medians: the two ncnn processes "
-                   f"{spread['ncnn processes']:.2f}, a plain float loop on each core at once "
-                   f"(core_speeds.c) {spread['core_speeds']:.2f}; per frame: {ranks}")
-        yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x twice the slower of those two "
-                   "processes (the ceiling of a 2-stage pipeline on these cores)",
-                   f"{pipe:.2f}x", pipe >= 0.95,
-                   f"{still['2x1']:.1f} vs {still['2 x slower alone']:.1f} frames/s, median of "
+                   f"{m['rounds']} rounds' ratios. Limit: 2x1's own two sub-models as plain ncnn "
+                   f"processes at once (stages_alone.cpp) reach "
+                   f"{r['steady 2 stages free / 2 alone']:.2f}x of it each at its own pace, "
+                   f"{r['steady 2 stages meeting / 2 alone']:.2f}x meeting every frame as "
+                   f"pipeline stages do; slower / faster core, medians: two ncnn processes "
+                   f"{spread['ncnn processes']:.2f}, a float loop per core (core_speeds.c) "
+                   f"{spread['core_speeds']:.2f}; per frame: {ranks}")
+        yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x its two sub-models as plain ncnn "
+                   "processes meeting every frame (what autodice adds to a pipeline)",
+                   f"{own:.2f}x", own >= 0.95,
+                   f"{still['2x1']:.1f} vs {still['2 stages meeting']:.1f} frames/s, median of "
                    f"{m['rounds']} rounds' ratios")
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 1.05x 1 rank x 2 threads",
                    f"{r['2x1 / 1x2']:.2f}x", r["2x1 / 1x2"] >= 1.05, f"per frame: {ranks}")
