@@ -134,12 +134,7 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   // output). Without it a ping-pong rank held every blob of the frame: DenseNet-121 277 MB.
   net.opt.lightmode = true;
   allocate_from_heap(net.opt);
-  if (!r.fp16) {  // fp32 end to end, so outputs match onnxruntime
-    net.opt.use_fp16_packed = false;
-    net.opt.use_fp16_storage = false;
-    net.opt.use_fp16_arithmetic = false;
-    net.opt.use_bf16_storage = false;
-  }
+  if (!r.fp16) compute_in_fp32(net.opt);  // fp32 end to end, so outputs match onnxruntime
 #if NCNN_VULKAN
   if (gpu) {
     net.opt.use_vulkan_compute = true;

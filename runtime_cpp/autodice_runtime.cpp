@@ -131,6 +131,13 @@ void allocate_from_heap(ncnn::Option& opt) {
   opt.workspace_allocator = &allocator;
 }
 
+void compute_in_fp32(ncnn::Option& opt) {
+  opt.use_fp16_packed = false;
+  opt.use_fp16_storage = false;
+  opt.use_fp16_arithmetic = false;
+  opt.use_bf16_storage = false;
+}
+
 void use_heap_allocator() {
 #ifdef __GLIBC__
   mallopt(M_MMAP_THRESHOLD, 32 << 20);

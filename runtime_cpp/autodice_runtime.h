@@ -71,6 +71,10 @@ int64_t peak_rss_bytes();
 void use_heap_allocator();  // call once at start-up, before loading a net
 void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
 
+// fp32 throughout on the CPU (ncnn otherwise stores and computes in fp16 or bf16 where the CPU
+// has them): what onnxruntime computes, and what every tool here compares against.
+void compute_in_fp32(ncnn::Option& opt);
+
 // The cores this process may run on (sched_getaffinity), ascending.
 std::vector<int> allowed_cpus();
 

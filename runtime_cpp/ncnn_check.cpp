@@ -70,10 +70,7 @@ int main(int argc, char** argv) {
   ncnn::Net net;
   net.opt.num_threads = 1;
   net.opt.use_vulkan_compute = false;
-  net.opt.use_fp16_packed = false;
-  net.opt.use_fp16_storage = false;
-  net.opt.use_fp16_arithmetic = false;
-  net.opt.use_bf16_storage = false;
+  autodice::compute_in_fp32(net.opt);
   if (net.load_param(param.c_str()) != 0 || net.load_model(bin.c_str()) != 0) {
     std::printf("load-failed\n");
     return 4;

@@ -141,10 +141,7 @@ void cpu_options(ncnn::Net& net, int threads) {
   autodice::allocate_from_heap(net.opt);
   net.opt.use_vulkan_compute = false;
   net.opt.lightmode = true;
-  net.opt.use_fp16_packed = false;
-  net.opt.use_fp16_storage = false;
-  net.opt.use_fp16_arithmetic = false;
-  net.opt.use_bf16_storage = false;
+  autodice::compute_in_fp32(net.opt);
 }
 
 void load(ncnn::Net& net, const Args& args, int threads) {

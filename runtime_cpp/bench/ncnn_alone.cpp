@@ -47,10 +47,7 @@ int main(int argc, char** argv) {
   net.opt.num_threads = std::atoi(argv[5]);
   net.opt.lightmode = true;
   // The generated program's fp32 options, so both run the same kernels.
-  net.opt.use_fp16_packed = false;
-  net.opt.use_fp16_storage = false;
-  net.opt.use_fp16_arithmetic = false;
-  net.opt.use_bf16_storage = false;
+  autodice::compute_in_fp32(net.opt);
   if (net.load_param(argv[1]) != 0 || net.load_model(argv[2]) != 0) {
     std::fprintf(stderr, "cannot load %s / %s\n", argv[1], argv[2]);
     return 1;

@@ -27,10 +27,7 @@ void load(ncnn::Net& net, const char* param, const char* bin) {
   autodice::allocate_from_heap(net.opt);
   net.opt.num_threads = 1;
   net.opt.lightmode = true;
-  net.opt.use_fp16_packed = false;
-  net.opt.use_fp16_storage = false;
-  net.opt.use_fp16_arithmetic = false;
-  net.opt.use_bf16_storage = false;
+  autodice::compute_in_fp32(net.opt);
   if (net.load_param(param) != 0 || net.load_model(bin) != 0) {
     std::fprintf(stderr, "cannot load %s / %s\n", param, bin);
     std::exit(1);
