@@ -83,8 +83,7 @@ def build_tools(dest: Path) -> Path:
                     "-DAUTODICE_BUILD_TESTS=OFF", *cmake_args(ensure_ncnn())], check=True,
                    capture_output=True)
     subprocess.run(["cmake", "--build", str(dest), "--target", "ncnn_alone", "stages_alone",
-                    "bench_transfer",
-                    "-j", "2"], check=True, capture_output=True)
+                    "bench_transfer", "-j", "2"], check=True, capture_output=True)
     return dest / "runtime_cpp"
 
 
@@ -113,9 +112,9 @@ def stages_alone(tools: Path, out: Path, x: Path, frames: int, meet: bool) -> li
     pipeline's ceiling with nothing of autodice (MPI, copies, the plan) in it."""
     ranks = json.loads((out / "plan.json").read_text())["ranks"]
     cut = [t["name"] for t in ranks[0]["submodel_outputs"]]
-    assert cut == [t["name"] for t in ranks[1]["submodel_inputs"]], "stage 1 reads more than 0"
-    ncnn = [str(out / "ncnn" / f"{r['key']}.ncnn.{ext}") for r in ranks for ext in ("param",
-                                                                                   "bin")]
+    assert cut == [t["name"] for t in ranks[1]["submodel_inputs"]], \
+        "stages_alone feeds stage 1 exactly stage 0's outputs, in order"
+    ncnn = [str(out / "ncnn" / f"{r['key']}.ncnn.{x}") for r in ranks for x in ("param", "bin")]
     mode = f"meet:/autodice-bench-{os.getpid()}" if meet else "free"
     procs = [subprocess.Popen(["taskset", "-c", str(s), str(tools / "stages_alone"), str(s),
                                str(frames), mode, str(x), *ncnn[:2], str(len(cut)), *ncnn[2:]],
