@@ -140,6 +140,7 @@ def test_cli_run_check(fig2_built):
                                   str(fig2_built / "x.npy"), "--frames", "3", "--check"])
     assert r.exit_code == 0, r.output
     assert "frames/s" in r.output and "check output" in r.output and "ok" in r.output
+    assert "once the pipeline is full" in r.output  # 3 frames: a steady rate after the first
 
 
 def test_wrong_input_shape_is_refused_before_running(fig2_built):
