@@ -396,7 +396,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
 // Frames/s once the pipeline is full: each rank that writes model outputs, from the end of its
 // first frame to the end of its last, weighted by its share of the model's outputs (replicas
 // each write all of them and their rates add up; ranks of one chain writing one output each
-// share a rate). -1 where no such rank did two frames.
+// share a rate). A rank with one frame has no steady state and adds nothing (a short run over
+// replicas reads low); -1 where no such rank did two frames.
 double steady_fps(const ProgramPlan& plan, const std::vector<double>& all) {
   std::set<std::string> files;
   for (const RankPlan& r : plan.ranks)
