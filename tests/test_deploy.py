@@ -54,6 +54,21 @@ def fig2_plan(fig2):
     return fig2, plan
 
 
+def test_a_host_whose_ranks_left_no_marker_is_the_one_that_vanished(fig2_plan):
+    """mpirun may end a killed rank's wrapper before it writes its marker: the host Open MPI
+    names as the vanished peer counts as lost only while none of its ranks left a marker."""
+    _, plan = fig2_plan
+    hosts = [r.host for r in plan.ranks]  # edge01, edge01, edge04
+    said = "An MPI communication peer process has unexpectedly disconnected.\n" \
+           "  Local host: edge04\n  Local PID:  25341\n  Peer host:  edge01\n"
+    aborted = rank_exits.RankExit(2.0, hosts.index("edge04"), 134, True)
+    assert rank_exits.vanished(plan, said, [aborted]) == {"edge01"}
+    killed = rank_exits.RankExit(1.0, 0, 137, False)
+    assert rank_exits.vanished(plan, said, [killed, aborted]) == set()
+    assert rank_exits.deaths_of([killed, aborted]) == [(1.0, 0, 137), (2.0, 2, 134)]
+    assert rank_exits.vanished(plan, "no peer named", [aborted]) == set()
+
+
 def test_inventory_resolves_defaults_and_local_paths(fig2_plan):
     d, plan = fig2_plan
     inv = load_inventory(d / "inventory.toml", plan.hosts())

@@ -8,12 +8,14 @@ how every rank ended.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from ..backend.failure import Death
+from ..core.plan import Plan
 from .ssh import Host, Ssh
 
 # mpirun aborts a job with TERM to each rank's process group, which may come the moment this
@@ -49,8 +51,26 @@ class RankExit(NamedTuple):
 def rank_deaths(ssh: Ssh, hosts: list[Host]) -> list[Death]:
     """(time, rank, exit code) of every rank that died of a signal, earliest first; not those
     that died of the TERM mpirun ends a failed job with."""
-    return [(e.time, e.rank, e.code) for e in rank_exits(ssh, hosts)
+    return deaths_of(rank_exits(ssh, hosts))
+
+
+def deaths_of(exits: list[RankExit]) -> list[Death]:
+    """:func:`rank_deaths` of markers already read."""
+    return [(e.time, e.rank, e.code) for e in exits
             if e.code > 128 and not (e.aborted and e.code == 128 + signal.SIGTERM)]
+
+
+# Open MPI's word when a peer's connection drops: "Peer host:  edge01".
+_PEER_HOST = re.compile(r"Peer host:\s+(\S+)")
+
+
+def vanished(plan: Plan, output: str, exits: list[RankExit]) -> set[str]:
+    """The hosts Open MPI says a peer vanished from and whose ranks left no marker at all: a
+    killed rank's wrapper may itself be ended by mpirun before it writes one (one run in ~9 of
+    tests/test_cluster.py's head loss), while every rank that merely lost its peer leaves one."""
+    marked = {plan.ranks[e.rank].host for e in exits if 0 <= e.rank < len(plan.ranks)}
+    ours = {r.host for r in plan.ranks}
+    return (set(_PEER_HOST.findall(output)) & ours) - marked
 
 
 def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:

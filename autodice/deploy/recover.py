@@ -44,7 +44,7 @@ from ..core.spec import mapping_json, parse_key, parse_mapping
 from .deploy import Shipped, ship
 from .inventory import Inventory
 from .launch import reap, run_failure
-from .rank_exits import rank_deaths
+from .rank_exits import deaths_of, rank_exits, vanished
 from .remote_build import ncnn_prefixes
 from .remote_job import RemoteJob
 from .ssh import PROGRAM, Build, Progress
@@ -180,9 +180,12 @@ class DeployedRecovery:
         job.job.lose(silent)
         job.stop()
         code = job.poll()
-        deaths = rank_deaths(s.ssh, [h for h in s.hosts if h.target.host not in silent])
+        exits = rank_exits(s.ssh, [h for h in s.hosts if h.target.host not in silent])
+        deaths = deaths_of(exits)
         output = job.log.read_text(errors="replace")
         hosts = {s.plan.ranks[k].host for k, _ in culprits(s.plan, output, deaths)}
+        if not hosts:  # no marker says who died: mpirun may have ended a killed rank's wrapper
+            hosts = vanished(s.plan, output, exits)
         lines = run_failure(s.plan, s.inv, output, -1 if code is None else code,
                             job.job.seconds, job.log, deaths)
         lines = [*(f"{s.inv.targets[h].where()}: does not answer over ssh" for h in sorted(silent)),
