@@ -13,8 +13,8 @@ paired: taken within each round, their median reported. All on this machine's fi
 full ncnn build (the one `make demo` uses).
 
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of
-the plain ``core_speeds`` loop, differ by up to ~15 % in a run, and which core is slower changes
-from run to run. A 2-stage pipeline runs at the pace of its slower stage, so besides the issue's
+the plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the
+ncnn processes in one run of 2026-11-25), and which core is slower changes too. A 2-stage pipeline runs at the pace of its slower stage, so besides the issue's
 ceiling (the sum of the two processes) each round also holds 2x1 against twice the slower one,
 and against its own two sub-models run as plain ncnn processes (``stages_alone``): free, and
 meeting at every frame as a pipeline's stages are tied by their data, with nothing of autodice.
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -126,19 +127,24 @@ MPIRUN_2 = ["-n", "2", "--bind-to", "core"]  # two ranks, each on a core of its 
 _SMSC = re.compile(r"selected shared-memory single-copy component: (\w+)")
 
 
-def ceilings(dest: Path) -> tuple[Path, Path, Path]:
-    """The plain programs ceilings are measured by, nothing of autodice in them: an MPI
-    ping-pong (Open MPI's mpicc), a copy of a buffer another core just wrote, and the two cores'
-    speeds at once (cc)."""
+class Plain(NamedTuple):
+    """The plain programs ceilings are measured by, nothing of autodice in them."""
+
+    pingpong: Path  # MPI_Send/MPI_Recv of the same bytes (Open MPI's mpicc)
+    copy: Path  # a buffer another core just wrote, copied
+    speeds: Path  # the two cores' speeds at once
+
+
+def ceilings(dest: Path) -> Plain:
+    """Compile the :class:`Plain` programs into ``dest``."""
     src = ROOT / "runtime_cpp" / "bench"
-    pingpong, copy, speeds = dest / "mpi_pingpong", dest / "cross_core_copy", dest / "core_speeds"
-    if not pingpong.exists():
-        subprocess.run([str(mpi_prefix() / "bin" / "mpicc"), "-O2", "-o", str(pingpong),
-                        str(src / "mpi_pingpong.c")], check=True, env=ENV)
-        for exe in (copy, speeds):
-            subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(src / f"{exe.name}.c")],
-                           check=True)
-    return pingpong, copy, speeds
+    plain = Plain(dest / "mpi_pingpong", dest / "cross_core_copy", dest / "core_speeds")
+    subprocess.run([str(mpi_prefix() / "bin" / "mpicc"), "-O2", "-o", str(plain.pingpong),
+                    str(src / "mpi_pingpong.c")], check=True, env=ENV)
+    for exe in (plain.copy, plain.speeds):
+        subprocess.run(["cc", "-O2", "-pthread", "-o", str(exe), str(src / f"{exe.name}.c")],
+                       check=True)
+    return plain
 
 
 def _json_lines(argv: list[str], env: dict | None = None) -> list[dict]:
@@ -146,7 +152,7 @@ def _json_lines(argv: list[str], env: dict | None = None) -> list[dict]:
     return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
 
 
-def wire(tools: Path, work: Path, rounds: int, reps: int = 15) -> dict:
+def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> dict:
     """Each tensor between two ranks as the programs send it (bench_transfer), beside the plain
     MPI ping-pong of the same bytes and the cross-core copy, rounds interleaved; medians over
     rounds of each round's median. Also which single-copy component Open MPI selected.
@@ -160,7 +166,7 @@ def wire(tools: Path, work: Path, rounds: int, reps: int = 15) -> dict:
     median over at least 11 rounds reported. goals.py holds the wire to >= 0.9x the calls beside
     it and the two ceilings to within 10 % of each other."""
     rounds = max(rounds, 11)
-    pingpong, copy, _ = ceilings(work)
+    pingpong, copy = plain.pingpong, plain.copy
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
     said = subprocess.run([mpirun, *MPIRUN_2, "--mca", "smsc_base_verbose", "10", str(pingpong),
                            "1", "1048576"], env=ENV, capture_output=True, text=True)
@@ -209,10 +215,10 @@ def print_wire(w: dict) -> None:
           f"single-copy component: {w['smsc']}")
 
 
-def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) -> dict:
+def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
+                work: Path) -> dict:
     model = zoo.cached(name)
     outs = {k: prepare(model, m, work / name / k) for k, m in mappings(model).items()}
-    speeds = ceilings(work)[2]
     spec = load_model(model)
     shape = spec.types[spec.inputs[0]].shape
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -238,7 +244,7 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, work: Path) ->
         steady["2 alone"].append(sum(each))
         steady["2 x slower alone"].append(2 * min(each))
         spread["ncnn processes"].append(min(each) / max(each))
-        loops = _json_lines([str(speeds), "0", "1", "1"])[0]["passes_per_s"]
+        loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
         spread["core_speeds"].append(min(loops) / max(loops))
         for k, meet in (("2 stages free", False), ("2 stages meeting", True)):
             ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, meet)
@@ -324,9 +330,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         tools = build_tools(work / "tools")
-        rows = [bench_model(m, args.frames, args.rounds, tools, work)
+        plain = ceilings(work)
+        rows = [bench_model(m, args.frames, args.rounds, tools, plain, work)
                 for m in args.models.split(",") if m]
-        wire_rows = wire(tools, work, args.rounds)
+        wire_rows = wire(tools, plain, work, args.rounds)
         fp16 = bench_fp16(args.frames * 5, work) if rows else {}
     cols = ("alone", "alone pools", "2 alone", "1x1", "1x2", "2x1", "2x1 flops", "2x1 frame")
     print(f"\n{'model':<12} " + " ".join(f"{c:>11}" for c in cols) + "   (frames/s, medians)")

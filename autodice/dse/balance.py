@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 from ..core.errors import AutodiceError, Problems
@@ -138,6 +139,7 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
         raise AutodiceError(*(f"--balance: {line}" for line in e.problems)) from None
     entry = entry_seconds(graph, keys, profile)
     mapping = balanced_mapping(graph, keys, "--balance", cost, entry)
-    layers = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
-    return Balanced(mapping, {k: entry[j][layers.index(run[0])] + sum(cost(k, n) for n in run)
-                              for j, (k, run) in enumerate(mapping.items())}, tuple(notes))
+    starts = accumulate((len(run) for run in mapping.values()), initial=0)  # runs are contiguous
+    return Balanced(mapping, {k: entry[j][a] + sum(cost(k, n) for n in run)
+                              for j, ((k, run), a) in enumerate(zip(mapping.items(), starts))},
+                    tuple(notes))
