@@ -3,6 +3,7 @@
 import json
 import random
 
+import numpy as np
 import onnx
 import pytest
 
@@ -46,6 +47,7 @@ CASES = [
     ("densenet121", "interleaved", lambda g: interleaved(g, KEYS[:3], 9)),
     ("resnet50", "balanced2", lambda g: balanced_mapping(g, KEYS[:2])),
     ("resnet50", "interleaved", lambda g: interleaved(g, KEYS[:3], 12)),
+    ("resnet101", "balanced3", lambda g: balanced_mapping(g, KEYS[:3])),
     ("squeezenet", "balanced4", lambda g: balanced_mapping(g, KEYS[:4])),
     ("squeezenet", "scattered", lambda g: scattered(g, KEYS[:3], 1)),
     ("inception_v1", "balanced3", lambda g: balanced_mapping(g, KEYS[:3])),
@@ -67,3 +69,16 @@ def test_zoo_split_matches_onnxruntime(tmp_path, zoo_model, name, how, make):
         onnx.checker.check_model(str(tmp_path / "out" / r.submodel))
     for diff in check(tmp_path / "out"):
         assert diff.rel <= 1e-4, diff
+
+
+def test_resnet101_is_resnet50_with_res4_grown_to_23_blocks(zoo_model):
+    """The wheel ships no ResNet-101; the zoo grows ResNet-50's res4 stage (He et al. 2016)."""
+    model = onnx.load(str(zoo_model("resnet101")))
+    onnx.checker.check_model(model)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Conv") == 104 and ops.count("Sum") == 33  # 100 in blocks + conv1 + 3 shortcuts
+    weights = {i.name for i in model.graph.initializer}
+    assert {f"gpu_0/res4_{k}_branch2b_w_0" for k in range(23)} <= weights
+    assert "gpu_0/res4_23_branch2b_w_0" not in weights
+    params = sum(int(np.prod(i.dims)) for i in model.graph.initializer)
+    assert 44.5e6 < params < 44.8e6  # ResNet-101's 44.5 M, with the zoo's separate BatchNorms

@@ -140,7 +140,8 @@ def view(output, image, model):
               help="Where to write the .onnx file.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
 def zoo(name, output, seed):
-    """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel)."""
+    """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel; resnet101
+    is its ResNet-50 with the res4 stage grown to 23 blocks)."""
     from ..frontend import zoo as zoo_models
 
     with console.status(f"materializing {name}"):

@@ -3,6 +3,7 @@
 The wheel replaces every large weight with ``ConstantOfShape(shape)``; we turn each back into an
 initializer filled with seeded He-scaled noise, so the graph, shapes, parameter count and file size
 are those of the real zoo model (VGG-19: 143.7 M parameters, 548 MB) and outputs stay finite.
+ResNet-101, which the wheel lacks, is its ResNet-50 with the res4 stage grown from 6 to 23 blocks.
 No network access is needed, which is why tests and benchmarks use these.
 """
 
@@ -20,15 +21,76 @@ from ..core.errors import AutodiceError
 # Bumped whenever materialize() makes different weights, so caches of zoo models are refreshed.
 WEIGHTS_VERSION = 2
 
-ZOO = ("vgg19", "densenet121", "resnet50", "squeezenet", "inception_v1", "inception_v2",
-       "shufflenet", "bvlc_alexnet", "zfnet512")
+SHIPPED = ("vgg19", "densenet121", "resnet50", "squeezenet", "inception_v1", "inception_v2",
+           "shufflenet", "bvlc_alexnet", "zfnet512")
+
+# Deeper ResNets the wheel does not ship: ResNet-50's graph with its res4 stage grown to this many
+# bottleneck blocks (ResNet-101 is ResNet-50 with 23 res4 blocks instead of 6, He et al. 2016).
+DEEPER = {"resnet101": 23}
+
+ZOO = SHIPPED + tuple(DEEPER)
 
 
 def light_path(name: str) -> Path:
-    """Where the ``onnx`` wheel keeps the light graph of zoo model ``name``."""
-    if name not in ZOO:
+    """Where the ``onnx`` wheel keeps the light graph of shipped zoo model ``name``."""
+    if name not in SHIPPED:
         raise AutodiceError(f'zoo model "{name}" is unknown (known: {", ".join(ZOO)})')
     return Path(onnx.__file__).parent / "backend/test/data/light" / f"light_{name}.onnx"
+
+
+def light_model(name: str) -> onnx.ModelProto:
+    """The light graph of zoo model ``name``: the wheel's, or ResNet-50's grown for a deeper one."""
+    if name in DEEPER:
+        model = onnx.load(str(light_path("resnet50")))
+        _grow_res4(model.graph, DEEPER[name])
+        model.graph.name = name
+        return model
+    return onnx.load(str(light_path(name)))
+
+
+def _grow_res4(graph: onnx.GraphProto, blocks: int) -> None:
+    """Repeat the last res4 identity block (``res4_5``) until res4 has ``blocks`` blocks.
+
+    A block is the ReLU of the previous block's sum, three Conv+BatchNorm (ReLUs between) and the
+    Sum with that ReLU's output. Each copy gets its own weights (the ``ConstantOfShape`` nodes are
+    copied under the name ``res4_<k>``, so ``materialize`` draws fresh noise for them) and its own
+    tensor names; the ReLU after the last block reads the last copy's sum.
+    """
+    nodes = list(graph.node)
+    first = next(i for i, n in enumerate(nodes)
+                 if n.op_type == "Conv" and n.input[1] == "gpu_0/res4_5_branch2a_w_0") - 1
+    last = next(i for i in range(first, len(nodes)) if nodes[i].op_type == "Sum")
+    template, source = nodes[first:last + 1], nodes[first].input[0]
+    weights = [n for n in nodes if n.op_type == "ConstantOfShape" and "/res4_5_" in n.output[0]]
+    copies, tail = [], nodes[last].output[0]
+    for k in range(6, blocks):
+        rename = {source: tail}
+        for node in weights:
+            rename[node.output[0]] = node.output[0].replace("/res4_5_", f"/res4_{k}_")
+            copies.append(_copy(node, rename, ""))
+        for node in template:
+            copies.append(_copy(node, rename, f"_res4_{k}"))
+        tail = rename[nodes[last].output[0]]
+    for node in nodes[last + 1:]:
+        for j, name in enumerate(node.input):
+            if name == nodes[last].output[0]:
+                node.input[j] = tail
+    del graph.node[:]
+    graph.node.extend(nodes[:last + 1] + copies + nodes[last + 1:])
+
+
+def _copy(node: onnx.NodeProto, rename: dict[str, str], suffix: str) -> onnx.NodeProto:
+    """``node`` with inputs read through ``rename``; its outputs renamed (``suffix`` appended,
+    unless ``rename`` already names them) and recorded in ``rename`` for the nodes after it."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    if node.name:
+        copy.name = node.name + suffix
+    for j, name in enumerate(node.input):
+        copy.input[j] = rename.get(name, name)
+    for j, name in enumerate(node.output):
+        copy.output[j] = rename.setdefault(name, name + suffix)
+    return copy
 
 
 def _weights(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -41,7 +103,7 @@ def _weights(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
 
 def materialize(name: str, seed: int = 0) -> onnx.ModelProto:
     """The zoo model ``name`` with every ``ConstantOfShape`` weight replaced by seeded noise."""
-    model = onnx.load(str(light_path(name)))
+    model = light_model(name)
     graph = model.graph
     rng = np.random.default_rng(seed)
     consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
