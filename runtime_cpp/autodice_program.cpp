@@ -146,8 +146,11 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   const std::string base = args.models + "/" + r.key + ".ncnn";
   if (net.load_param((base + ".param").c_str()) != 0)
     abort_run("cannot load " + base + ".param (missing or corrupt)", 4);
-  if (net.load_model((base + ".bin").c_str()) != 0)
-    abort_run("cannot load " + base + ".bin (missing or corrupt)", 4);
+  {
+    LoadingHeap loading;
+    if (net.load_model((base + ".bin").c_str()) != 0)
+      abort_run("cannot load " + base + ".bin (missing or corrupt)", 4);
+  }
   // ncnn quietly drops to the CPU when it cannot use the Vulkan device after all.
   if (gpu && !net.opt.use_vulkan_compute)
     abort_run("rank " + std::to_string(r.rank) + " (" + r.key + " on " + r.host + "): ncnn " +

@@ -145,6 +145,14 @@ void use_heap_allocator() {
 #endif
 }
 
+LoadingHeap::LoadingHeap() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+#endif
+}
+
+LoadingHeap::~LoadingHeap() { use_heap_allocator(); }
+
 int64_t peak_rss_bytes() {
   if (FILE* f = std::fopen("/proc/self/status", "r")) {
     char line[256];

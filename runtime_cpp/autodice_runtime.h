@@ -69,6 +69,21 @@ int64_t peak_rss_bytes();
 // no trimming; bench/backend_bench.py compares the two (one thread, the whole model: peak RSS
 // DenseNet-121 108 -> 89 MB, ResNet-50 242 -> 237 MB; frames/s 0.90-1.11x over two runs).
 void use_heap_allocator();  // call once at start-up, before loading a net
+
+// While one exists, every block from 128 KiB that malloc hands out is a mapping of its own, given
+// back when freed; then use_heap_allocator's settings again. Hold one around Net::load_model.
+// Loading frees the file's copy of a layer's weights and the scratch of repacking them between
+// blocks that stay; taken from the heap, those holes stayed resident: ResNet-50's first 158
+// layers held 194 MB for 145 MB in use, and a rank's peak memory depended on its layers' order
+// as no cost model can follow (2026-11-26, one thread). As mappings: 146 MB, peak 164 MB while
+// the last 3x3 convolution repacked.
+class LoadingHeap {
+ public:
+  LoadingHeap();
+  ~LoadingHeap();
+  LoadingHeap(const LoadingHeap&) = delete;
+  LoadingHeap& operator=(const LoadingHeap&) = delete;
+};
 void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
 
 // fp32 throughout on the CPU (ncnn otherwise stores and computes in fp16 or bf16 where the CPU

@@ -148,6 +148,7 @@ void load(ncnn::Net& net, const Args& args, int threads) {
   cpu_options(net, threads);
   if (net.load_param(args.param.c_str()) != 0)
     autodice::abort_run("cannot load " + args.param + " (missing or corrupt)", 4);
+  autodice::LoadingHeap loading;  // as the generated program loads
   if (net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.bin + " (missing or corrupt)", 4);
 }
@@ -168,8 +169,30 @@ int64_t heap_in_use() {
 #endif
 }
 
+// Resident bytes now (VmRSS), -1 without /proc.
+int64_t rss_bytes() {
+  long long kib = -1;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (kib < 0 && std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmRSS: %lld kB", &kib) != 1) kib = -1;
+    std::fclose(f);
+  }
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
+}
+
+// Sets the peak resident memory (VmHWM) back to what is resident now; false where the kernel
+// cannot (before Linux 4.0, no /proc).
+bool reset_peak_rss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool wrote = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && wrote;
+}
+
 struct LayerBytes {
-  int64_t loaded = 0;     // the weights as read from the file
+  int64_t loaded = 0;     // the most held beyond `resident` while it loads: the file's copy of
+                          // the weights, the scratch of repacking them
   int64_t resident = 0;   // what the layer keeps once ncnn has repacked them (light mode)
   int64_t workspace = 0;  // what its forward allocates and frees again (im2col, Winograd tiles)
 };
@@ -212,8 +235,9 @@ class CountingAllocator : public ncnn::Allocator {
 // output in turn through counting allocators. A whole-model peak cannot tell which rank holds
 // what: a 3x3 convolution's Winograd weights take several times the bytes in the file, an
 // InnerProduct's the same bytes; the file's copy is dropped in light mode, but only after the
-// repacked copy exists, which is a rank's peak while it loads a large layer; and a convolution
-// over a large image may allocate several times its output while it runs.
+// repacked copy exists, and repacking may need scratch as large again: a rank's peak while it
+// loads a large layer; and a convolution over a large image may allocate several times its
+// output while it runs.
 std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
                                     const std::vector<ncnn::Mat>& inputs) {
   ncnn::Net net;
@@ -224,6 +248,7 @@ std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
   if (!fp) autodice::abort_run("cannot open " + args.bin, 4);
   std::vector<LayerBytes> bytes;
   {
+    autodice::LoadingHeap loading;
     ncnn::DataReaderFromStdio reader(fp);
     ncnn::ModelBinFromDataReader weights(reader);
     for (ncnn::Layer* layer : net.mutable_layers()) {
@@ -239,13 +264,19 @@ std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
       opt.use_sgemm_convolution = opt.use_sgemm_convolution && !(mask & (1 << 5));
       opt.use_winograd_convolution = opt.use_winograd_convolution && !(mask & (1 << 6));
       if (mask & (1 << 7)) opt.num_threads = 1;
-      const int64_t before = heap_in_use();
+      const bool peak_known = reset_peak_rss();
+      const int64_t rss = rss_bytes(), before = heap_in_use();
       if (layer->load_model(weights) != 0)
         autodice::abort_run("cannot load the weights of layer " + layer->name, 4);
       const int64_t read = heap_in_use();
       if (layer->create_pipeline(opt) != 0)
         autodice::abort_run("cannot prepare layer " + layer->name, 4);
-      bytes.push_back({read - before, heap_in_use() - before, 0});
+      const int64_t kept = heap_in_use() - before;
+      // The heap's figures are exact but miss the scratch create_pipeline frees before it
+      // returns (a Winograd convolution's transformed kernel before packing: as large as what
+      // it keeps); the peak resident memory sees it, each large block being a mapping here.
+      const int64_t peak = peak_known && rss >= 0 ? autodice::peak_rss_bytes() - rss : 0;
+      bytes.push_back({std::max(read - before, peak - kept), kept, 0});
     }
   }
   std::fclose(fp);

@@ -7,6 +7,7 @@ the inputs, the link arithmetic and how fused ncnn layers are shared among ONNX 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_pat
     # 100+-pixel images need workspace.
     onnx_bytes = sum(graph.weight_bytes(i) for i in range(len(graph.nodes)))
     kept = sum(lc.resident_bytes for lc in p.layers)
-    assert 0.95 < sum(lc.loaded_bytes for lc in p.layers) / onnx_bytes < 1.1
+    assert sum(lc.loaded_bytes for lc in p.layers) > 0.95 * onnx_bytes  # + repacking's scratch
     assert kept > 1.2 * onnx_bytes
     assert sum(lc.resident_bytes for lc in p.layers if lc.op in ("Relu", "MaxPool")) < kept / 1e3
     assert max(lc.workspace_bytes for lc in p.layers) > 1e5
@@ -280,3 +281,37 @@ def test_fused_layers_share_the_time_by_flops(tmp_path, external):
     assert got["resident"].sum() == pytest.approx(1500)
     assert 0.85 * 1500 < got["resident"][0] < 1500 and got["resident"][3] == 0
     assert got["workspace"][3] == pytest.approx(40) and got["workspace"][0] > 0.9 * 64
+
+
+@pytest.mark.cpp
+def test_a_ranks_predicted_memory_is_what_it_holds(tmp_path, zoo_model):
+    """ResNet-50 cut in two at two points, each rank's predicted memory against the peak resident
+    memory the program measured. Before the program loaded its weights into mappings of their
+    own, heap holes made these -12 % (the cut after layer 158, rank 0) and +23 % (after 88)."""
+    from autodice.backend.build import build
+    from autodice.backend.gen import gen
+    from autodice.backend.run import run
+    from autodice.dse.cost import plan_cost
+    from autodice.dse.timing import make_timing
+    from autodice.frontend.split import split
+
+    model = zoo_model("resnet50")
+    platform = tmp_path / "platform.txt"
+    platform.write_text("edge01, x86, slots=0\nedge02, x86, slots=1\n")
+    timing = make_timing(platform, profile_model(model, platform, threads=(1,), warmup=1, runs=3,
+                                                 gpu=False))
+    graph = load_model(model)
+    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
+    for cut in (88, 158):
+        out = tmp_path / f"cut{cut}"
+        mapping = tmp_path / f"cut{cut}.json"
+        mapping.write_text(json.dumps({"edge01_cpu0": names[:cut], "edge02_cpu1": names[cut:]}))
+        plan = split(model, mapping, platform, out)
+        gen(out)
+        build(out)
+        predicted = plan_cost(plan, timing, graph)
+        ranks = run(out, {plan.model_inputs[0].name: x}, frames=3).stats["ranks"]
+        for r, got in zip(predicted.ranks, ranks):
+            assert abs(r.memory / got["peak_rss"] - 1) < 0.1, (cut, r, got["peak_rss"])

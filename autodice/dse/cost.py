@@ -44,9 +44,11 @@ on frame i while rank k+1 works on frame i-1:
   Weights are the profile's ``resident_bytes`` of r's layers: what each keeps once ncnn has
   repacked it -- a 3x3 convolution's Winograd weights are several times its ONNX bytes, an
   InnerProduct's the same, so a share of the ONNX parameters would misplace them. Loading
-  reads a layer's weights (``loaded_bytes``), repacks them, then drops the file's copy: while it
-  loads layer i a rank holds the layers before it, both copies of i
-  (:func:`weights_peak`), before any activation exists (:func:`held_bytes`). On VGG-19 the
+  reads a layer's weights, repacks them (with scratch, for Winograd as large as the result),
+  then drops the file's copy and the scratch: while it loads layer i a rank holds the layers
+  before it, i repacked and ``loaded_bytes`` beyond (:func:`weights_peak`), before any
+  activation exists (:func:`held_bytes`). The program loads into mappings of their own, so
+  what loading frees goes back to the system and leaves no holes. On VGG-19 the
   rank that loads the 411 MB FC6 peaks there. Activations and buffers are the plan's static
   memory table (``Rank.memory``); a layer's workspace (``workspace_bytes``: im2col and Winograd
   tiles, padded copies -- 62 MB for VGG-19's second convolution, more than its activations)
@@ -214,8 +216,9 @@ def contention(timing: Timing, cols: RankColumns, compute: np.ndarray,
 
 
 def weights_peak(resident: np.ndarray, loaded: np.ndarray) -> float:
-    """Most heap a rank's weights take while it loads its layers in order: layer i's weights
-    as read and as repacked at once, every earlier layer repacked."""
+    """Most heap a rank's weights take while it loads its layers in order: layer i repacked,
+    with what it holds beyond that while loading (``loaded``: the file's copy, the repacking's
+    scratch), every earlier layer repacked."""
     return float((np.cumsum(resident) + loaded).max()) if len(resident) else 0.0
 
 

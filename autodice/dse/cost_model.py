@@ -193,8 +193,9 @@ class CostModel:
         self.shared_bytes = np.array(shared_bytes)
 
     def _ncnn_memory(self, layer_nodes: list[int]) -> None:
-        """Each layer's bytes in ncnn on each slot's host, N x S: its weights as read
-        (``loaded``) and repacked (``resident``), its ``workspace``; what a CPU rank's memory is
+        """Each layer's bytes in ncnn on each slot's host, N x S: its weights repacked
+        (``resident``), what it holds beyond them while loading (``loaded``: the file's copy,
+        the repacking's scratch), its ``workspace``; what a CPU rank's memory is
         made of. GPU ranks count ONNX parameters (:func:`~autodice.dse.cost.combine`); their
         columns are never read."""
         onnx = [self.graph.weight_bytes(i) for i in layer_nodes]

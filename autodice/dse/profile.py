@@ -36,9 +36,10 @@ joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth
 fields. ``corun`` is how much longer the whole model
 takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
 and memory bandwidth): the cost model's contention between ranks on one board.
-``loaded_bytes`` and ``resident_bytes`` are the heap bytes a layer's weights take in ncnn as read
-from the file and once ncnn has repacked them (light mode drops the file's copy): a 3x3
-convolution's Winograd weights take several times its ONNX bytes, an InnerProduct's the same.
+``resident_bytes`` is the heap a layer's weights take in ncnn once repacked (light mode drops
+the file's copy): a 3x3 convolution's Winograd weights take several times its ONNX bytes, an
+InnerProduct's the same. ``loaded_bytes`` is the most it holds beyond that while it loads: the
+file's copy, and the scratch of repacking (a Winograd kernel before packing: as large again).
 ``workspace_bytes`` is what the layer's forward allocates beyond its output and frees again
 (im2col and Winograd tiles, padded copies). Absent (profiles of older autodice, hand-written
 ones): the layer's ONNX weight bytes resident, nothing more.
@@ -69,7 +70,7 @@ class LayerCost:
     op: str
     cpu_ms: dict[int, float]  # threads -> median ms
     gpu_ms: float | None = None
-    loaded_bytes: int | None = None  # the weights in ncnn as read; None: not measured
+    loaded_bytes: int | None = None  # held beyond resident while loading; None: not measured
     resident_bytes: int | None = None  # ... and once repacked
     workspace_bytes: int | None = None  # what its forward holds only while it runs
 

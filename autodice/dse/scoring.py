@@ -56,7 +56,7 @@ class Tables(Protocol):
     shared_weight: np.ndarray  # per (shared weight, user) pair: the weight's index
     shared_user: np.ndarray  # ... the user's layer position
     shared_bytes: np.ndarray  # per shared weight: bytes
-    loaded: np.ndarray  # (layers, slots) ncnn bytes: weights as read
+    loaded: np.ndarray  # (layers, slots) ncnn bytes held beyond resident while loading
     resident: np.ndarray  # ... weights repacked
     workspace: np.ndarray  # ... workspace
 
