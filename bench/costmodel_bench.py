@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 PLATFORM = ("edge01, x86, slots=0, power_idle=5W, bandwidth=1gbit\n"
@@ -69,12 +70,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--frames", type=int, default=40)
     ap.add_argument("--json", type=Path, default=Path("build/bench/costmodel.json"))
+    ap.add_argument("--keep", type=Path, metavar="DIR",
+                    help="Work in DIR (new) and leave it: profiles, fronts, measured points.")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("costmodel_bench needs root (it brings up the emulated cluster)")
     models = []
-    with tempfile.TemporaryDirectory(prefix="autodice-costmodel-") as tmp:
+    with (nullcontext(str(args.keep)) if args.keep
+          else tempfile.TemporaryDirectory(prefix="autodice-costmodel-")) as tmp:
         work = Path(tmp)
+        work.mkdir(parents=True, exist_ok=not args.keep)
         autodice("cluster", "up", "--hosts", "edge01,edge02", "--bandwidth", "1gbit",
                  "--cores", "edge01=0", "--cores", "edge02=1", "-o", "inventory.toml", cwd=work)
         try:
