@@ -140,6 +140,8 @@ def test_launch_files_and_mpirun_command(fig2_plan):
         "plm_ssh_agent", "ssh -F /srv/autodice/edge01/launch/ssh_config"]
     assert ["--mca", "btl_tcp_if_include", "10.77.0.0/24"] == argv[
         argv.index("btl_tcp_if_include") - 1:argv.index("btl_tcp_if_include") + 2]
+    # A tensor sent at a frame's end moves while the sender computes the next (bench/costmodel).
+    assert argv[argv.index("btl_tcp_progress_thread") + 1] == "1"
     assert "--rankfile" in argv  # cores 0-11 exist on every host: bind as the plan says
     assert argv.count(":") == 2 and argv.count("--wdir") == 3
     assert "/srv/autodice/edge04/build/program" in argv
