@@ -5,7 +5,8 @@ copy, fp16 against fp32, and the program's blobs from malloc against ncnn's own 
 frames runs: each run's ``steady_fps``, its frames after the first from the end of the first, so
 one stage time of filling the pipeline counts against neither side.
 
-    python bench/backend_bench.py [--models resnet50,resnet101,densenet121] [--frames 30] [--rounds 5]
+    python bench/backend_bench.py [--models resnet50,resnet101,densenet121] [--frames 30]
+                                  [--rounds 5]
 
 Every configuration of a model runs once per round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios are

@@ -69,6 +69,7 @@ int64_t peak_rss_bytes();
 // no trimming; bench/backend_bench.py compares the two (one thread, the whole model: peak RSS
 // DenseNet-121 108 -> 89 MB, ResNet-50 242 -> 237 MB; frames/s 0.90-1.11x over two runs).
 void use_heap_allocator();  // call once at start-up, before loading a net
+void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
 
 // While one exists, every block from 128 KiB that malloc hands out is a mapping of its own, given
 // back when freed; then use_heap_allocator's settings again. Hold one around Net::load_model.
@@ -84,7 +85,6 @@ class LoadingHeap {
   LoadingHeap(const LoadingHeap&) = delete;
   LoadingHeap& operator=(const LoadingHeap&) = delete;
 };
-void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
 
 // fp32 throughout on the CPU (ncnn otherwise stores and computes in fp16 or bf16 where the CPU
 // has them): what onnxruntime computes, and what every tool here compares against.
