@@ -166,10 +166,7 @@ class _Lowering:
 
     def strided_slice(self, node, base) -> bool:
         """A Slice with steps (Swin-T's patch merging takes every other row and column), one
-        axis at a time: the m elements picked from ``first`` on by a step of s are column c of
-        the rows of (before, m, s, after), a view of the s * m elements from ``first - c``.
-        ncnn's Crop has no step. Left alone where no such window fits in the axis (from 0 of
-        an odd length by 2: the last row would run past the end)."""
+        axis at a time (:meth:`every`): ncnn's Crop has no step."""
         bounds = [self.constants.get(t) if t else None for t in node.input[1:5]]
         shape = self.shape(node.input[0])
         if len(bounds) < 4 or any(b is None for b in bounds) or shape is None:
@@ -184,28 +181,44 @@ class _Lowering:
             picked = range(*slice(lo, hi, step).indices(n))
             if not picked:
                 return False
-            first, m = picked[0], len(picked)
-            step = step if m > 1 else 1
-            col = max(0, first + step * m - n)
-            if col > first or col >= step:
-                return False
             before, after = self._around(cur_shape, axis)
             view = self.reshape(base, cur, (before, n, after))
-            if step * m != n:
-                view = self.emit("Slice", base, [view, self.const(base, [first - col]),
-                                                 self.const(base, [first - col + step * m]),
-                                                 self.const(base, [1])],
-                                 (before, step * m, after))
-            rows = self.reshape(base, view, (before, m, step, after))
-            if step > 1:
-                rows = self.emit("Slice", base, [rows, self.const(base, [col]),
-                                                 self.const(base, [col + 1]),
-                                                 self.const(base, [2])],
-                                 (before, m, 1, after))
-            cur_shape = (*cur_shape[:axis], m, *cur_shape[axis + 1:])
+            rows = self.every(base, view, (before, n, after), picked[0], len(picked), step)
+            cur_shape = (*cur_shape[:axis], len(picked), *cur_shape[axis + 1:])
             cur = self.reshape(base, rows, cur_shape)
         self.reshape(base, cur, self.shape(node.output[0]), out=node.output[0])
         return True
+
+    def every(self, base: str, view: str, shape: tuple[int, int, int], first: int, m: int,
+              step: int) -> str:
+        """The m rows of ``view`` (before, n, after) from ``first`` on by ``step``, in the order
+        of (before, m, after) (the shape may add a unit axis), with no step in any op. They are
+        column c of (before, m, step, after), a view of the step * m rows from ``first - c``.
+        Where no such window fits in the axis (from 0 of an odd length by 2: the last row would
+        run past the end), the first m - 1 rows come that way (their window fits) and the last
+        is sliced alone and concatenated."""
+        before, n, after = shape
+        step = step if m > 1 else 1
+        col = max(0, first + step * m - n)
+        if col > first or col >= step:
+            head = self.reshape(base, self.every(base, view, shape, first, m - 1, step),
+                                (before, m - 1, after))
+            last = first + step * (m - 1)
+            tail = self.emit("Slice", base, [view, self.const(base, [last]),
+                                             self.const(base, [last + 1]), self.const(base, [1])],
+                             (before, 1, after))
+            return self.emit("Concat", base, [head, tail], (before, m, after), axis=1)
+        if step * m != n:
+            view = self.emit("Slice", base, [view, self.const(base, [first - col]),
+                                             self.const(base, [first - col + step * m]),
+                                             self.const(base, [1])],
+                             (before, step * m, after))
+        rows = self.reshape(base, view, (before, m, step, after))
+        if step > 1:
+            rows = self.emit("Slice", base, [rows, self.const(base, [col]),
+                                             self.const(base, [col + 1]), self.const(base, [2])],
+                             (before, m, 1, after))
+        return rows
 
     def split(self, node, base) -> bool:
         x = node.input[0]
