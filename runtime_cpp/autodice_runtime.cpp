@@ -153,15 +153,23 @@ LoadingHeap::LoadingHeap() {
 
 LoadingHeap::~LoadingHeap() { use_heap_allocator(); }
 
-int64_t peak_rss_bytes() {
+// A "Vm...: N kB" field of /proc/self/status in bytes, -1 without it.
+static int64_t status_bytes(const char* field) {
+  long long kib = -1;
   if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    const std::string format = std::string(field) + ": %lld kB";
     char line[256];
-    long long kib = -1;
     while (kib < 0 && std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "VmHWM: %lld kB", &kib) != 1) kib = -1;
+      if (std::sscanf(line, format.c_str(), &kib) != 1) kib = -1;
     std::fclose(f);
-    if (kib >= 0) return static_cast<int64_t>(kib) * 1024;
   }
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
+}
+
+int64_t rss_bytes() { return status_bytes("VmRSS"); }
+
+int64_t peak_rss_bytes() {
+  if (const int64_t bytes = status_bytes("VmHWM"); bytes >= 0) return bytes;
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB

@@ -60,6 +60,7 @@ class Timer {
 // getrusage's ru_maxrss would also count the process it was exec'd from (a 425 MB Python
 // benchmark showed through every ncnn_alone it started); it is the fallback without /proc.
 int64_t peak_rss_bytes();
+int64_t rss_bytes();  // resident now (VmRSS), -1 without /proc
 
 // Where a rank's blobs and workspace come from: malloc, set up once by use_heap_allocator().
 // ncnn's Net otherwise keeps them in its pool allocators, which hand any larger cached block to

@@ -169,18 +169,6 @@ int64_t heap_in_use() {
 #endif
 }
 
-// Resident bytes now (VmRSS), -1 without /proc.
-int64_t rss_bytes() {
-  long long kib = -1;
-  if (FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (kib < 0 && std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "VmRSS: %lld kB", &kib) != 1) kib = -1;
-    std::fclose(f);
-  }
-  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
-}
-
 // Sets the peak resident memory (VmHWM) back to what is resident now; false where the kernel
 // cannot (before Linux 4.0, no /proc).
 bool reset_peak_rss() {
@@ -265,7 +253,7 @@ std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
       opt.use_winograd_convolution = opt.use_winograd_convolution && !(mask & (1 << 6));
       if (mask & (1 << 7)) opt.num_threads = 1;
       const bool peak_known = reset_peak_rss();
-      const int64_t rss = rss_bytes(), before = heap_in_use();
+      const int64_t rss = autodice::rss_bytes(), before = heap_in_use();
       if (layer->load_model(weights) != 0)
         autodice::abort_run("cannot load the weights of layer " + layer->name, 4);
       const int64_t read = heap_in_use();
