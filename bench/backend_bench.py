@@ -13,12 +13,13 @@ hits all of them alike; the table shows medians over rounds, and the steady-stat
 paired: taken within each round, their median reported. All on this machine's first two cores,
 full ncnn build (the one `make demo` uses).
 
-The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of
-the plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the
-ncnn processes in one run of 2026-11-25), and which core is slower changes too. A 2-stage pipeline runs at the pace of its slower stage, so besides the issue's
-ceiling (the sum of the two processes) each round also holds 2x1 against twice the slower one,
-and against its own two sub-models run as plain ncnn processes (``stages_alone``): free, and
-meeting at every frame as a pipeline's stages are tied by their data, with nothing of autodice.
+The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of the
+plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the ncnn
+processes in one run of 2026-11-25), and which core is slower changes too. A 2-stage pipeline runs
+at the pace of its slower stage, so besides the issue's ceiling (the sum of the two processes) each
+round also holds 2x1 against twice the slower one, and against its own two sub-models run as plain
+ncnn processes (``stages_alone``): free, and meeting at every frame as a pipeline's stages are tied
+by their data, with nothing of autodice.
 """
 
 from __future__ import annotations
@@ -162,10 +163,19 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
     the wire in short blocks (``mpi_us``), and the plain program, a process of its own with
     nothing of autodice in it (``plain_mpi_us``). This VM has fast and slow phases lasting
     seconds, and whole launches run in one or the other (1 MiB one way in ~0.12 or ~0.4 ms):
-    the ratios are therefore paired, each taken within one round (the wire against the calls
-    beside it in the same launch; the plain program against the launch before it) and their
-    median over at least 11 rounds reported. goals.py holds the wire to >= 0.9x the calls beside
-    it and the two ceilings to within 10 % of each other."""
+    the wire's ratio is therefore paired, taken within one launch against the calls beside it,
+    and its median over at least 11 rounds reported. The ceilings cannot share a launch (the
+    plain program's independence is the point), and a slow phase in either is noise, never the
+    machine's limit: they are compared by their fastest launch, a ceiling being what the machine
+    allows at best (as a ping-pong's best of N is), with the median of the pairs each round
+    makes (the plain program against the launch before it) kept beside it.
+
+    Taking turns with the other methods' buffers makes the calls beside the wire faster at
+    64 MiB than the plain program's, which reuses one buffer pair; so each round also launches
+    bench_transfer's MPI calls alone, through one pair (``mpi_alone_us``): the same harness
+    made like the plain program, which says whether a gap is the harness or the buffers.
+    goals.py holds the wire to >= 0.9x the calls beside it, and both in-process ceilings to
+    within 10 % of the plain program."""
     rounds = max(rounds, 11)
     pingpong, copy = plain.pingpong, plain.copy
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
@@ -177,6 +187,10 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
         subprocess.run([mpirun, *MPIRUN_2, str(tools / "bench_transfer"), str(work / "wire.json"),
                         str(reps)], check=True, env=ENV, capture_output=True)
         rows = {r["bytes"]: r for r in json.loads((work / "wire.json").read_text())["rows"]}
+        subprocess.run([mpirun, *MPIRUN_2, str(tools / "bench_transfer"), str(work / "wire.json"),
+                        str(reps), "mpi-alone"], check=True, env=ENV, capture_output=True)
+        for r in json.loads((work / "wire.json").read_text())["rows"]:
+            rows[r["bytes"]]["mpi_alone_us"] = r["mpi_us"]
         sizes = [str(b) for b in rows]
         for p in _json_lines([mpirun, *MPIRUN_2, str(pingpong), str(reps), *sizes], ENV):
             rows[p["bytes"]].update(plain_mpi_us=p["median_us"], plain_mpi_best_us=p["best_us"])
@@ -186,32 +200,38 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
     out = []
     for b, first in runs[0].items():
         row = {"shape": first["shape"], "bytes": b}
-        for k in ("transfer_us", "packed_us", "datatype_us", "mpi_us", "plain_mpi_us",
-                  "plain_mpi_best_us", "copy_us"):
+        for k in ("transfer_us", "packed_us", "datatype_us", "mpi_us", "mpi_alone_us",
+                  "plain_mpi_us", "plain_mpi_best_us", "copy_us"):
             row[k] = statistics.median(r[b][k] for r in runs)
         row["paired"] = {
             "mpi / wire": statistics.median(r[b]["mpi_us"] / r[b]["transfer_us"] for r in runs),
             "plain / mpi": statistics.median(r[b]["plain_mpi_us"] / r[b]["mpi_us"]
                                              for r in runs)}
         row["rounds_us"] = {k: [round(r[b][k], 1) for r in runs]
-                            for k in ("transfer_us", "mpi_us", "plain_mpi_us")}
+                            for k in ("transfer_us", "mpi_us", "mpi_alone_us", "plain_mpi_us")}
+        row["fastest_launch_us"] = {k: min(v) for k, v in row["rounds_us"].items()}
         out.append(row)
     return {"smsc": ", ".join(smsc), "rounds": rounds, "reps": reps, "rows": out}
 
 
 def print_wire(w: dict) -> None:
-    print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'plain MPI':>9} "
-          f"{'x-core copy':>11} {'wire/MPI':>8} {'plain/MPI':>9}   (GB/s medians; ratios "
-          "paired by round)")
+    print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'MPI alone':>9} "
+          f"{'plain MPI':>9} {'x-core copy':>11} {'wire/MPI':>8} {'plain/MPI':>9} "
+          f"{'fastest':>7} {'alone':>6}   (GB/s medians; wire/MPI and plain/MPI paired by "
+          "round; fastest, alone: plain / MPI beside, plain / MPI alone in the fastest launch "
+          "of each)")
     for r in w["rows"]:
-        mb, pair = r["bytes"] / 1e6, r["paired"]
+        mb, pair, best = r["bytes"] / 1e6, r["paired"], r["fastest_launch_us"]
         print(f"{r['shape']:<16} {mb:7.2f} {mb * 1e3 / r['transfer_us']:7.2f} "
-              f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['plain_mpi_us']:9.2f} "
-              f"{mb * 1e3 / r['copy_us']:11.2f} {pair['mpi / wire']:8.2f} "
-              f"{1 / pair['plain / mpi']:9.2f}")
+              f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['mpi_alone_us']:9.2f} "
+              f"{mb * 1e3 / r['plain_mpi_us']:9.2f} {mb * 1e3 / r['copy_us']:11.2f} "
+              f"{pair['mpi / wire']:8.2f} {1 / pair['plain / mpi']:9.2f} "
+              f"{best['mpi_us'] / best['plain_mpi_us']:7.2f} "
+              f"{best['mpi_alone_us'] / best['plain_mpi_us']:6.2f}")
     print("goals from 1 MB: wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of the same "
-          "bytes inside bench_transfer, in turns with the wire), which agree within 10 % with "
-          "plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same bytes and mpirun flags). x-core "
+          "bytes inside bench_transfer, in turns with the wire); it and the calls alone (one "
+          "buffer pair) within 10 % of plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same "
+          "bytes and mpirun flags). x-core "
           "copy: a buffer one core wrote, copied by the other (cross_core_copy.c). Open MPI's "
           f"single-copy component: {w['smsc']}")
 
@@ -254,8 +274,9 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
             res = run(outs[k], feeds, frames)
             fps[k].append(res.stats["fps"])
             worst = max(worst, compare(next(iter(res.outputs.values())), want)[1])
+            if k in steady:
+                steady[k].append(res.stats["steady_fps"])
             if k == "2x1":
-                steady["2x1"].append(res.stats["steady_fps"])
                 stages.append({"fps": res.stats["fps"], "ranks": [
                     {f: r[f] / frames for f in ("compute_s", "recv_wait_s", "send_wait_s")}
                     for r in res.stats["ranks"]]})
@@ -285,6 +306,8 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
                        "2x1 by time / by FLOPs": med["2x1"] / med["2x1 flops"],
                        "2x1 / 1x2": med["2x1"] / med["1x2"],
                        "pipelined / frame by frame": med["2x1"] / med["2x1 frame"],
+                       "steady 2x1 / 1x2": paired("2x1", "1x2"),
+                       "steady 2 alone / 1x2": paired("2 alone", "1x2"),
                        "steady 2x1 / 2 alone": paired("2x1", "2 alone"),
                        "steady 2x1 / 2 x slower alone": paired("2x1", "2 x slower alone"),
                        "steady 2x1 / 2 stages meeting": paired("2x1", "2 stages meeting"),
@@ -296,8 +319,9 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
 # What P4's ceilings compare at steady state: 2x1 against the two whole-model processes at once
 # (their sum, and twice the slower, what a 2-stage pipeline on those two cores could reach), and
 # against 2x1's own two sub-models as plain processes at once (stages_alone), each at its own
-# pace or meeting every frame as a pipeline's stages do: the pace of the slower.
-STEADY = ("2 alone", "2 x slower alone", "2 stages free", "2 stages meeting", "2x1")
+# pace or meeting every frame as a pipeline's stages do: the pace of the slower. And 2x1 against
+# 1x2, one rank on both cores, as a camera's stream sees them: neither filling nor draining.
+STEADY = ("2 alone", "2 x slower alone", "2 stages free", "2 stages meeting", "2x1", "1x2")
 
 
 def bench_fp16(frames: int, work: Path) -> dict:
@@ -352,10 +376,10 @@ def main() -> None:
               + "   slower / faster core, medians: " + ", ".join(
                   f"{k} {statistics.median(v):.3f}" for k, v in r["core_spread"].items()))
     print("goals: 1x1 / ncnn alone >= 0.97, steady 2x1 / 2 alone >= 0.95, steady 2x1 / its "
-          "2 stages meeting >= 0.95, 2x1 / 1x2 >= 1.05. 2 alone: two independent single-thread "
-          "ncnn processes at once; 2 stages: 2x1's two sub-models as plain ncnn processes "
-          "(stages_alone), free or meeting every frame; alone pools: ncnn's own pool allocators "
-          "instead of malloc (the program's)")
+          "2 stages meeting >= 0.95, steady 2x1 / 1x2 >= 1.05 where 2 alone allows it. 2 alone: "
+          "two independent single-thread ncnn processes at once; 2 stages: 2x1's two sub-models "
+          "as plain ncnn processes (stages_alone), free or meeting every frame; alone pools: "
+          "ncnn's own pool allocators instead of malloc (the program's)")
     for r in rows:
         print(f"{r['model']} 2x1, per frame: " + "; ".join(
             f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits recv "

@@ -7,7 +7,11 @@
 // reach). Every receiver reuses its Mat from frame to frame, as the generated program does (a
 // fresh 64 MiB Mat per frame would time page faults, not transfers).
 //
-//   mpirun -n 2 bench_transfer [out.json] [reps]
+//   mpirun -n 2 bench_transfer [out.json] [reps] [mpi-alone]
+//
+// mpi-alone: the MPI calls only, through one buffer pair, as a plain ping-pong program makes
+// them. Taking turns with the other methods' buffers made the same calls 10-15 % faster at
+// 64 MiB (and no faster in a plain C program), so this is what to hold against one.
 //
 // Each row is one tensor (1-64 MiB, then CNN-sized), timed as a ping-pong (rank 0 -> 1 -> 0)
 // with the receiver ending up holding a Mat, as the generated program needs; the table shows the
@@ -164,24 +168,36 @@ int main(int argc, char** argv) {
   g_peer = 1 - g_rank;
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 31;
+  const bool alone = argc > 3 && std::strcmp(argv[3], "mpi-alone") == 0;
+  if (argc > 3 && !alone) autodice::abort_run(std::string("unknown mode ") + argv[3], 2);
 
   // 1, 4, 16 and 64 MiB tensors, then CNN feature maps whose odd sizes carry padding.
   const std::vector<Shape> shapes = {{1, 256, 32, 32},   {1, 256, 64, 64}, {1, 256, 128, 128},
                                      {1, 256, 256, 256}, {1, 512, 7, 7},   {1, 64, 55, 55},
                                      {1, 1000}};
   std::string json = "{\"reps\": " + std::to_string(reps) + ", \"rows\": [";
-  if (g_rank == 0)
+  if (g_rank == 0 && alone)
+    std::printf("%-16s %9s %8s\n", "shape", "bytes", "mpi_us");
+  else if (g_rank == 0)
     std::printf("%-16s %9s %10s %11s %11s %8s %10s %9s %14s\n", "shape", "bytes", "packed_us",
                 "datatype_us", "transfer_us", "mpi_us", "memcpy_us", "GB/s", "memcpy/transfer");
   for (size_t i = 0; i < shapes.size(); ++i) {
     const TensorInfo info{"t", shapes[i], DType::Float32};
+    const std::string shape = autodice::shape_str(info.shape);
+    const long long bytes = static_cast<long long>(info.bytes());
+    if (alone) {
+      const double mpi = median_one_way_us({hop_mpi}, info, reps)[0];
+      if (g_rank != 0) continue;
+      std::printf("%-16s %9lld %8.1f\n", shape.c_str(), bytes, mpi);
+      json += (i ? ", " : "") + std::string("{\"shape\": \"") + shape + "\", \"bytes\": " +
+              std::to_string(bytes) + ", \"mpi_us\": " + std::to_string(mpi) + "}";
+      continue;
+    }
     const std::vector<double> us =
         median_one_way_us({hop_packed, hop_datatype, hop_transfer, hop_mpi}, info, reps);
     const double packed = us[0], datatype = us[1], transfer = us[2], mpi = us[3];
     if (g_rank != 0) continue;
     const double copy = median_memcpy_us(info.bytes(), reps);
-    const std::string shape = autodice::shape_str(info.shape);
-    const long long bytes = static_cast<long long>(info.bytes());
     std::printf("%-16s %9lld %10.1f %11.1f %11.1f %8.1f %10.1f %9.2f %13.2fx\n", shape.c_str(),
                 bytes, packed, datatype, transfer, mpi, copy, bytes / transfer / 1e3,
                 copy / transfer);
