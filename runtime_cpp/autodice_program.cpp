@@ -133,7 +133,7 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   // later step needs still has that consumer to come (ncnn gives every consumer its own Split
   // output). Without it a ping-pong rank held every blob of the frame: DenseNet-121 277 MB.
   net.opt.lightmode = true;
-  allocate_from_heap(net.opt);
+  allocate_activations(net.opt);
   if (!r.fp16) compute_in_fp32(net.opt);  // fp32 end to end, so outputs match onnxruntime
 #if NCNN_VULKAN
   if (gpu) {

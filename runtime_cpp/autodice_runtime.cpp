@@ -4,11 +4,15 @@
 #include <malloc.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <map>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include <cerrno>
 #include <climits>
@@ -117,18 +121,84 @@ void abort_run(const std::string& message, int code) {
 
 namespace {
 
-class HeapAllocator final : public ncnn::Allocator {
+// Blocks from kMin bytes come from a region of their own, best fit, neighbours merged when freed,
+// pages kept once touched; smaller ones from malloc, whose per-size caches are faster for the
+// many small blobs (through the region too, DenseNet-121 ran at 0.95x). See the header for why.
+class ActivationArena final : public ncnn::Allocator {
  public:
-  void* fastMalloc(size_t size) override { return ncnn::fastMalloc(size); }
-  void fastFree(void* ptr) override { ncnn::fastFree(ptr); }
+  void* fastMalloc(size_t size) override {
+    if (size < kMin) return ncnn::fastMalloc(size);
+    const size_t n = (size + NCNN_MALLOC_OVERREAD + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!reserve()) return ncnn::fastMalloc(size);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second >= n && (best == free_.end() || it->second < best->second)) best = it;
+    size_t at = top_;
+    if (best != free_.end()) {
+      at = best->first;
+      if (best->second > n) free_[at + n] = best->second - n;
+      free_.erase(best);
+    } else {
+      if (at + n > reserved_) return ncnn::fastMalloc(size);
+      top_ += n;
+    }
+    used_[at] = n;
+    return base_ + at;
+  }
+
+  void fastFree(void* ptr) override {
+    char* p = static_cast<char*>(ptr);
+    if (base_ == nullptr || p < base_ || p >= base_ + reserved_) return ncnn::fastFree(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto u = used_.find(static_cast<size_t>(p - base_));
+    size_t at = u->first, n = u->second;
+    used_.erase(u);
+    auto next = free_.lower_bound(at);
+    if (next != free_.end() && next->first == at + n) {
+      n += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin() && std::prev(next)->first + std::prev(next)->second == at) {
+      at = std::prev(next)->first;
+      n += std::prev(next)->second;
+      free_.erase(std::prev(next));
+    }
+    if (at + n == top_)
+      top_ = at;  // the next block from the top reuses these pages, resident as they are
+    else
+      free_[at] = n;
+  }
+
+ private:
+  static constexpr size_t kMin = 64 << 10, kAlign = 64;
+
+  // Address space for as much as the machine's memory, claimed page by page as it is touched.
+  bool reserve() {
+    if (base_ != nullptr || failed_) return base_ != nullptr;
+    reserved_ = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) *
+                static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void* p = mmap(nullptr, reserved_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    failed_ = p == MAP_FAILED;
+    if (!failed_) base_ = static_cast<char*>(p);
+    return !failed_;
+  }
+
+  std::mutex mutex_;
+  char* base_ = nullptr;
+  bool failed_ = false;
+  size_t reserved_ = 0, top_ = 0;
+  std::map<size_t, size_t> free_;            // offset -> bytes, no two adjacent
+  std::unordered_map<size_t, size_t> used_;  // offset -> bytes
 };
 
 }  // namespace
 
-void allocate_from_heap(ncnn::Option& opt) {
-  static HeapAllocator allocator;
-  opt.blob_allocator = &allocator;
-  opt.workspace_allocator = &allocator;
+void allocate_activations(ncnn::Option& opt) {
+  static ActivationArena arena;
+  opt.blob_allocator = &arena;
+  opt.workspace_allocator = &arena;
 }
 
 void compute_in_fp32(ncnn::Option& opt) {

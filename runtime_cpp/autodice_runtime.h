@@ -62,15 +62,22 @@ class Timer {
 int64_t peak_rss_bytes();
 int64_t rss_bytes();  // resident now (VmRSS), -1 without /proc
 
-// Where a rank's blobs and workspace come from: malloc, set up once by use_heap_allocator().
-// ncnn's Net otherwise keeps them in its pool allocators, which hand any larger cached block to
-// a smaller request and never give a block back: a rank whose layers meet growing sizes keeps
-// one block of each. Through malloc (glibc coalesces freed chunks) with a fixed 32 MiB mmap
-// threshold (a block below it is reused, never unmapped and faulted in again each frame) and
-// no trimming; bench/backend_bench.py compares the two (one thread, the whole model: peak RSS
-// DenseNet-121 108 -> 89 MB, ResNet-50 242 -> 237 MB; frames/s 0.90-1.11x over two runs).
+// Where a rank's blobs and workspace come from. ncnn's Net otherwise keeps them in its pool
+// allocators, which hand any larger cached block to a smaller request and never give a block
+// back: a rank whose layers meet growing sizes keeps one block of each. Small ones come from
+// malloc, with a fixed 32 MiB mmap threshold (a block below it is reused, never unmapped and
+// faulted in again each frame) and no trimming (use_heap_allocator); bench/backend_bench.py
+// compares malloc with the pools (one thread, the whole model: peak RSS DenseNet-121 108 -> 89
+// MB, ResNet-50 242 -> 237 MB; frames/s 0.90-1.11x over two runs).
+// Blocks from 64 KiB come from a region of their own, where nothing but blobs and workspace
+// lives. In malloc's heap they met what outlives a step: MPI's fragments and requests, the
+// extractor's bookkeeping, the outputs a send still reads at the next frame. A rank that runs
+// several steps a frame (a mapping that goes to another rank and back) then left holes its
+// next frame's large blobs did not fit: DenseNet-121 ranks of 2 or 3 steps held 4-6 MB more
+// than their peak activations and workspace on one host, 14 MB over TCP (2026-11-26), which no
+// cost model follows. From the region: within 2.5 % of the model; whole models as before.
 void use_heap_allocator();  // call once at start-up, before loading a net
-void allocate_from_heap(ncnn::Option& opt);  // a net's opt, before it loads
+void allocate_activations(ncnn::Option& opt);  // a net's opt, before it loads
 
 // While one exists, every block from 128 KiB that malloc hands out is a mapping of its own, given
 // back when freed; then use_heap_allocator's settings again. Hold one around Net::load_model.

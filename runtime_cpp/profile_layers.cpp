@@ -11,8 +11,8 @@
 //   layers one Extractor extracts the first output blob of every layer in file order and times
 //          each extract. File order is topological and every earlier blob is still held, so
 //          each extract runs exactly that one layer.
-// Two details keep "layers" honest: the nets allocate through malloc as the generated program's
-// do (autodice::allocate_from_heap; with the net's local pool, extract() would deep-copy every blob
+// Two details keep "layers" honest: the nets allocate as the generated program's do
+// (autodice::allocate_activations; with the net's local pool, extract() would deep-copy every blob
 // it returns), and blobs are taken unpacked (type 1) and dropped at once, so no extra
 // conversion runs and no in-place consumer finds a blob shared with us and clones it.
 //
@@ -138,7 +138,7 @@ Args parse_args(int argc, char** argv) {
 // The generated program's net options (templates/program.cpp.j2, load_net) for a CPU rank.
 void cpu_options(ncnn::Net& net, int threads) {
   net.opt.num_threads = threads;
-  autodice::allocate_from_heap(net.opt);
+  autodice::allocate_activations(net.opt);
   net.opt.use_vulkan_compute = false;
   net.opt.lightmode = true;
   autodice::compute_in_fp32(net.opt);
@@ -302,7 +302,7 @@ void load_gpu(ncnn::Net& net, const Args& args, int index) {
   net.opt.use_vulkan_compute = true;
   net.set_vulkan_device(index);
   net.opt.lightmode = true;
-  autodice::allocate_from_heap(net.opt);
+  autodice::allocate_activations(net.opt);
   if (net.load_param(args.param.c_str()) != 0 || net.load_model(args.bin.c_str()) != 0)
     autodice::abort_run("cannot load " + args.param + " on Vulkan device " +
                         std::to_string(index), 4);

@@ -5,11 +5,13 @@
 //
 // Prints {"frames": N, "seconds": S, "fps": F, "steady_fps": F1, "load_s": L, "peak_rss": B};
 // the clock starts after loading, as the generated program's does. F1 counts the frames after the
-// first from the end of the first, as the program's steady_fps does. Blobs come from malloc as
-// the program's do (autodice::allocate_from_heap); with "pools", from ncnn's own pool allocators
+// first from the end of the first, as the program's steady_fps does. Blobs come from where the
+// program's do (autodice::allocate_activations), and the weights load as its do
+// (autodice::LoadingHeap); with "pools", from ncnn's own pool allocators
 // and glibc's default settings, as a plain ncnn program has them.
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "autodice_runtime.h"
@@ -42,16 +44,19 @@ int main(int argc, char** argv) {
   ncnn::Net net;
   if (!pools) {
     autodice::use_heap_allocator();
-    autodice::allocate_from_heap(net.opt);
+    autodice::allocate_activations(net.opt);
   }
   net.opt.num_threads = std::atoi(argv[5]);
   net.opt.lightmode = true;
   // The generated program's fp32 options, so both run the same kernels.
   autodice::compute_in_fp32(net.opt);
+  std::optional<autodice::LoadingHeap> as_program;
+  if (!pools) as_program.emplace();
   if (net.load_param(argv[1]) != 0 || net.load_model(argv[2]) != 0) {
     std::fprintf(stderr, "cannot load %s / %s\n", argv[1], argv[2]);
     return 1;
   }
+  as_program.reset();
   const autodice::Shape shape = parse_shape(argv[4]);
   const autodice::NpyArray input = autodice::npy_load(argv[3], autodice::DType::Float32, shape);
   const ncnn::Mat in = autodice::mat_from_dense(input.f32(), shape);

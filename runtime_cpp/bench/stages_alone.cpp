@@ -24,10 +24,11 @@
 namespace {
 
 void load(ncnn::Net& net, const char* param, const char* bin) {
-  autodice::allocate_from_heap(net.opt);
+  autodice::allocate_activations(net.opt);
   net.opt.num_threads = 1;
   net.opt.lightmode = true;
   autodice::compute_in_fp32(net.opt);
+  autodice::LoadingHeap loading;  // as the program loads
   if (net.load_param(param) != 0 || net.load_model(bin) != 0) {
     std::fprintf(stderr, "cannot load %s / %s\n", param, bin);
     std::exit(1);

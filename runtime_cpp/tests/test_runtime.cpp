@@ -8,7 +8,9 @@
 //
 // The last three are expected to fail; CMake runs them through expect_failure.cmake, which
 // checks the exit code and the message.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -209,6 +211,44 @@ static void test_mat_datatype_describes_the_padding() {
   MPI_Type_free(&type);
 }
 
+// Blobs and workspace: aligned, never overlapping, and every freed block merged with its
+// neighbours, so a block as large as all of them fits where the first one was once they are
+// freed, whatever order they were freed in; small ones come from malloc.
+static void test_activation_blocks_reuse_their_space() {
+  ncnn::Option opt;
+  autodice::allocate_activations(opt);
+  ncnn::Allocator* a = opt.blob_allocator;
+  CHECK(opt.workspace_allocator == a);
+  const std::vector<size_t> sizes = {100 << 10, 3 << 20, 64 << 10, 1 << 20, 300 << 10, 2 << 20};
+  std::vector<char*> blocks;
+  for (size_t n : sizes) {
+    char* p = static_cast<char*>(a->fastMalloc(n));
+    CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    std::memset(p, 1, n);  // all of it usable
+    blocks.push_back(p);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (size_t j = i + 1; j < blocks.size(); ++j)
+      CHECK(blocks[i] + sizes[i] <= blocks[j] || blocks[j] + sizes[j] <= blocks[i]);
+  char* lowest = *std::min_element(blocks.begin(), blocks.end());
+  for (size_t i : {3, 0, 5, 1, 4, 2}) a->fastFree(blocks[i]);
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  char* all = static_cast<char*>(a->fastMalloc(total));
+  CHECK(all == lowest);
+  char* again = static_cast<char*>(a->fastMalloc(1 << 20));  // after it, not inside
+  CHECK(again >= all + total);
+  a->fastFree(all);
+  char* first = static_cast<char*>(a->fastMalloc(1 << 20));  // the best fit: where all was
+  CHECK(first == all);
+  a->fastFree(first);
+  a->fastFree(again);
+  void* small = a->fastMalloc(4 << 10);
+  CHECK(small != nullptr && (static_cast<char*>(small) < lowest ||
+                             static_cast<char*>(small) >= lowest + total + (1 << 20)));
+  a->fastFree(small);
+}
+
 static void test_log_timer_rss() {
   CHECK(autodice::log_prefix().rfind("[rank 0 ", 0) == 0);
   autodice::Timer timer;
@@ -353,7 +393,8 @@ int main(int argc, char** argv) {
              {"ncnn_shape_drops_the_batch", test_ncnn_shape_drops_the_batch},
              {"pack_odd_shapes", test_pack_odd_shapes},
              {"mat_datatype_describes_the_padding", test_mat_datatype_describes_the_padding},
-             {"log_timer_rss", test_log_timer_rss}};
+             {"log_timer_rss", test_log_timer_rss},
+             {"activation_blocks_reuse_their_space", test_activation_blocks_reuse_their_space}};
   } else if (mode == "mpi") {
     tests = {{"mpi_transfers", test_mpi_transfers}};
   } else if (mode == "mismatch") {
