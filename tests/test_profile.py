@@ -283,11 +283,15 @@ def test_fused_layers_share_the_time_by_flops(tmp_path, external):
     assert got["workspace"][3] == pytest.approx(40) and got["workspace"][0] > 0.9 * 64
 
 
-@pytest.mark.cpp
-def test_a_ranks_predicted_memory_is_what_it_holds(tmp_path, zoo_model):
-    """ResNet-50 cut in two at two points, each rank's predicted memory against the peak resident
-    memory the program measured. Before the program loaded its weights into mappings of their
-    own, heap holes made these -12 % (the cut after layer 158, rank 0) and +23 % (after 88)."""
+def _layer_names(model) -> list[str]:
+    graph = load_model(model)
+    return [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+
+
+def _held_and_predicted(tmp_path, model, mappings: dict[str, dict], frames: int):
+    """Each mapping of ``model`` over two one-core hosts split, built and run here: (its plan,
+    each rank's predicted cost, each rank's stats from the program), from one profile measured
+    here."""
     from autodice.backend.build import build
     from autodice.backend.gen import gen
     from autodice.backend.run import run
@@ -295,26 +299,35 @@ def test_a_ranks_predicted_memory_is_what_it_holds(tmp_path, zoo_model):
     from autodice.dse.timing import make_timing
     from autodice.frontend.split import split
 
-    model = zoo_model("resnet50")
     platform = tmp_path / "platform.txt"
     platform.write_text("edge01, x86, slots=0\nedge02, x86, slots=1\n")
     timing = make_timing(platform, profile_model(model, platform, threads=(1,), warmup=1, runs=3,
                                                  gpu=False))
     graph = load_model(model)
-    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
     x = tmp_path / "x.npy"
     np.save(x, np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
-    for cut in (88, 158):
-        out = tmp_path / f"cut{cut}"
-        mapping = tmp_path / f"cut{cut}.json"
-        mapping.write_text(json.dumps({"edge01_cpu0": names[:cut], "edge02_cpu1": names[cut:]}))
-        plan = split(model, mapping, platform, out)
+    for name, mapping in mappings.items():
+        out = tmp_path / name
+        (tmp_path / f"{name}.json").write_text(json.dumps(mapping))
+        plan = split(model, tmp_path / f"{name}.json", platform, out)
         gen(out)
         build(out)
         predicted = plan_cost(plan, timing, graph)
-        ranks = run(out, {plan.model_inputs[0].name: x}, frames=3).stats["ranks"]
-        for r, got in zip(predicted.ranks, ranks):
-            assert abs(r.memory / got["peak_rss"] - 1) < 0.1, (cut, r, got["peak_rss"])
+        yield plan, predicted.ranks, run(out, {plan.model_inputs[0].name: x},
+                                          frames=frames).stats["ranks"]
+
+
+@pytest.mark.cpp
+def test_a_ranks_predicted_memory_is_what_it_holds(tmp_path, zoo_model):
+    """ResNet-50 cut in two at two points, each rank's predicted memory against the peak resident
+    memory the program measured. Before the program loaded its weights into mappings of their
+    own, heap holes made these -12 % (the cut after layer 158, rank 0) and +23 % (after 88)."""
+    model = zoo_model("resnet50")
+    names = _layer_names(model)
+    cuts = {f"cut{c}": {"edge01_cpu0": names[:c], "edge02_cpu1": names[c:]} for c in (88, 158)}
+    for _, predicted, ranks in _held_and_predicted(tmp_path, model, cuts, frames=3):
+        for r, got in zip(predicted, ranks):
+            assert abs(r.memory / got["peak_rss"] - 1) < 0.1, (r, got["peak_rss"])
 
 
 @pytest.mark.cpp
@@ -324,32 +337,11 @@ def test_a_rank_of_several_steps_holds_what_is_predicted(tmp_path, zoo_model):
     what outlives a step (the outputs a send still reads, MPI's own blocks) and each frame left
     holes: 66.7 MB for 60.7 predicted (+10 %). Blobs and workspace from a region of their own:
     59.4 MB."""
-    from autodice.backend.build import build
-    from autodice.backend.gen import gen
-    from autodice.backend.run import run
-    from autodice.dse.cost import plan_cost
-    from autodice.dse.timing import make_timing
-    from autodice.frontend.split import split
-
     model = zoo_model("densenet121")
-    platform = tmp_path / "platform.txt"
-    platform.write_text("edge01, x86, slots=0\nedge02, x86, slots=1\n")
-    timing = make_timing(platform, profile_model(model, platform, threads=(1,), warmup=1, runs=3,
-                                                 gpu=False))
-    graph = load_model(model)
-    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    names = _layer_names(model)
     first = names[:226] + [names[539]] + names[636:]
-    mapping = tmp_path / "mapping.json"
-    mapping.write_text(json.dumps({"edge01_cpu0": first,
-                                   "edge02_cpu1": [n for n in names if n not in set(first)]}))
-    out = tmp_path / "out"
-    plan = split(model, mapping, platform, out)
-    assert len(plan.ranks[0].steps) == 3
-    gen(out)
-    build(out)
-    predicted = plan_cost(plan, timing, graph)
-    x = tmp_path / "x.npy"
-    np.save(x, np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
-    ranks = run(out, {plan.model_inputs[0].name: x}, frames=20).stats["ranks"]
-    for r, got in zip(predicted.ranks, ranks):
-        assert abs(r.memory / got["peak_rss"] - 1) < 0.05, (r, got["peak_rss"])
+    mapping = {"edge01_cpu0": first, "edge02_cpu1": [n for n in names if n not in set(first)]}
+    for plan, predicted, ranks in _held_and_predicted(tmp_path, model, {"out": mapping}, 20):
+        assert len(plan.ranks[0].steps) == 3
+        for r, got in zip(predicted, ranks):
+            assert abs(r.memory / got["peak_rss"] - 1) < 0.05, (r, got["peak_rss"])
