@@ -14,6 +14,7 @@
 #include <set>
 #include <unordered_map>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -173,11 +174,13 @@ class ActivationArena final : public ncnn::Allocator {
  private:
   static constexpr size_t kMin = 64 << 10, kAlign = 64;
 
-  // Address space for as much as the machine's memory, claimed page by page as it is touched.
+  // Address space for as much as the machine's memory (a quarter of a 32-bit one's at most),
+  // claimed page by page as it is touched.
   bool reserve() {
     if (base_ != nullptr || failed_) return base_ != nullptr;
-    reserved_ = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) *
-                static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t ram = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    reserved_ = static_cast<size_t>(std::min<uint64_t>(ram, SIZE_MAX / 4));
     void* p = mmap(nullptr, reserved_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     failed_ = p == MAP_FAILED;
