@@ -1,6 +1,6 @@
 """Back-end benchmark (issue 3): the generated program against ncnn alone, pipelines against one
 rank, pipelined against frame by frame, the wire against a plain MPI ping-pong and a cross-core
-copy, fp16 against fp32, and the program's blobs from malloc against ncnn's own pool allocators
+copy, fp16 against fp32, and the program's blob allocator against ncnn's own pool allocators
 (speed and peak memory). The pipelines are also measured at steady state, as a stream of camera
 frames runs: each run's ``steady_fps``, its frames after the first from the end of the first, so
 one stage time of filling the pipeline counts against neither side.
@@ -93,7 +93,7 @@ def build_tools(dest: Path) -> Path:
 def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,),
                pools: bool = False) -> tuple[float, int, list[float]]:
     """(fps, peak RSS bytes, each process's steady fps) of the whole model in a plain ncnn loop,
-    1 thread, on core 0 like rank 0; blobs from malloc as the program's, or from ncnn's own pools
+    1 thread, on core 0 like rank 0; blobs from where the program's come, or from ncnn's pools
     with ``pools``.
 
     With several ``cores``, one such process per core at once, and the sum of their fps: the
@@ -170,8 +170,8 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
     allows at best (as a ping-pong's best of N is), with the median of the pairs each round
     makes (the plain program against the launch before it) kept beside it.
 
-    Taking turns with the other methods' buffers makes the calls beside the wire faster at
-    64 MiB than the plain program's, which reuses one buffer pair; so each round also launches
+    Taking turns with the other methods' buffers makes the calls beside the wire faster at 16
+    and 64 MiB than the plain program's, which reuses one buffer pair; so each round also launches
     bench_transfer's MPI calls alone, through one pair (``mpi_alone_us``): the same harness
     made like the plain program, which says whether a gap is the harness or the buffers.
     goals.py holds the wire to >= 0.9x the calls beside it, and both in-process ceilings to
@@ -231,9 +231,8 @@ def print_wire(w: dict) -> None:
     print("goals from 1 MB: wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of the same "
           "bytes inside bench_transfer, in turns with the wire); it and the calls alone (one "
           "buffer pair) within 10 % of plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same "
-          "bytes and mpirun flags). x-core "
-          "copy: a buffer one core wrote, copied by the other (cross_core_copy.c). Open MPI's "
-          f"single-copy component: {w['smsc']}")
+          "bytes and mpirun flags). x-core copy: a buffer one core wrote, copied by the other "
+          f"(cross_core_copy.c). Open MPI's single-copy component: {w['smsc']}")
 
 
 def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
@@ -298,8 +297,8 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
             "core_spread": spread, "peak_rss": rss, "max_rel_error": worst,
             "2x1 per frame": typical["ranks"],
             "ratios": {"1x1 / ncnn alone": med["1x1"] / med["alone"],
-                       "malloc / ncnn's pools, fps": med["alone"] / med["alone pools"],
-                       "malloc / ncnn's pools, peak RSS": statistics.median(rss["alone"])
+                       "allocator / ncnn's pools, fps": med["alone"] / med["alone pools"],
+                       "allocator / ncnn's pools, peak RSS": statistics.median(rss["alone"])
                        / statistics.median(rss["alone pools"]),
                        "ceiling: 2 x ncnn alone at once / alone": med["2 alone"] / med["alone"],
                        "2x1 / 1x1": med["2x1"] / med["1x1"],
@@ -379,7 +378,7 @@ def main() -> None:
           "2 stages meeting >= 0.95, steady 2x1 / 1x2 >= 1.05 where 2 alone allows it. 2 alone: "
           "two independent single-thread ncnn processes at once; 2 stages: 2x1's two sub-models "
           "as plain ncnn processes (stages_alone), free or meeting every frame; alone pools: "
-          "ncnn's own pool allocators instead of malloc (the program's)")
+          "ncnn's own pool allocators instead of the program's (allocate_activations)")
     for r in rows:
         print(f"{r['model']} 2x1, per frame: " + "; ".join(
             f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits recv "

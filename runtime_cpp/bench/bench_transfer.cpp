@@ -10,8 +10,9 @@
 //   mpirun -n 2 bench_transfer [out.json] [reps] [mpi-alone]
 //
 // mpi-alone: the MPI calls only, through one buffer pair, as a plain ping-pong program makes
-// them. Taking turns with the other methods' buffers made the same calls 10-15 % faster at
-// 64 MiB (and no faster in a plain C program), so this is what to hold against one.
+// them. Taking turns with the other methods' buffers made the same calls 10-17 % faster at 16
+// and 64 MiB (a plain C program gained less from four buffer pairs in turn), so this is what to
+// hold against one.
 //
 // Each row is one tensor (1-64 MiB, then CNN-sized), timed as a ping-pong (rank 0 -> 1 -> 0)
 // with the receiver ending up holding a Mat, as the generated program needs; the table shows the
