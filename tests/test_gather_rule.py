@@ -40,8 +40,10 @@ def gathers(draw, ranges: bool):
     if flat.size == 1:
         shapes.append(())  # a scalar index drops the axis (torch's select)
     indices = flat.reshape(draw(st.sampled_from(shapes)))
-    # Below opset 10, Slice has no steps: the rule may rewrite only step-1 ranges there.
-    step = int(flat[1] - flat[0]) if flat.size > 1 else 1
+    # Below opset 10, Slice has no steps: the rule may rewrite only step-1 ranges there. The step
+    # is the one Gather sees, counting negative indices from the end ([-1, 0] of 2 steps by -1).
+    seen = np.where(flat < 0, flat + n, flat)
+    step = int(seen[1] - seen[0]) if flat.size > 1 else 1
     opset = draw(st.sampled_from([9, 13])) if step == 1 or not ranges else 13
     return shape, axis, indices.astype(np.int64), opset
 
@@ -79,6 +81,7 @@ SETTINGS = settings(max_examples=100, deadline=None,
 @example(case=([3], 0, np.array([2, 1, 0]), 13))
 @example(case=([768], 0, np.arange(768).reshape(1, 768, 1, 1), 18))
 @example(case=([1, 5, 4], -2, np.array(-1), 9))
+@example(case=([2], 0, np.array([-1, 0]), 13))
 def test_a_range_becomes_slice_and_reshape_with_the_same_output(tmp_path, case):
     shape, axis, indices, opset = case
     model = model_of(shape, axis, indices, opset)
