@@ -73,9 +73,9 @@ int64_t rss_bytes();  // resident now (VmRSS), -1 without /proc
 // lives. In malloc's heap they met what outlives a step: MPI's fragments and requests, the
 // extractor's bookkeeping, the outputs a send still reads at the next frame. A rank that runs
 // several steps a frame (a mapping that goes to another rank and back) then left holes its
-// next frame's large blobs did not fit: DenseNet-121 ranks of 2 or 3 steps held 4-6 MB more
+// next frame's large blobs did not fit: DenseNet-121 ranks of 2 or 3 steps held 1-6 MB more
 // than their peak activations and workspace on one host, 14 MB over TCP (2026-11-26), which no
-// cost model follows. From the region: within 2.5 % of the model; whole models as before.
+// cost model follows. From the region: within 3 % of the model; whole models as before.
 void use_heap_allocator();  // call once at start-up, before loading a net
 void allocate_activations(ncnn::Option& opt);  // a net's opt, before it loads
 
