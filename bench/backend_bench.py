@@ -6,7 +6,7 @@ frames runs: each run's ``steady_fps``, its frames after the first from the end 
 one stage time of filling the pipeline counts against neither side.
 
     python bench/backend_bench.py [--models resnet50,resnet101,densenet121] [--frames 30]
-                                  [--rounds 5]
+                                  [--rounds 9]
 
 Every configuration of a model runs once per round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios are
@@ -159,23 +159,19 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
     MPI ping-pong of the same bytes and the cross-core copy, rounds interleaved; medians over
     rounds of each round's median. Also which single-copy component Open MPI selected.
 
-    The ceiling, measured two ways: the same MPI calls inside bench_transfer, taking turns with
-    the wire in short blocks (``mpi_us``), and the plain program, a process of its own with
-    nothing of autodice in it (``plain_mpi_us``). This VM has fast and slow phases lasting
-    seconds, and whole launches run in one or the other (1 MiB one way in ~0.12 or ~0.4 ms):
-    the wire's ratio is therefore paired, taken within one launch against the calls beside it,
-    and its median over at least 11 rounds reported. The ceilings cannot share a launch (the
-    plain program's independence is the point), and a slow phase in either is noise, never the
-    machine's limit: they are compared by their fastest launch, a ceiling being what the machine
-    allows at best (as a ping-pong's best of N is), with the median of the pairs each round
-    makes (the plain program against the launch before it) kept beside it.
+    The ceiling is MPI_Send/MPI_Recv of the same bytes, measured three ways: inside
+    bench_transfer taking turns with the wire in short blocks (``mpi_us``, "beside"); inside
+    bench_transfer alone, through one buffer pair (``mpi_alone_us``, "alone"); and the plain
+    program, a process of its own with nothing of autodice in it (``plain_mpi_us``). This VM
+    has fast and slow phases lasting seconds, and whole launches run in one or the other (1 MiB
+    one way in ~0.12 or ~0.4 ms), so every ratio is paired: the wire against the calls beside
+    it within one launch, the others launch against launch within a round (launched back to
+    back), the median of at least 11 rounds' ratios reported. The calls alone are the harness
+    made like the plain program; they agreeing with it says the harness measures MPI as a plain
+    program does, and the wire is held to them and to the calls beside it.
 
-    Taking turns with the other methods' buffers makes the calls beside the wire faster at 16
-    and 64 MiB than the plain program's, which reuses one buffer pair; so each round also launches
-    bench_transfer's MPI calls alone, through one pair (``mpi_alone_us``): the same harness
-    made like the plain program, which says whether a gap is the harness or the buffers.
-    goals.py holds the wire to >= 0.9x the calls beside it, and both in-process ceilings to
-    within 10 % of the plain program."""
+    The calls beside the wire came out faster than alone at 4-64 MiB (12-23 %, 2026-11-26),
+    which a plain program did not reproduce: see runtime_cpp/bench/bench_transfer.cpp."""
     rounds = max(rounds, 11)
     pingpong, copy = plain.pingpong, plain.copy
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
@@ -204,35 +200,32 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> 
                   "plain_mpi_us", "plain_mpi_best_us", "copy_us"):
             row[k] = statistics.median(r[b][k] for r in runs)
         row["paired"] = {
-            "mpi / wire": statistics.median(r[b]["mpi_us"] / r[b]["transfer_us"] for r in runs),
-            "plain / mpi": statistics.median(r[b]["plain_mpi_us"] / r[b]["mpi_us"]
-                                             for r in runs)}
+            f"{x} / {y}": statistics.median(r[b][f"{x}_us"] / r[b][f"{y}_us"] for r in runs)
+            for x, y in (("mpi", "transfer"), ("mpi_alone", "transfer"),
+                         ("plain_mpi", "mpi_alone"), ("plain_mpi", "mpi"))}
         row["rounds_us"] = {k: [round(r[b][k], 1) for r in runs]
                             for k in ("transfer_us", "mpi_us", "mpi_alone_us", "plain_mpi_us")}
-        row["fastest_launch_us"] = {k: min(v) for k, v in row["rounds_us"].items()}
         out.append(row)
     return {"smsc": ", ".join(smsc), "rounds": rounds, "reps": reps, "rows": out}
 
 
 def print_wire(w: dict) -> None:
     print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'MPI alone':>9} "
-          f"{'plain MPI':>9} {'x-core copy':>11} {'wire/MPI':>8} {'plain/MPI':>9} "
-          f"{'fastest':>7} {'alone':>6}   (GB/s medians; wire/MPI and plain/MPI paired by "
-          "round; fastest, alone: plain / MPI beside, plain / MPI alone in the fastest launch "
-          "of each)")
+          f"{'plain MPI':>9} {'x-core copy':>11} {'wire/beside':>11} {'wire/alone':>10} "
+          f"{'alone/plain':>11}   (GB/s medians; ratios of speed, paired by round)")
     for r in w["rows"]:
-        mb, pair, best = r["bytes"] / 1e6, r["paired"], r["fastest_launch_us"]
+        mb, pair = r["bytes"] / 1e6, r["paired"]
         print(f"{r['shape']:<16} {mb:7.2f} {mb * 1e3 / r['transfer_us']:7.2f} "
               f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['mpi_alone_us']:9.2f} "
               f"{mb * 1e3 / r['plain_mpi_us']:9.2f} {mb * 1e3 / r['copy_us']:11.2f} "
-              f"{pair['mpi / wire']:8.2f} {1 / pair['plain / mpi']:9.2f} "
-              f"{best['mpi_us'] / best['plain_mpi_us']:7.2f} "
-              f"{best['mpi_alone_us'] / best['plain_mpi_us']:6.2f}")
-    print("goals from 1 MB: wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of the same "
-          "bytes inside bench_transfer, in turns with the wire); it and the calls alone (one "
-          "buffer pair) within 10 % of plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same "
-          "bytes and mpirun flags). x-core copy: a buffer one core wrote, copied by the other "
-          f"(cross_core_copy.c). Open MPI's single-copy component: {w['smsc']}")
+              f"{pair['mpi / transfer']:11.2f} {pair['mpi_alone / transfer']:10.2f} "
+              f"{pair['plain_mpi / mpi_alone']:11.2f}")
+    print("goals from half a MiB: the wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of "
+          "the same bytes inside bench_transfer, in turns with the wire) and >= 0.9x the calls "
+          "alone (one buffer pair), those within 10 % of plain MPI (runtime_cpp/bench/"
+          "mpi_pingpong.c, the same bytes and mpirun flags). x-core copy: a buffer one core "
+          "wrote, copied by the other (cross_core_copy.c). Open MPI's single-copy component: "
+          f"{w['smsc']}")
 
 
 def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
@@ -348,7 +341,7 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50,resnet101,densenet121",
                     help='comma-separated; "" for the wire alone')
     ap.add_argument("--frames", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json", type=Path, default=Path("build/bench/backend.json"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
