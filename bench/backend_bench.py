@@ -10,7 +10,9 @@ one stage time of filling the pipeline counts against neither side.
 
 Every configuration of a model runs once per round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios are
-paired: taken within each round, their median reported. All on this machine's first two cores,
+paired: taken within each round, their median reported. A round starts with what P4 compares,
+back to back (two whole-model processes, 2x1, its stages meeting and free, 1x2): this VM's
+phases last seconds, and runs ten seconds apart often fell in different ones. All on this machine's first two cores,
 full ncnn build (the one `make demo` uses).
 
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of the
@@ -154,77 +156,102 @@ def _json_lines(argv: list[str], env: dict | None = None) -> list[dict]:
     return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
 
 
-def wire(tools: Path, plain: Plain, work: Path, rounds: int, reps: int = 15) -> dict:
+def wire(tools: Path, plain: Plain, work: Path, rounds: int, pairs: int = 41,
+         reps: int = 15) -> dict:
     """Each tensor between two ranks as the programs send it (bench_transfer), beside the plain
-    MPI ping-pong of the same bytes and the cross-core copy, rounds interleaved; medians over
-    rounds of each round's median. Also which single-copy component Open MPI selected.
+    MPI ping-pong of the same bytes and the cross-core copy; medians over launches of each
+    launch's median. Also which single-copy component Open MPI selected.
 
-    The ceiling is MPI_Send/MPI_Recv of the same bytes, measured three ways: inside
-    bench_transfer taking turns with the wire in short blocks (``mpi_us``, "beside"); inside
-    bench_transfer alone, through one buffer pair (``mpi_alone_us``, "alone"); and the plain
-    program, a process of its own with nothing of autodice in it (``plain_mpi_us``). This VM
-    has fast and slow phases lasting seconds, and whole launches run in one or the other (1 MiB
-    one way in ~0.12 or ~0.4 ms), so every ratio is paired: the wire against the calls beside
-    it within one launch, the others launch against launch within a round (launched back to
-    back), the median of at least 11 rounds' ratios reported. The calls alone are the harness
-    made like the plain program; they agreeing with it says the harness measures MPI as a plain
-    program does, and the wire is held to them and to the calls beside it.
+    The ceiling is MPI_Send/MPI_Recv of the same bytes. This VM's pace moves from launch to
+    launch (1 MiB one way in 0.10-0.17 ms in 20 launches in a row of the plain program; in some
+    runs ~0.12 or ~0.4 ms), so every ratio is paired:
 
-    The calls beside the wire came out faster than alone at 4-64 MiB (12-23 %, 2026-11-26),
-    which a plain program did not reproduce: see runtime_cpp/bench/bench_transfer.cpp."""
+    * the wire against the same calls beside it, taking turns in short blocks within one launch
+      (``transfer_us``, ``mpi_us``): at least 11 launches of bench_transfer;
+    * the wire alone and the calls alone, each through one buffer pair in a launch of its own
+      (``wire_alone_us``, ``mpi_alone_us``), against the plain program (``plain_mpi_us``, a
+      process with nothing of autodice in it): ``pairs`` rounds of the three launched back to
+      back, the order rotating, each ratio the median of the rounds'. A launch's spread is
+      ~25 %, so 41 rounds, not 11, hold the median to a few per cent.
+
+    The calls alone agreeing with the plain program says the harness measures MPI as a plain
+    program does. The calls beside the wire came out faster than alone at 4-64 MiB (12-23 %,
+    2026-11-26), which a plain program did not reproduce: see bench_transfer.cpp."""
     rounds = max(rounds, 11)
     pingpong, copy = plain.pingpong, plain.copy
     mpirun = str(mpi_prefix() / "bin" / "mpirun")
     said = subprocess.run([mpirun, *MPIRUN_2, "--mca", "smsc_base_verbose", "10", str(pingpong),
                            "1", "1048576"], env=ENV, capture_output=True, text=True)
     smsc = sorted(set(_SMSC.findall(said.stdout + said.stderr))) or ["none (copy in, copy out)"]
+
+    def transfer(mode: str = "") -> list[dict]:
+        subprocess.run([mpirun, *MPIRUN_2, str(tools / "bench_transfer"), str(work / "wire.json"),
+                        str(reps), *([mode] if mode else [])], check=True, env=ENV,
+                       capture_output=True)
+        return json.loads((work / "wire.json").read_text())["rows"]
+
     runs: list[dict[int, dict]] = []
     for _ in range(rounds):
-        subprocess.run([mpirun, *MPIRUN_2, str(tools / "bench_transfer"), str(work / "wire.json"),
-                        str(reps)], check=True, env=ENV, capture_output=True)
-        rows = {r["bytes"]: r for r in json.loads((work / "wire.json").read_text())["rows"]}
-        subprocess.run([mpirun, *MPIRUN_2, str(tools / "bench_transfer"), str(work / "wire.json"),
-                        str(reps), "mpi-alone"], check=True, env=ENV, capture_output=True)
-        for r in json.loads((work / "wire.json").read_text())["rows"]:
-            rows[r["bytes"]]["mpi_alone_us"] = r["mpi_us"]
-        sizes = [str(b) for b in rows]
-        for p in _json_lines([mpirun, *MPIRUN_2, str(pingpong), str(reps), *sizes], ENV):
-            rows[p["bytes"]].update(plain_mpi_us=p["median_us"], plain_mpi_best_us=p["best_us"])
-        for c in _json_lines([str(copy), "0", "1", str(reps), *sizes]):
+        rows = {r["bytes"]: r for r in transfer()}
+        for c in _json_lines([str(copy), "0", "1", str(reps), *map(str, rows)]):
             rows[c["bytes"]]["copy_us"] = c["median_us"]
         runs.append(rows)
+    sizes = [str(b) for b in runs[0]]
+
+    def alone(method: str) -> dict[int, float]:
+        if method == "plain_mpi_us":
+            return {p["bytes"]: p["median_us"]
+                    for p in _json_lines([mpirun, *MPIRUN_2, str(pingpong), str(reps), *sizes],
+                                         ENV)}
+        mode, key = {"wire_alone_us": ("wire-alone", "transfer_us"),
+                     "mpi_alone_us": ("mpi-alone", "mpi_us")}[method]
+        return {r["bytes"]: r[key] for r in transfer(mode)}
+
+    methods = ["wire_alone_us", "mpi_alone_us", "plain_mpi_us"]
+    paired: list[dict[int, dict]] = []
+    for i in range(pairs):
+        got: dict[str, dict[int, float]] = {}
+        for m in methods[i % 3:] + methods[:i % 3]:
+            got[m] = alone(m)
+        paired.append({b: {m: got[m][b] for m in methods} for b in runs[0]})
     out = []
     for b, first in runs[0].items():
         row = {"shape": first["shape"], "bytes": b}
-        for k in ("transfer_us", "packed_us", "datatype_us", "mpi_us", "mpi_alone_us",
-                  "plain_mpi_us", "plain_mpi_best_us", "copy_us"):
+        for k in ("transfer_us", "packed_us", "datatype_us", "mpi_us", "copy_us"):
             row[k] = statistics.median(r[b][k] for r in runs)
+        for k in methods:
+            row[k] = statistics.median(r[b][k] for r in paired)
         row["paired"] = {
-            f"{x} / {y}": statistics.median(r[b][f"{x}_us"] / r[b][f"{y}_us"] for r in runs)
-            for x, y in (("mpi", "transfer"), ("mpi_alone", "transfer"),
-                         ("plain_mpi", "mpi_alone"), ("plain_mpi", "mpi"))}
-        row["rounds_us"] = {k: [round(r[b][k], 1) for r in runs]
-                            for k in ("transfer_us", "mpi_us", "mpi_alone_us", "plain_mpi_us")}
+            "mpi / transfer": statistics.median(r[b]["mpi_us"] / r[b]["transfer_us"]
+                                                for r in runs),
+            **{f"{x} / {y}": statistics.median(r[b][f"{x}_us"] / r[b][f"{y}_us"]
+                                               for r in paired)
+               for x, y in (("mpi_alone", "wire_alone"), ("plain_mpi", "mpi_alone"))}}
+        row["launches_us"] = {
+            **{k: [round(r[b][k], 1) for r in runs] for k in ("transfer_us", "mpi_us")},
+            **{k: [round(r[b][k], 1) for r in paired] for k in methods}}
         out.append(row)
-    return {"smsc": ", ".join(smsc), "rounds": rounds, "reps": reps, "rows": out}
+    return {"smsc": ", ".join(smsc), "rounds": rounds, "pairs": pairs, "reps": reps,
+            "rows": out}
 
 
 def print_wire(w: dict) -> None:
-    print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'MPI alone':>9} "
-          f"{'plain MPI':>9} {'x-core copy':>11} {'wire/beside':>11} {'wire/alone':>10} "
-          f"{'alone/plain':>11}   (GB/s medians; ratios of speed, paired by round)")
+    print(f"\n{'tensor':<16} {'MB':>7} {'wire':>7} {'MPI beside':>10} {'wire alone':>10} "
+          f"{'MPI alone':>9} {'plain MPI':>9} {'x-core copy':>11} {'wire/beside':>11} "
+          f"{'wire/alone':>10} {'alone/plain':>11}   (GB/s medians; ratios of speed, paired)")
     for r in w["rows"]:
         mb, pair = r["bytes"] / 1e6, r["paired"]
         print(f"{r['shape']:<16} {mb:7.2f} {mb * 1e3 / r['transfer_us']:7.2f} "
-              f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['mpi_alone_us']:9.2f} "
-              f"{mb * 1e3 / r['plain_mpi_us']:9.2f} {mb * 1e3 / r['copy_us']:11.2f} "
-              f"{pair['mpi / transfer']:11.2f} {pair['mpi_alone / transfer']:10.2f} "
-              f"{pair['plain_mpi / mpi_alone']:11.2f}")
-    print("goals from half a MiB: the wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv of "
-          "the same bytes inside bench_transfer, in turns with the wire) and >= 0.9x the calls "
-          "alone (one buffer pair), those within 10 % of plain MPI (runtime_cpp/bench/"
-          "mpi_pingpong.c, the same bytes and mpirun flags). x-core copy: a buffer one core "
-          "wrote, copied by the other (cross_core_copy.c). Open MPI's single-copy component: "
+              f"{mb * 1e3 / r['mpi_us']:10.2f} {mb * 1e3 / r['wire_alone_us']:10.2f} "
+              f"{mb * 1e3 / r['mpi_alone_us']:9.2f} {mb * 1e3 / r['plain_mpi_us']:9.2f} "
+              f"{mb * 1e3 / r['copy_us']:11.2f} {pair['mpi / transfer']:11.2f} "
+              f"{pair['mpi_alone / wire_alone']:10.2f} {pair['plain_mpi / mpi_alone']:11.2f}")
+    print(f"goals from half a MiB: the wire >= 0.9x the MPI calls beside it (MPI_Send/MPI_Recv "
+          f"of the same bytes inside bench_transfer, in turns with the wire; {w['rounds']} "
+          f"launches) and, each alone through one buffer pair, >= 0.9x those calls alone, which "
+          f"are within 10 % of plain MPI (runtime_cpp/bench/mpi_pingpong.c, the same bytes and "
+          f"mpirun flags; {w['pairs']} rounds of the three). x-core copy: a buffer one core "
+          f"wrote, copied by the other (cross_core_copy.c). Open MPI's single-copy component: "
           f"{w['smsc']}")
 
 
@@ -246,32 +273,41 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
     stages: list[dict] = []  # the 2x1 runs' ranks: where each one's time went
     worst = 0.0
     want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
+
+    def program(k: str) -> None:
+        """One run of the generated program ``k``: its rates, its error, its ranks' times."""
+        nonlocal worst
+        res = run(outs[k], feeds, frames)
+        fps[k].append(res.stats["fps"])
+        worst = max(worst, compare(next(iter(res.outputs.values())), want)[1])
+        if k in steady:
+            steady[k].append(res.stats["steady_fps"])
+        if k == "2x1":
+            stages.append({"fps": res.stats["fps"], "ranks": [
+                {f: r[f] / frames for f in ("compute_s", "recv_wait_s", "send_wait_s")}
+                for r in res.stats["ranks"]]})
+
     for r in range(rounds):
-        for k in ("alone", "alone pools"):
-            f, m, _ = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
-                                 pools=k == "alone pools")
-            fps[k].append(f)
-            rss[k].append(m)
+        # What P4 pairs runs back to back, so a phase of the VM (seconds) more often holds both.
         f, _, each = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames, cores=(0, 1))
         fps["2 alone"].append(f)
         steady["2 alone"].append(sum(each))
         steady["2 x slower alone"].append(2 * min(each))
         spread["ncnn processes"].append(min(each) / max(each))
-        loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
-        spread["core_speeds"].append(min(loops) / max(loops))
-        for k, meet in (("2 stages free", False), ("2 stages meeting", True)):
+        program("2x1")
+        for k, meet in (("2 stages meeting", True), ("2 stages free", False)):
             ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, meet)
             steady[k].append(1e3 / max(ms))
-        for k in ("1x1", "1x2", "2x1", "2x1 flops"):
-            res = run(outs[k], feeds, frames)
-            fps[k].append(res.stats["fps"])
-            worst = max(worst, compare(next(iter(res.outputs.values())), want)[1])
-            if k in steady:
-                steady[k].append(res.stats["steady_fps"])
-            if k == "2x1":
-                stages.append({"fps": res.stats["fps"], "ranks": [
-                    {f: r[f] / frames for f in ("compute_s", "recv_wait_s", "send_wait_s")}
-                    for r in res.stats["ranks"]]})
+        program("1x2")
+        loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
+        spread["core_speeds"].append(min(loops) / max(loops))
+        for k in ("alone", "alone pools"):
+            f, m, _ = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
+                                 pools=k == "alone pools")
+            fps[k].append(f)
+            rss[k].append(m)
+        program("1x1")
+        program("2x1 flops")
         fps["2x1 frame"].append(run(outs["2x1"], feeds, frames, pipeline=False).stats["fps"])
         print(f"  {name} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in fps.items())
               + "; steady " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in steady.items())

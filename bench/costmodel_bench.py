@@ -7,7 +7,8 @@ Per model, as a user runs it: the zoo model, an emulated cluster (`autodice clus
 `autodice profile --inventory --no-cache` (layers on the real engine, measured in this run; the
 links measured), then
 `autodice dse --measure N`, which searches throughput x memory, deploys N Pareto points to the
-cluster and runs each `--rounds` times. The table is its measure.json: predicted and measured
+cluster and runs each `--rounds` times, then the profile once more: the layers' sum before and
+after the runs says how far the machine's pace moved while they ran. The table is its measure.json: predicted and measured
 frames/s (median round; each run's steady_fps, its pipeline full, as the model predicts) and
 peak memory (the most loaded host: the sum of its ranks' peak RSS), with the errors. Goal:
 every point within 15 % (throughput) and 10 % (memory) of measured.
@@ -50,6 +51,11 @@ def bench_model(name: str, work: Path, measure: int, rounds: int, frames: int) -
     autodice("dse", f"{name}.onnx", "-p", "platform.txt", "--profile", "profile.json", "-o",
              "front", "--objectives", "throughput,memory", "--measure", str(measure),
              "--rounds", str(rounds), "--frames", str(frames), "-i", "inventory.toml", cwd=work)
+    # The same profile again after the runs: how far this VM's pace moved while they ran (the
+    # model predicts from the first; a machine that slowed down between is not the model's error).
+    autodice("profile", f"{name}.onnx", "-p", "platform.txt", "-i", "inventory.toml",
+             "-o", "profile-after.json", "--threads", "1", "--no-gpu", "--no-cache", cwd=work)
+    pace = [layers_ms(work / f) for f in ("profile.json", "profile-after.json")]
     points = json.loads((work / "front" / "measure.json").read_text())
     rows = [{"point": p["point"], "predicted_fps": p["predicted_fps"],
              "measured_fps": p["measured_fps"], "runs_fps": p["runs_fps"],
@@ -60,7 +66,13 @@ def bench_model(name: str, work: Path, measure: int, rounds: int, frames: int) -
              "memory_error": p["predicted_memory_bytes"] / p["measured_peak_rss_bytes"] - 1,
              "notes": p["notes"]} for p in points]
     return {"model": name, "profile_s": profiled - started,
-            "dse_s": time.monotonic() - profiled, "points": rows}
+            "dse_s": time.monotonic() - profiled, "points": rows,
+            "layers_ms_before": pace[0], "layers_ms_after": pace[1]}
+
+
+def layers_ms(profile: Path) -> float:
+    """The model's layers on one core, summed: what the profile says one frame costs."""
+    return sum(lc["cpu_ms"]["1"] for lc in json.loads(profile.read_text())["layers"])
 
 
 def main() -> None:
@@ -97,6 +109,9 @@ def main() -> None:
                   f"{p['measured_memory_bytes'] / 1e6:11.1f} {p['memory_error']:+6.0%}")
     print("goal: every point within 15 % (frames/s) and 10 % (memory) of measured; error = "
           "predicted / measured - 1; 2 emulated hosts x 1 core")
+    for m in models:
+        print(f"{m['model']}: layers on one core summed {m['layers_ms_before']:.1f} ms in the "
+              f"profile the model used, {m['layers_ms_after']:.1f} ms in one taken after the runs")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"hosts": 2, "cores_per_host": 1, "models": models},
                                     indent=1) + "\n")

@@ -7,10 +7,10 @@
 // reach). Every receiver reuses its Mat from frame to frame, as the generated program does (a
 // fresh 64 MiB Mat per frame would time page faults, not transfers).
 //
-//   mpirun -n 2 bench_transfer [out.json] [reps] [mpi-alone]
+//   mpirun -n 2 bench_transfer [out.json] [reps] [mpi-alone|wire-alone]
 //
 // mpi-alone: the MPI calls only, through one buffer pair, as a plain ping-pong program makes
-// them: what to hold against one. Taking turns with the other methods made the same calls
+// them: what to hold against one. wire-alone: autodice::Transfer only, the same way. Taking turns with the other methods made the same calls
 // faster at 4-64 MiB (paired by round in 8 rounds of 2026-11-26: 1.12 / 1.18 / 1.14x at 4 / 16 /
 // 64 MiB; in turns with a second buffer pair of the same calls 1.11 / 1.03 / 1.10x). A plain C
 // program did not reproduce it at 64 MiB: four buffer pairs in turn, or a 100 ms sleep, a 100 ms
@@ -173,8 +173,18 @@ int main(int argc, char** argv) {
   g_peer = 1 - g_rank;
   const char* json_path = argc > 1 ? argv[1] : nullptr;
   const int reps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 31;
-  const bool alone = argc > 3 && std::strcmp(argv[3], "mpi-alone") == 0;
-  if (argc > 3 && !alone) autodice::abort_run(std::string("unknown mode ") + argv[3], 2);
+  // One method alone: its name in the JSON, and its hop.
+  const char* alone = nullptr;
+  Hop alone_hop = nullptr;
+  if (argc > 3 && std::strcmp(argv[3], "mpi-alone") == 0) {
+    alone = "mpi_us";
+    alone_hop = hop_mpi;
+  } else if (argc > 3 && std::strcmp(argv[3], "wire-alone") == 0) {
+    alone = "transfer_us";
+    alone_hop = hop_transfer;
+  } else if (argc > 3) {
+    autodice::abort_run(std::string("unknown mode ") + argv[3], 2);
+  }
 
   // 1, 4, 16 and 64 MiB tensors, then CNN feature maps whose odd sizes carry padding.
   const std::vector<Shape> shapes = {{1, 256, 32, 32},   {1, 256, 64, 64}, {1, 256, 128, 128},
@@ -182,7 +192,7 @@ int main(int argc, char** argv) {
                                      {1, 1000}};
   std::string json = "{\"reps\": " + std::to_string(reps) + ", \"rows\": [";
   if (g_rank == 0 && alone)
-    std::printf("%-16s %9s %8s\n", "shape", "bytes", "mpi_us");
+    std::printf("%-16s %9s %11s\n", "shape", "bytes", alone);
   else if (g_rank == 0)
     std::printf("%-16s %9s %10s %11s %11s %8s %10s %9s %14s\n", "shape", "bytes", "packed_us",
                 "datatype_us", "transfer_us", "mpi_us", "memcpy_us", "GB/s", "memcpy/transfer");
@@ -191,11 +201,11 @@ int main(int argc, char** argv) {
     const std::string shape = autodice::shape_str(info.shape);
     const long long bytes = static_cast<long long>(info.bytes());
     if (alone) {
-      const double mpi = median_one_way_us({hop_mpi}, info, reps)[0];
+      const double us = median_one_way_us({alone_hop}, info, reps)[0];
       if (g_rank != 0) continue;
-      std::printf("%-16s %9lld %8.1f\n", shape.c_str(), bytes, mpi);
+      std::printf("%-16s %9lld %11.1f\n", shape.c_str(), bytes, us);
       json += (i ? ", " : "") + std::string("{\"shape\": \"") + shape + "\", \"bytes\": " +
-              std::to_string(bytes) + ", \"mpi_us\": " + std::to_string(mpi) + "}";
+              std::to_string(bytes) + ", \"" + alone + "\": " + std::to_string(us) + "}";
       continue;
     }
     const std::vector<double> us =
