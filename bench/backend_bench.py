@@ -12,8 +12,8 @@ Every configuration of a model runs once per round, round after round, so the ma
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios are
 paired: taken within each round, their median reported. A round starts with what P4 compares,
 back to back (two whole-model processes, 2x1, its stages meeting and free, 1x2): this VM's
-phases last seconds, and runs ten seconds apart often fell in different ones. All on this machine's first two cores,
-full ncnn build (the one `make demo` uses).
+phases last seconds, and runs ten seconds apart often fell in different ones. All on this
+machine's first two cores, full ncnn build (the one `make demo` uses).
 
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of the
 plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the ncnn
@@ -175,8 +175,8 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, pairs: int = 41,
       ~25 %, so 41 rounds, not 11, hold the median to a few per cent.
 
     The calls alone agreeing with the plain program says the harness measures MPI as a plain
-    program does. The calls beside the wire came out faster than alone at 4-64 MiB (12-23 %,
-    2026-11-26), which a plain program did not reproduce: see bench_transfer.cpp."""
+    program does. The calls beside the wire came out faster than alone at 4-64 MiB (1.1-1.4x in
+    the runs of 2026-11-26), which a plain program did not reproduce: see bench_transfer.cpp."""
     rounds = max(rounds, 11)
     pingpong, copy = plain.pingpong, plain.copy
     mpirun = str(mpi_prefix() / "bin" / "mpirun")

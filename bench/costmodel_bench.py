@@ -8,10 +8,11 @@ Per model, as a user runs it: the zoo model, an emulated cluster (`autodice clus
 links measured), then
 `autodice dse --measure N`, which searches throughput x memory, deploys N Pareto points to the
 cluster and runs each `--rounds` times, then the profile once more: the layers' sum before and
-after the runs says how far the machine's pace moved while they ran. The table is its measure.json: predicted and measured
-frames/s (median round; each run's steady_fps, its pipeline full, as the model predicts) and
-peak memory (the most loaded host: the sum of its ranks' peak RSS), with the errors. Goal:
-every point within 15 % (throughput) and 10 % (memory) of measured.
+after the runs says how far the machine's pace moved while they ran. The table is its
+measure.json: predicted and measured frames/s (median round; each run's steady_fps, its pipeline
+full, as the model predicts) and peak memory (the most loaded host: the sum of its ranks' peak
+RSS), with the errors. Goal: every point within 15 % (throughput) and 10 % (memory) of
+measured.
 
 The cluster is 2 hosts with one core each: this machine has 2 cores, and the issue's 4 hosts
 would share them. Needs root (network namespaces). Writes build/bench/costmodel.json.

@@ -10,13 +10,15 @@
 //   mpirun -n 2 bench_transfer [out.json] [reps] [mpi-alone|wire-alone]
 //
 // mpi-alone: the MPI calls only, through one buffer pair, as a plain ping-pong program makes
-// them: what to hold against one. wire-alone: autodice::Transfer only, the same way. Taking turns with the other methods made the same calls
-// faster at 4-64 MiB (paired by round in 8 rounds of 2026-11-26: 1.12 / 1.18 / 1.14x at 4 / 16 /
-// 64 MiB; in turns with a second buffer pair of the same calls 1.11 / 1.03 / 1.10x). A plain C
-// program did not reproduce it at 64 MiB: four buffer pairs in turn, or a 100 ms sleep, a 100 ms
-// spin or a 64 MiB copy between its blocks made 0.91 / 0.85 / 0.85 / 0.99x its plain loop's
-// speed (median of 3 launches each, launched back to back). Not explained; the wire is held to
-// the calls beside it and to the calls alone.
+// them: what to hold against one. wire-alone: autodice::Transfer only, the same way.
+//
+// Taking turns with the other methods made the same calls faster at 4-64 MiB (paired by round
+// in 8 rounds of 2026-11-26: 1.12 / 1.18 / 1.14x at 4 / 16 / 64 MiB; in turns with a second
+// buffer pair of the same calls 1.11 / 1.03 / 1.10x). A plain C program did not reproduce it at
+// 64 MiB: four buffer pairs in turn, or a 100 ms sleep, a 100 ms spin or a 64 MiB copy between
+// its blocks made 0.91 / 0.85 / 0.85 / 0.99x its plain loop's speed (median of 3 launches each).
+// Not explained; bench/backend_bench.py holds the wire to the calls beside it and, each alone,
+// to the calls alone.
 //
 // Each row is one tensor (1-64 MiB, then CNN-sized), timed as a ping-pong (rank 0 -> 1 -> 0)
 // with the receiver ending up holding a Mat, as the generated program needs; the table shows the
