@@ -179,6 +179,26 @@ def test_busy_neighbours_stretch_a_rank_by_the_corun_slowdown(chain):
     assert cm.cost(cm.slots_of(whole)).ranks[0].compute_s == pytest.approx(0.001 + 0.006 + 0.001)
 
 
+@pytest.mark.parametrize("machine", [", machine=vm1", ""])
+def test_hosts_on_one_machine_contend_as_one_board(chain, machine):
+    # e1 and e2 are one core each; named on one machine (emulated hosts, say), each one's rank
+    # keeps the other's core busy as two ranks of one board do. a (4000 B) crosses a 1 MB/s
+    # link in 4 ms + 2 x 0.5 ms at both ends: uncontended, rank 1's stage is 11 + 5 = 16 ms.
+    lines = "".join(f"{h}, arm, slots=0, bandwidth=1MB/s, latency=0.5ms{machine}\n"
+                    for h in ("e1", "e2"))
+    platform = parse_platform_text(lines)
+    graph = load_model(chain)
+    timing = Timing(platform, replace(CHAIN_PROFILE, corun=Corun(2, 1.2)))
+    cm = CostModel(graph, timing)
+    mapping = {"e1_arm0": ["A"], "e2_arm0": ["B", "C"]}
+    shared = 0.2 if machine else 0.0
+    for c in (cm.cost(cm.slots_of(mapping)),
+              plan_cost(plan_of(graph, platform, mapping), timing, graph)):
+        r0, r1 = c.ranks
+        assert r0.compute_s == pytest.approx(0.002 * (1 + shared * 0.011 / 0.016))
+        assert r1.compute_s == pytest.approx(0.011 * (1 + shared * 0.002 / 0.016))
+
+
 def test_every_rank_process_pays_the_runtime_bytes(chain):
     profile = replace(CHAIN_PROFILE, runtime_bytes=30_000_000)
     platform = parse_platform_text(CHAIN_PLATFORM.format(extra=""))

@@ -39,20 +39,23 @@ def test_parse_platform_fields():
         "\n"
         "edge04, x86, slots=0-11, gpu=AMDRX6800 (VULKAN), bandwidth=1gbit, latency=0.2ms, "
         "power_idle=12W, power_cpu=3.5W, power_gpu=150W, gpu_mem=16GiB\n"
-        "edge05, ARM, slots=0-3\n")
+        "edge05, ARM, slots=0-3, machine=rack 2\n")
     e1, e4, e5 = p.devices.values()
     assert (e1.name, e1.arch, e1.slots, e1.gpu, e1.gpu_api, e1.mem) == (
         "edge01", "arm", (0, 1, 2, 3, 4, 5), "NVIDIAVolta", "CUDA", 8e9)
     assert e4.bandwidth == 125e6 and e4.latency == pytest.approx(2e-4)
     assert (e4.power_idle, e4.power_cpu, e4.power_gpu, e4.gpu_mem) == (12, 3.5, 150, 16 * 2**30)
     assert e5.gpu is None and e5.arch == "arm"
+    assert (e1.machine, e5.machine) == (None, "rack 2")
 
 
 def test_platform_reports_every_problem_at_once():
     with pytest.raises(AutodiceError) as e:
-        parse_platform_text("a, arm, slots=0-3, ram=4GB\nb, mips, slots=0\nc, arm\n", "p.txt")
+        parse_platform_text("a, arm, slots=0-3, ram=4GB\nb, mips, slots=0\nc, arm\n"
+                            "d, arm, slots=0, machine=\n", "p.txt")
     text = str(e.value)
-    assert len(e.value.problems) == 3
+    assert len(e.value.problems) == 4
+    assert 'p.txt:4: device "d": machine=: empty' in text
     assert 'p.txt:1: device "a": unknown field "ram=4GB"' in text and "mem (RAM" in text
     assert 'p.txt:2: device "b": arch "mips"' in text
     assert "p.txt:3" in text

@@ -58,6 +58,12 @@ def _watts(value: str) -> float:
     return _number(value, {"w": 1.0, "mw": 1e-3}, "w")
 
 
+def _machine(value: str) -> str:
+    if not value:
+        raise ValueError("empty: name the machine these hosts share")
+    return value
+
+
 def _positive(parse):
     """``parse``, refusing 0: a board with no memory or a link with no bandwidth is a typo, and
     the cost model would divide by it."""
@@ -116,6 +122,7 @@ class Device:
     power_gpu: float | None = None  # watts added while the GPU is busy
     bandwidth: float | None = None  # bytes/s of its network link
     latency: float | None = None  # seconds, one way
+    machine: str | None = None  # hosts naming one machine share its caches and memory
 
 
 # Field name -> (parser, help). Keeping them as data makes the error message list itself.
@@ -131,6 +138,8 @@ FIELDS = {
     "bandwidth": (_positive(lambda v: _number(v, _RATE_UNITS, "")),
                   "link rate, e.g. 1gbit or 100MB/s"),
     "latency": (lambda v: _number(v, _TIME_UNITS, "s"), "one-way link latency, e.g. 0.2ms"),
+    "machine": (_machine, "the machine hosts share, e.g. vm1 for emulated or containerised "
+                          "hosts"),
 }
 
 

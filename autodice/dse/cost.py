@@ -19,9 +19,10 @@ on frame i while rank k+1 works on frame i-1:
   back down: ``bytes / rate + latency`` each way, as the profile measured the device's copies.
 * **contention**: per-layer times were taken with the rest of the machine idle, but a pipelined
   stage computes while the other ranks of its board compute too, sharing caches and memory
-  bandwidth. The profile measured how much slower the whole model runs on one core with every
-  core busy; a rank's compute (and span) stretches by that factor, scaled by how many of its
-  board's other cores the other ranks keep busy (see :func:`contention`).
+  bandwidth (hosts whose platform lines name one ``machine=`` count as one board). The profile
+  measured how much slower the whole model runs on one core with every core busy; a rank's
+  compute (and span) stretches by that factor, scaled by how many of its board's other cores
+  the other ranks keep busy (see :func:`contention`).
 * **transfer** of a cut tensor from rank a to rank b: ``bytes / bandwidth + latency``. Ranks on
   one host use the profile's ``shm`` link; other pairs the profile's measured host pair, else the
   platform's fields (a message crosses both hosts' links: the slower ``bandwidth``, the two
@@ -190,7 +191,9 @@ class RankColumns:
 def contention(timing: Timing, cols: RankColumns, compute: np.ndarray,
                period: np.ndarray) -> np.ndarray:
     """(P, R) factor >= 1 by which a CPU rank's compute stretches because the other ranks of its
-    board keep the board's other cores busy (shared caches and memory bandwidth).
+    board keep the board's other cores busy (shared caches and memory bandwidth). Hosts whose
+    platform lines name one ``machine`` (emulated or containerised hosts on one server) are one
+    board here: their ranks contend as one board's do.
 
     The profile measured the slowdown ``F`` of one core with all ``C`` cores of its machine busy;
     with ``b`` busy cores the slowdown is taken as ``g(b) = 1 + (F - 1) * (b - 1) / (C - 1)``
@@ -205,9 +208,12 @@ def contention(timing: Timing, cols: RankColumns, compute: np.ndarray,
     cores = np.array([timing.corun[d.name][0] for d in devices])[cols.dev]
     cpu = ~cols.gpu
     busy = np.where(cpu, cols.threads * np.minimum(compute / period[:, None], 1.0), 0.0)
-    onehot = np.zeros((len(cols.dev), len(devices)))
-    onehot[np.arange(len(cols.dev)), cols.dev] = 1.0
-    others = (busy @ onehot)[:, cols.dev] - busy
+    keys = [("machine", d.machine) if d.machine else ("host", d.name) for d in devices]
+    board = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    on = np.array([board[k] for k in keys])[cols.dev]
+    onehot = np.zeros((len(cols.dev), len(board)))
+    onehot[np.arange(len(cols.dev)), on] = 1.0
+    others = (busy @ onehot)[:, on] - busy
 
     def g(b):
         return 1.0 + (slow - 1.0) * np.clip((b - 1.0) / np.maximum(cores - 1.0, 1.0), 0.0, 1.0)
