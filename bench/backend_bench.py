@@ -271,6 +271,8 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
     spread: dict[str, list[float]] = {"ncnn processes": [], "core_speeds": []}
     rss: dict[str, list[int]] = {"alone": [], "alone pools": []}
     stages: list[dict] = []  # the 2x1 runs' ranks: where each one's time went
+    # 2x1's sub-models as plain processes: each stage's ms a frame, beside the ranks' compute.
+    stage_ms: dict[str, list[list[float]]] = {"2 stages free": [], "2 stages meeting": []}
     worst = 0.0
     want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
 
@@ -298,6 +300,7 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
         for k, meet in (("2 stages meeting", True), ("2 stages free", False)):
             ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, meet)
             steady[k].append(1e3 / max(ms))
+            stage_ms[k].append(ms)
         program("1x2")
         loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
         spread["core_speeds"].append(min(loops) / max(loops))
@@ -325,6 +328,8 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
             "median_steady_fps": {k: statistics.median(v) for k, v in steady.items()},
             "core_spread": spread, "peak_rss": rss, "max_rel_error": worst,
             "2x1 per frame": typical["ranks"],
+            "stages ms a frame": {k: [statistics.median(v[s] for v in runs) for s in (0, 1)]
+                                  for k, runs in stage_ms.items()},
             "ratios": {"1x1 / ncnn alone": med["1x1"] / med["alone"],
                        "allocator / ncnn's pools, fps": med["alone"] / med["alone pools"],
                        "allocator / ncnn's pools, peak RSS": statistics.median(rss["alone"])
@@ -412,7 +417,9 @@ def main() -> None:
         print(f"{r['model']} 2x1, per frame: " + "; ".join(
             f"rank {k} compute {x['compute_s'] * 1e3:.1f} ms, waits recv "
             f"{x['recv_wait_s'] * 1e3:.1f} send {x['send_wait_s'] * 1e3:.1f}"
-            for k, x in enumerate(r["2x1 per frame"])))
+            for k, x in enumerate(r["2x1 per frame"]))
+              + "; its stages as plain processes, free: " + " and ".join(
+                  f"{ms:.1f}" for ms in r["stages ms a frame"]["2 stages free"]) + " ms")
     print_wire(wire_rows)
     print("\nSqueezeNet, 1 rank: " + ", ".join(
         f"{k} {v['fps']:.1f} frames/s, rel error {v['rel_error']:.2g}, same top-1 {v['top1_same']}"
