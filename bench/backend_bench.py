@@ -210,9 +210,7 @@ def wire(tools: Path, plain: Plain, work: Path, rounds: int, pairs: int = 41,
     methods = ["wire_alone_us", "mpi_alone_us", "plain_mpi_us"]
     paired: list[dict[int, dict]] = []
     for i in range(pairs):
-        got: dict[str, dict[int, float]] = {}
-        for m in methods[i % 3:] + methods[:i % 3]:
-            got[m] = alone(m)
+        got = {m: alone(m) for m in methods[i % 3:] + methods[:i % 3]}  # order rotating
         paired.append({b: {m: got[m][b] for m in methods} for b in runs[0]})
     out = []
     for b, first in runs[0].items():
