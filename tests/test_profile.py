@@ -340,7 +340,8 @@ def test_a_rank_of_several_steps_holds_what_is_predicted(tmp_path, zoo_model):
     model = zoo_model("densenet121")
     names = _layer_names(model)
     first = names[:226] + [names[539]] + names[636:]
-    mapping = {"edge01_cpu0": first, "edge02_cpu1": [n for n in names if n not in set(first)]}
+    taken = set(first)
+    mapping = {"edge01_cpu0": first, "edge02_cpu1": [n for n in names if n not in taken]}
     for plan, predicted, ranks in _held_and_predicted(tmp_path, model, {"out": mapping}, 20):
         assert len(plan.ranks[0].steps) == 3
         for r, got in zip(predicted, ranks):
