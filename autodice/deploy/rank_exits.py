@@ -21,20 +21,24 @@ from .ssh import Host, Ssh
 # mpirun aborts a job with TERM to each rank's process group, which may come the moment this
 # rank was killed: the trap is set before the rank starts (a caught signal is reset on exec, so
 # the rank still dies of TERM) and this shell lives on to write the marker, with "aborted" when
-# that TERM reached it: a rank that died of the job's abort is not a culprit. $1 marker, then
-# the command.
+# that TERM reached it: a rank that died of the job's abort is not a culprit. Between the rank's
+# end and the marker only builtins run: a command forked there (the marker's time once came
+# from `date`) is in the group and dies of that TERM, and its marker with it. The marker's
+# modification time is when the rank ended. $1 marker, then the command.
 WRAPPER = r"""
 marker=$1; shift
 aborted=
 trap 'aborted=" aborted"' TERM
 "$@"
 code=$?
-echo "$(date +%s.%N) $code$aborted" > "$marker"
+echo "$code$aborted" > "$marker"
 exit "$code"
 """
-# Prints "rank time code [aborted]" for each marker in $1/results.
-_EXITS = r"""
-for f in "$1"/results/exit-*; do [ -f "$f" ] && echo "${f##*/exit-} $(cat "$f")"; done
+# Prints "rank time code [aborted]" for each marker in $1/results (time: the marker's mtime).
+EXITS = r"""
+for f in "$1"/results/exit-*; do
+  [ -f "$f" ] && echo "${f##*/exit-} $(date -r "$f" +%s.%N) $(cat "$f")"
+done
 exit 0
 """
 
@@ -66,11 +70,25 @@ _PEER_HOST = re.compile(r"Peer host:\s+(\S+)")
 
 def vanished(plan: Plan, output: str, exits: list[RankExit]) -> set[str]:
     """The hosts Open MPI says a peer vanished from and whose ranks left no marker at all: a
-    killed rank's wrapper may itself be ended by mpirun before it writes one (one run in ~9 of
-    tests/test_cluster.py's head loss), while every rank that merely lost its peer leaves one."""
+    killed rank's wrapper may itself be killed before it writes one (mpirun's KILL follows its
+    TERM when the wrapper is slow to end), while every rank that merely lost its peer leaves
+    one."""
     marked = {plan.ranks[e.rank].host for e in exits if 0 <= e.rank < len(plan.ranks)}
     ours = {r.host for r in plan.ranks}
     return (set(_PEER_HOST.findall(output)) & ours) - marked
+
+
+def parse_exits(said: str) -> list[RankExit]:
+    """The markers in what :data:`EXITS` printed on one host (a line it could not read, none)."""
+    found = []
+    for line in said.splitlines():
+        parts = line.split()
+        try:
+            found.append(RankExit(float(parts[1]), int(parts[0]), int(parts[2]),
+                                  parts[3:] == ["aborted"]))
+        except (IndexError, ValueError):
+            continue
+    return found
 
 
 def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
@@ -79,15 +97,9 @@ def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
     found: list[RankExit] = []
 
     def read(h: Host) -> None:
-        proc = subprocess.run(ssh.script(h.target, _EXITS, h.dir), capture_output=True,
+        proc = subprocess.run(ssh.script(h.target, EXITS, h.dir), capture_output=True,
                               text=True, timeout=60)
-        for line in proc.stdout.splitlines():
-            parts = line.split()
-            try:
-                found.append(RankExit(float(parts[1]), int(parts[0]), int(parts[2]),
-                                      parts[3:] == ["aborted"]))
-            except (IndexError, ValueError):
-                continue
+        found.extend(parse_exits(proc.stdout))
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         list(pool.map(read, hosts))
