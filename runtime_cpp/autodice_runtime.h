@@ -101,7 +101,8 @@ void compute_in_fp32(ncnn::Option& opt);
 // The cores this process may run on (sched_getaffinity), ascending.
 std::vector<int> allowed_cpus();
 
-// The distinct cores that `threads` OpenMP threads ran on during a short busy parallel region.
+// The distinct cores that `threads` OpenMP threads ran on during a short busy parallel region
+// (the most of up to 5 such looks: a busy neighbour can take a core for one).
 // This is the binding check: Open MPI binds each of two ranks to one core by default, and then
 // all of a rank's threads share it however many cores its key names.
 std::vector<int> omp_thread_cpus(int threads);
