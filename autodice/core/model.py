@@ -46,6 +46,11 @@ class Graph:
     def tensors(self) -> dict[str, TensorRef]:
         return self.lazy.tensors
 
+    @property
+    def layer_names(self) -> list[str]:
+        """The layers a mapping places, in topological order (every node but the followers)."""
+        return [self.names[i] for i in range(len(self.nodes)) if i not in self.followers]
+
     def folded(self) -> dict[str, TensorProto]:
         """The follower outputs whose values small constants determine (:func:`fold_followers`),
         computed once: sub-models write the shape plumbing among them as constants."""

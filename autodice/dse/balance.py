@@ -60,7 +60,7 @@ def measured_cost(graph: Graph, keys: list[str], profile: Profile,
         AutodiceError: layers the profile does not know (another model's profile).
     """
     timing = Timing(key_platform(keys), profile)
-    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    names = graph.layer_names
     table: dict[str, dict[str, float]] = {}
     for key in keys:
         res = parse_key(key)

@@ -352,7 +352,7 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
     cols = RankColumns(np.array([hosts.index(r.host) for r in plan.ranks]),
                   np.array([r.threads for r in plan.ranks]),
                   np.array([r.device == "gpu" for r in plan.ranks]))
-    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    names = graph.layer_names
     at = {n: k for k, n in enumerate(names)}
     lg = np.zeros((1, len(names)), dtype=np.int64)
     d = np.zeros((1, len(names)))

@@ -358,7 +358,7 @@ def convert_whole_model(graph: Graph, work: Path) -> Path:
                        graph.types[t].nbytes) for t in graph.outputs]
     rank = Rank(rank=0, key="profile", host="localhost", device="cpu", gpu_index=0, slots=(0,),
                 threads=1, submodel="model.onnx",
-                layers=tuple(n for i, n in enumerate(graph.names) if i not in graph.followers),
+                layers=tuple(graph.layer_names),
                 followers=tuple(n for i, n in enumerate(graph.names) if i in graph.followers),
                 inputs=tuple(graph.inputs), outputs=tuple(graph.outputs), recv=(), send=(),
                 submodel_inputs=tuple(specs), submodel_outputs=tuple(outs), steps=(),
