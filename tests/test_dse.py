@@ -209,9 +209,9 @@ def test_measure_reruns_front_points(tmp_path):
     save_profile(fixture_profile(load_model(tmp_path / "model.onnx")), tmp_path / "profile.json")
     r = invoke("dse", tmp_path / "model.onnx", "-p", tmp_path / "platform.txt", "--profile",
                tmp_path / "profile.json", "-o", tmp_path / "out", "--pop", 8, "--gens", 3,
-               "--measure", 1, "--frames", 5, "--rounds", 3)
+               "--measure", 1, "--frames", 5, "--rounds", 3, "--pace")
     assert r.exit_code == 0, r.output
-    assert "predicted vs measured" in r.output
+    assert "predicted vs measured" in r.output and "pace" in r.output, r.output
     (m,) = json.loads((tmp_path / "out" / "measure.json").read_text())
     assert m["point"] == "p0" and m["frames"] == 5 and m["where"] == "here"
     assert len(m["runs_fps"]) == 3 and m["measured_fps"] == sorted(m["runs_fps"])[1]
@@ -221,6 +221,23 @@ def test_measure_reruns_front_points(tmp_path):
     last = json.loads((tmp_path / "out" / "measure" / "p0" / "results" / "stats.json").read_text())
     assert m["runs_fps"][-1] == pytest.approx(last["steady_fps"], rel=1e-5)
     assert m["runs_fps_with_fill"][-1] == pytest.approx(last["fps"], rel=1e-5)
+    # --pace: each round also ran the whole model alone on one core of the host; its frames/s
+    # over what the model predicts for it is the host's pace; the point's rounds at that pace.
+    mapping = json.loads((tmp_path / "out" / "measure" / "pace" / "here.json").read_text())
+    point = json.loads((tmp_path / "out" / "mappings" / "p0.json").read_text())
+    assert list(mapping) == ["here_x860"]
+    assert sorted(mapping["here_x860"]) == sorted(n for layers in point.values() for n in layers)
+    alone = m["hosts_pace"]["here"]
+    alone_last = json.loads((tmp_path / "out" / "measure" / "pace" / "here" / "results" /
+                             "stats.json").read_text())
+    assert len(alone["runs_fps"]) == 3 and alone["predicted_fps"] > 0
+    assert alone["runs_fps"][-1] == pytest.approx(alone_last["steady_fps"], rel=1e-5)
+    assert m["runs_pace"] == pytest.approx([f / alone["predicted_fps"] for f in alone["runs_fps"]],
+                                           rel=1e-4)
+    assert m["paced_fps"] == pytest.approx(
+        np.median([f / p for f, p in zip(m["runs_fps"], m["runs_pace"])]), rel=1e-4)
+    assert m["paced_fps_error"] == pytest.approx(m["paced_fps"] / m["predicted_fps"] - 1,
+                                                 rel=1e-3)
 
 
 def test_a_recovery_takes_the_fastest_front_point_on_the_hosts_left(squeeze_out):

@@ -151,6 +151,9 @@ def _links_table(links, inventory) -> None:
                    "round counts.")
 @click.option("--inventory", "-i", type=click.Path(dir_okay=False), default=None,
               help="--measure on these hosts (inventory.toml, as deploy takes) instead of here.")
+@click.option("--pace", is_flag=True,
+              help="--measure also runs the whole model alone on one core of each host every "
+                   "round: each host's pace against its profile, and each point at that pace.")
 @click.option("--objectives", default="throughput,energy,memory", show_default=True,
               help="What the front trades off: some of throughput, energy, memory.")
 @click.option("--max-memory", default=None, metavar="SIZE",
@@ -163,8 +166,8 @@ def _links_table(links, inventory) -> None:
               help="Also propose stage copies (data) and layers split across resources "
                    "(horizontal) on top of the searched mappings.")
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
-        segments, measure_k, frames, rounds, inventory, objectives, max_memory, min_fps, hosts,
-        parallel):
+        segments, measure_k, frames, rounds, inventory, pace, objectives, max_memory, min_fps,
+        hosts, parallel):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.table import Table
 
@@ -211,19 +214,21 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         with progress() as bar:
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
-                              inventory, hosts=hosts.split(",") if hosts else None,
+                              inventory, hosts=hosts.split(",") if hosts else None, pace=pace,
                               progress=lambda k, n, what: bar.update(task, completed=k, total=n,
                                                                       description=what))
         where = f"on the hosts of {inventory}" if inventory else "on this machine"
         table = Table(title=f"predicted vs measured {where} ({rounds} rounds of {frames} "
                             f"frames; median round)")
-        for col in ("point", "predicted fps", "measured fps", "rounds", "error", "predicted MB",
-                    "measured MB (peak RSS)", "error", "notes"):
+        paced = ("at the hosts' pace",) if pace else ()
+        for col in ("point", "predicted fps", "measured fps", "rounds", "error", *paced,
+                    "predicted MB", "measured MB (peak RSS)", "error", "notes"):
             table.add_column(col, justify="left" if col in ("point", "notes") else "right")
         for m in results:
             table.add_row(m.point, f"{m.predicted_fps:.2f}", f"{m.measured_fps:.2f}",
-                          f"{min(m.runs_fps):.0f}-{max(m.runs_fps):.0f}",
-                          f"{m.fps_error:+.0%}", f"{m.predicted_memory / 1e6:.1f}",
+                          f"{min(m.runs_fps):.0f}-{max(m.runs_fps):.0f}", f"{m.fps_error:+.0%}",
+                          *((f"{m.paced_fps_error:+.0%}",) if pace else ()),
+                          f"{m.predicted_memory / 1e6:.1f}",
                           f"{m.measured_memory / 1e6:.1f}", f"{m.memory_error:+.0%}",
                           "; ".join(m.notes))
         out.print(table)

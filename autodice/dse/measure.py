@@ -4,6 +4,11 @@ Each chosen point goes through ``split``, ``gen`` and ``build`` once, then runs 
 here under mpirun (or deployed to an inventory's hosts); ``OUT/measure.json`` holds predicted
 and measured throughput (each run's rate once its pipeline is full, as the model predicts; the
 whole run's too) and memory, with notes on what makes a run here unlike the boards.
+
+With ``pace``, each round also runs the whole model alone on one core of each host the points
+use, the profile's own setting: measured over predicted, that is the host's pace in that round
+(a board that throttles, a busy neighbour, a VM's slow phase). Each point's rounds are also
+given at the profile's pace, so an error of the model and a change of the machine show apart.
 """
 
 from __future__ import annotations
@@ -11,18 +16,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.model import load_model
+from ..core.names import file_slug
 from ..core.outdir import claim
-from ..core.spec import parse_platform
-from .cost import plan_cost
+from ..core.plan import Plan
+from ..core.spec import mapping_json, parse_platform
+from .cost import Cost, plan_cost
 from .profile import six_digits
 from .search import only_hosts
+from .slots import cpu_key
 from .timing import make_timing
 
 
@@ -36,6 +44,7 @@ class Measurement:
     predicted_memory: int  # bytes, largest device
     measured_memory: int  # bytes, largest host's summed peak RSS (median over the rounds)
     notes: tuple[str, ...]
+    runs_pace: tuple[float, ...] = ()  # with pace, one per round: its hosts' mean pace
 
     @property
     def measured_fps(self) -> float:
@@ -46,6 +55,19 @@ class Measurement:
     @property
     def fps_error(self) -> float:
         return (self.measured_fps - self.predicted_fps) / self.predicted_fps
+
+    @property
+    def paced_fps(self) -> float | None:
+        """The median round at the profile's pace (each round's frames/s over its hosts' pace
+        in that round); None without pace."""
+        if not self.runs_pace:
+            return None
+        return float(np.median([f / p for f, p in zip(self.runs_fps, self.runs_pace)]))
+
+    @property
+    def paced_fps_error(self) -> float | None:
+        paced = self.paced_fps
+        return None if paced is None else (paced - self.predicted_fps) / self.predicted_fps
 
     @property
     def memory_error(self) -> float:
@@ -59,7 +81,7 @@ def pick_points(n: int, k: int) -> list[int]:
 
 def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k: int,
             frames: int = 100, rounds: int = 5, inventory: str | Path | None = None,
-            progress=None, power=None, hosts=None) -> list[Measurement]:
+            progress=None, power=None, hosts=None, pace: bool = False) -> list[Measurement]:
     """Re-run ``k`` front points of ``out`` for real: split -> gen -> build -> run, ``rounds``
     times each.
 
@@ -71,14 +93,16 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     each point's figure is its median round. Writes ``out/measure/<point>/`` and
     ``out/measure.json``.
 
+    ``pace``: each round also runs the whole model on one core of each host the points use
+    (``out/measure/pace/<host>/``), and each point gets its rounds at the profile's pace (see
+    the module docstring).
+
     ``hosts``: the boards the search was restricted to (``dse --hosts``): the profiles cover
     those only.
 
     Raises:
         AutodiceError: no front in ``out``, or a step failed (its message).
     """
-    from ..backend.build import build
-    from ..backend.gen import gen
     from ..frontend.split import split
 
     if rounds < 1 or frames < 1:
@@ -92,55 +116,118 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     claim(out, "measure/", "measure.json")
     timing = make_timing(only_hosts(parse_platform(platform), hosts), profile, power)
     graph = load_model(model)
-    steps = len(names) * (rounds + 1)
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)
     points = []
     for step, name in enumerate(names):
+        say(step, len(names), f"{name}: split, gen, build")
         work = out / "measure" / name
-        say(step, steps, f"{name}: split, gen, build")
         plan = split(model, out / "mappings" / f"{name}.json", platform, work)
-        gen(work)
-        if inventory is None:
-            build(work)
-        points.append((name, work, plan, _measure_inputs(plan, work)))
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
-    with_fill: dict[str, list[float]] = {name: [] for name in names}
-    elsewhere: dict[str, float] = {name: 0.0 for name in names}
+        points.append(_Run(name, work, plan, plan_cost(plan, timing, graph), inventory))
+    probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say) \
+        if pace else []
+    every = points + probes
     for rnd in range(rounds):
-        for j, (name, work, plan, inputs) in enumerate(points):
-            say(len(names) * (rnd + 1) + j, steps, f"{name}: round {rnd + 1} of {rounds}")
-            before = _cpu_clock()
-            stats = _run_point(work, inputs, frames, inventory)
-            if inventory is None:  # remote ranks are not our children: no gauge
-                elsewhere[name] = max(elsewhere[name], _busy_elsewhere(before, _cpu_clock()))
-            by_host: dict[str, int] = {}
-            for r, st in zip(plan.ranks, stats["ranks"]):
-                by_host[r.host] = by_host.get(r.host, 0) + int(st["peak_rss"])
-            # The model predicts a full pipeline: each run's steady_fps (its first frame left
-            # out), not its fps, whose fill cost VGG-19's points 4-10 % of 40-frame runs.
-            runs[name].append((float(stats.get("steady_fps") or stats["fps"]),
-                               max(by_host.values())))
-            with_fill[name].append(float(stats["fps"]))
+        for j, run in enumerate(every):
+            say(len(every) * rnd + j, len(every) * rounds, f"{run.name}: round {rnd + 1} of "
+                f"{rounds}")
+            run.once(frames)
+    probe = {p.name: p for p in probes}
+    pace_of = {p.name: [f / p.cost.throughput for f in p.fps] for p in probes}
     cpus = os.cpu_count() or 1
-    results = []
-    for name, work, plan, _ in points:
-        predicted = plan_cost(plan, timing, graph)
-        notes = _measure_notes(plan, cpus, elsewhere[name], inventory)
-        results.append(Measurement(name, predicted.throughput, tuple(f for f, _ in runs[name]),
-                                   predicted.max_memory,
-                                   int(np.median([m for _, m in runs[name]])), tuple(notes)))
-    (out / "measure.json").write_text(json.dumps(
-        [{"point": m.point, "predicted_fps": six_digits(m.predicted_fps),
-          "measured_fps": six_digits(m.measured_fps),
-          "runs_fps": [six_digits(f) for f in m.runs_fps], "fps_error": six_digits(m.fps_error),
-          "runs_fps_with_fill": [six_digits(f) for f in with_fill[m.point]],
-          "predicted_memory_bytes": m.predicted_memory,
-          "measured_peak_rss_bytes": m.measured_memory,
-          "memory_error": six_digits(m.memory_error),
-          "frames": frames, "where": "here" if inventory is None else str(inventory),
-          "notes": list(m.notes)} for m in results], indent=1, sort_keys=True) + "\n")
+    results, rows = [], []
+    for p in points:
+        hosts_of = sorted({r.host for r in p.plan.ranks})
+        runs_pace = tuple(float(np.mean([pace_of[h][k] for h in hosts_of]))
+                          for k in range(rounds)) if probes else ()
+        notes = _measure_notes(p.plan, cpus, p.elsewhere, inventory)
+        notes += [f"{h}'s pace moved: the whole model alone ran at {min(pace_of[h]):.2f}-"
+                  f"{max(pace_of[h]):.2f}x its profile's frames/s over the rounds"
+                  for h in hosts_of if probes and max(pace_of[h]) >= 1.1 * min(pace_of[h])]
+        m = Measurement(p.name, p.cost.throughput, tuple(p.fps), p.cost.max_memory,
+                        int(np.median(p.peak)), tuple(notes), runs_pace)
+        results.append(m)
+        rows.append({
+            "point": m.point, "predicted_fps": six_digits(m.predicted_fps),
+            "measured_fps": six_digits(m.measured_fps),
+            "runs_fps": [six_digits(f) for f in m.runs_fps], "fps_error": six_digits(m.fps_error),
+            "runs_fps_with_fill": [six_digits(f) for f in p.with_fill],
+            "predicted_memory_bytes": m.predicted_memory,
+            "measured_peak_rss_bytes": m.measured_memory,
+            "memory_error": six_digits(m.memory_error),
+            "frames": frames, "where": "here" if inventory is None else str(inventory),
+            "notes": list(m.notes)})
+        if probes:
+            rows[-1].update({
+                "runs_pace": [six_digits(x) for x in m.runs_pace],
+                "paced_fps": six_digits(m.paced_fps),
+                "paced_fps_error": six_digits(m.paced_fps_error),
+                "hosts_pace": {h: {"predicted_fps": six_digits(probe[h].cost.throughput),
+                                   "runs_fps": [six_digits(f) for f in probe[h].fps]}
+                               for h in hosts_of}})
+    (out / "measure.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     return results
+
+
+def _pace_runs(out: Path, model, platform, timing, graph, points: list[_Run], inventory,
+               say) -> list[_Run]:
+    """The whole model alone on one core of each host ``points`` use (the profile's own
+    setting), built to run: ``out/measure/pace/<host>.json`` and ``<host>/``."""
+    from ..frontend.split import split
+
+    used = {r.host for p in points for r in p.plan.ranks}
+    runs = []
+    for host, dev in timing.platform.devices.items():
+        if host in used:
+            say(len(runs), len(used), f"the whole model alone on {host}: split, gen, build")
+            work = out / "measure" / "pace" / file_slug(host)
+            work.parent.mkdir(exist_ok=True)
+            mapping = work.parent / f"{file_slug(host)}.json"
+            mapping.write_text(mapping_json({cpu_key(host, dev.arch, dev.slots[:1]):
+                                             graph.layer_names}))
+            plan = split(model, mapping, platform, work)
+            runs.append(_Run(host, work, plan, plan_cost(plan, timing, graph), inventory))
+    return runs
+
+
+@dataclass
+class _Run:
+    """A front point (or the whole model alone on one host, for its pace) built to run, and
+    what its rounds measured: frames/s with the pipeline full (as the model predicts) and with
+    its fill, and the most loaded host's summed peak RSS."""
+
+    name: str
+    work: Path
+    plan: Plan
+    cost: Cost  # the model's prediction
+    inventory: str | Path | None
+    fps: list[float] = field(default_factory=list)
+    with_fill: list[float] = field(default_factory=list)
+    peak: list[int] = field(default_factory=list)
+    elsewhere: float = 0.0  # the most of the cores other work kept busy during a round (here)
+
+    def __post_init__(self) -> None:
+        from ..backend.build import build
+        from ..backend.gen import gen
+
+        gen(self.work)
+        if self.inventory is None:
+            build(self.work)
+        self.inputs = _measure_inputs(self.plan, self.work)
+
+    def once(self, frames: int) -> None:
+        before = _cpu_clock()
+        stats = _run_point(self.work, self.inputs, frames, self.inventory)
+        if self.inventory is None:  # remote ranks are not our children: no gauge
+            self.elsewhere = max(self.elsewhere, _busy_elsewhere(before, _cpu_clock()))
+        by_host: dict[str, int] = {}
+        for r, st in zip(self.plan.ranks, stats["ranks"]):
+            by_host[r.host] = by_host.get(r.host, 0) + int(st["peak_rss"])
+        # The model predicts a full pipeline: each run's steady_fps (its first frame left
+        # out), not its fps, whose fill cost VGG-19's points 4-10 % of 40-frame runs.
+        self.fps.append(float(stats.get("steady_fps") or stats["fps"]))
+        self.with_fill.append(float(stats["fps"]))
+        self.peak.append(max(by_host.values()))
 
 
 def _measure_inputs(plan, work: Path) -> dict[str, Path]:
