@@ -187,18 +187,36 @@ def costmodel(d: dict) -> Iterator[Goal]:
                                  ("peak memory", "memory_error", 0.10)):
             errors = [p[key] for p in m["points"]]
             worst = max(m["points"], key=lambda p: abs(p[key]))
+            why = (f"{worst['point']}: predicted {worst['predicted_fps']:.2f} frames/s, "
+                   f"{worst['predicted_memory_bytes'] / 1e6:.0f} MB; measured "
+                   f"{worst['measured_fps']:.2f} (rounds {min(worst['runs_fps']):.2f}-"
+                   f"{max(worst['runs_fps']):.2f}), {worst['measured_memory_bytes'] / 1e6:.0f} MB")
+            if "layers_ms_after" in m:
+                why += (f"; the layers on one core summed {m['layers_ms_before']:.1f} ms in the "
+                        f"profile it predicts from, {m['layers_ms_after']:.1f} ms in one taken "
+                        "after the runs")
+            if key == "fps_error" and "paced_fps_error" in worst:
+                why += "; " + paced(m["points"], worst, limit)
             yield Goal("P6", f"{m['model']}: predicted {what} within {limit:.0%} at every "
                        f"measured point ({where})",
                        f"{min(errors):+.0%}..{max(errors):+.0%}",
-                       max(abs(e) for e in errors) <= limit,
-                       f"{worst['point']}: predicted {worst['predicted_fps']:.2f} frames/s, "
-                       f"{worst['predicted_memory_bytes'] / 1e6:.0f} MB; measured "
-                       f"{worst['measured_fps']:.2f} (rounds {min(worst['runs_fps']):.2f}-"
-                       f"{max(worst['runs_fps']):.2f}), "
-                       f"{worst['measured_memory_bytes'] / 1e6:.0f} MB"
-                       + (f"; the layers on one core summed {m['layers_ms_before']:.1f} ms in "
-                          f"the profile it predicts from, {m['layers_ms_after']:.1f} ms in one "
-                          "taken after the runs" if "layers_ms_after" in m else ""))
+                       max(abs(e) for e in errors) <= limit, why)
+
+
+def paced(points: list[dict], worst: dict, limit: float) -> str:
+    """A frames/s miss measured a second way: each round at its hosts' pace that round (the
+    whole model alone on each host, run in the same round), which takes out how far the
+    machine's pace moved between the profile and that round. "Limit" only where that way every
+    point is within ``limit`` and the hosts' pace itself moved more than the miss."""
+    errors = [p["paced_fps_error"] for p in points]
+    paces = worst["runs_pace"]
+    text = (f"at its hosts' pace in each round (the whole model alone on each, beside the points) "
+            f"{min(errors):+.0%}..{max(errors):+.0%}; {worst['point']}'s hosts ran at "
+            f"{min(paces):.2f}-{max(paces):.2f}x their profile over its rounds")
+    moved = max(paces) / min(paces) - 1
+    if max(abs(e) for e in errors) <= limit and moved > abs(worst["fps_error"]) - limit:
+        return "limit, two ways: the machine's pace moved within the run; " + text
+    return "no limit both ways agree on: " + text
 
 
 def dse(d: dict) -> Iterator[Goal]:
