@@ -133,17 +133,16 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
                 f"{rounds}")
             run.once(frames)
     probe = {p.name: p for p in probes}
-    pace_of = {p.name: [f / p.cost.throughput for f in p.fps] for p in probes}
     cpus = os.cpu_count() or 1
     results, rows = [], []
     for p in points:
         hosts_of = sorted({r.host for r in p.plan.ranks})
-        runs_pace = tuple(float(np.mean([pace_of[h][k] for h in hosts_of]))
+        runs_pace = tuple(float(np.mean([probe[h].pace[k] for h in hosts_of]))
                           for k in range(rounds)) if probes else ()
         notes = _measure_notes(p.plan, cpus, p.elsewhere, inventory)
-        notes += [f"{h}'s pace moved: the whole model alone ran at {min(pace_of[h]):.2f}-"
-                  f"{max(pace_of[h]):.2f}x its profile's frames/s over the rounds"
-                  for h in hosts_of if probes and max(pace_of[h]) >= 1.1 * min(pace_of[h])]
+        notes += [f"{h}'s pace moved: the whole model alone ran at {min(probe[h].pace):.2f}-"
+                  f"{max(probe[h].pace):.2f}x its profile's frames/s over the rounds"
+                  for h in hosts_of if probes and max(probe[h].pace) >= 1.1 * min(probe[h].pace)]
         m = Measurement(p.name, p.cost.throughput, tuple(p.fps), p.cost.max_memory,
                         int(np.median(p.peak)), tuple(notes), runs_pace)
         results.append(m)
@@ -205,6 +204,7 @@ class _Run:
     with_fill: list[float] = field(default_factory=list)
     peak: list[int] = field(default_factory=list)
     elsewhere: float = 0.0  # the most of the cores other work kept busy during a round (here)
+    inputs: dict[str, Path] = field(init=False)  # model input name -> .npy in ``work``
 
     def __post_init__(self) -> None:
         from ..backend.build import build
@@ -214,6 +214,11 @@ class _Run:
         if self.inventory is None:
             build(self.work)
         self.inputs = _measure_inputs(self.plan, self.work)
+
+    @property
+    def pace(self) -> list[float]:
+        """Each round's frames/s over the predicted: for the whole model alone, its host's pace."""
+        return [f / self.cost.throughput for f in self.fps]
 
     def once(self, frames: int) -> None:
         before = _cpu_clock()
