@@ -27,6 +27,7 @@ from conftest import SPECS
 from graphs import figure2
 
 import autodice
+from autodice.backend import figures
 from autodice.backend.frames import ImageRecipe, frames_from
 from autodice.backend.session import FrameError, SessionError
 from autodice.cli import main
@@ -92,12 +93,27 @@ def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), f"frame {i}"
     # Replicated ranks took every other frame; the stats say so, and latency was measured.
     st = s.stats()
-    assert mid["frames"] == st["frames"] == 301 and st["fps"] > 0
+    assert mid["frames"] == st["frames"] == 301 and st["fps"] > 0 and st["steady_fps"] > 0
     assert 0 < st["latency_s"]["p50"] <= st["latency_s"]["p99"]
     by_key = {r["key"]: r for r in st["ranks"]}
     assert by_key["edge01_arm3"]["frames"] + by_key["edge01_arm4"]["frames"] == 301
     assert by_key["edge01_arm1"]["frames"] == 301
     assert not programs(built / "out")
+
+
+def test_steady_rate_leaves_out_each_streams_first_result(monkeypatch):
+    """Two streams on a made-up clock: frames/s counts each stream from its first send, the
+    steady rate only the gaps between its results (the pipeline full), as stats.json's does."""
+    clock = iter([1.0, 1.5, 2.0, 12.0, 12.25])
+    monkeypatch.setattr(figures.time, "perf_counter", lambda: next(clock))
+    f = figures.Figures()
+    for sent, first in ((0.0, True), (0.5, False), (1.0, False), (11.0, True), (11.5, False)):
+        f.delivered_one(sent, first)
+    got = f.summary()
+    assert got["frames"] == 5 and got["seconds"] == 2.0 + 1.25
+    assert got["fps"] == 5 / 3.25 and got["steady_fps"] == 3 / 1.25
+    assert got["latency_s"]["p50"] == 1.0
+    assert figures.Figures().summary()["steady_fps"] is None
 
 
 def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(built):
@@ -180,7 +196,7 @@ def test_cli_streams_a_batch_a_folder_of_images_and_stdin(built, tmp_path):
     r = CliRunner().invoke(main, ["run", str(out), "--input", str(tmp_path / "batch.npy"),
                                   "--results", str(tmp_path / "r1"), "--check"])
     assert r.exit_code == 0, r.output
-    assert "25 frames" in r.output and "latency p50" in r.output
+    assert "25 frames" in r.output and "once the pipeline is full, latency p50" in r.output
     got = np.load(tmp_path / "r1" / "output.npy")
     assert got.shape == (25, *want.shape[1:])
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

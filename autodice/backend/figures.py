@@ -1,8 +1,10 @@
 """What a session measures as results come back: frames delivered, frames/s, end-to-end latency.
 
 Busy time runs from a stream's first frame sent to its last result delivered, summed over the
-session's maps, so the idle time between two ``map`` calls does not dilute frames/s. A replayed
-frame keeps its first send time: its latency includes the recovery.
+session's maps, so the idle time between two ``map`` calls does not dilute frames/s. Steady time
+leaves out each stream's first result (the pipeline filling), as the program's ``steady_fps`` does:
+the rate a camera's long stream sees. A replayed frame keeps its first send time: its latency
+includes the recovery.
 """
 
 from __future__ import annotations
@@ -15,24 +17,29 @@ import numpy as np
 class Figures:
     def __init__(self) -> None:
         self.latency: list[float] = []
-        self.busy_s = self._last = 0.0
-        self.delivered = 0
+        self.busy_s = self.steady_s = self._last = 0.0
+        self.delivered = self.steady = 0
 
     def delivered_one(self, sent: float, first: bool) -> None:
         """A result handed out, of a frame sent at ``sent`` (perf_counter); ``first``: the
         first of its stream (busy time starts at its send, else at the last result)."""
         now = time.perf_counter()
         self.busy_s += now - (sent if first else self._last)
+        if not first:
+            self.steady_s += now - self._last
+            self.steady += 1
         self._last = now
         self.delivered += 1
         self.latency.append(now - sent)
 
     def summary(self) -> dict:
-        """frames, seconds, fps and latency_s (p50/p90/p99/mean)."""
+        """frames, seconds, fps, steady_fps (None before a stream's second result) and
+        latency_s (p50/p90/p99/mean)."""
         lat = np.array(self.latency) if self.latency else np.zeros(1)
         seconds = self.busy_s
         return {"frames": self.delivered, "seconds": seconds,
                 "fps": self.delivered / seconds if seconds > 0 else 0.0,
+                "steady_fps": self.steady / self.steady_s if self.steady_s > 0 else None,
                 "latency_s": {"p50": float(np.percentile(lat, 50)),
                               "p90": float(np.percentile(lat, 90)),
                               "p99": float(np.percentile(lat, 99)),

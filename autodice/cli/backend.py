@@ -152,8 +152,8 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
         res = finish(session, res)
     s = res.stats
     lat = s["latency_s"]
-    out.print(f"{s['frames']} frames in {s['seconds']:.3f} s: [bold]{s['fps']:.2f} frames/s"
-              f"[/bold], latency p50 {lat['p50'] * 1e3:.1f} ms, p99 {lat['p99'] * 1e3:.1f} ms"
+    out.print(f"{rate_line(s)}, latency p50 {lat['p50'] * 1e3:.1f} ms, p99 "
+              f"{lat['p99'] * 1e3:.1f} ms"
               f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
               f"results in {res.results}")
     stats_table(s)
