@@ -1,16 +1,23 @@
 """Session benchmark (issue 22): feeding real frames from Python against the program's own repeat.
 
-    python bench/session_bench.py [--models squeezenet,resnet50] [--frames 60] [--rounds 3]
-                                  [--long 10000]
+    python bench/session_bench.py [--models squeezenet,resnet50] [--frames 60] [--seconds 2]
+                                  [--rounds 3] [--long 10000]
 
 Per model, 2 ranks x 1 thread on this machine's two cores, cut as ``autodice layers --balance``
-cuts. Each round runs, side by side:
+cuts. Each stream lasts about ``--seconds`` (at least ``--frames`` frames: 60 SqueezeNet frames
+are a quarter of a second, mostly the pipeline filling). Each round runs, side by side:
 
 - ``repeat``: ``run --frames N`` on one frame (the program's own loop, no gateway: the ceiling);
-- ``session``: N distinct frames through ``autodice.open`` (the gateway, the socket, Python);
+- ``session``: N frames through ``autodice.open`` (the gateway, the socket, Python), 60 distinct
+  ones in turn;
 - ``lockstep``: ``run --frames N --no-pipeline`` (one frame through every rank at a time: the
   sum of the ranks' compute and transfer times per frame, measured by the program itself);
 - ``one at a time``: the session with ``window=1`` (its end-to-end latency at low load).
+
+Throughput is compared at steady state, both sides the same way: the rate after the first result
+(the program's ``steady_fps``, the session's). During the session's stream the CPU time of the
+feed (this Python process, the gateway rank) and of the ranks is read from /proc: on a machine
+whose every core runs a rank, the feed's time per frame is taken from the ranks'.
 
 Goals: session >= 0.9x repeat; latency at low load <= 1.1x the lockstep frame time. Then
 ``--long`` distinct frames through Figure 2's three kinds of parallelism (4 ranks: a layer split
@@ -21,7 +28,9 @@ none lost or duplicated. Writes build/bench/session.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -48,7 +57,45 @@ from autodice.frontend.check import session as ort_session  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def measure_model(name: str, work: Path, frames: int, rounds: int) -> dict:
+def job_pids(out: Path) -> dict[int, int]:
+    """MPI rank -> pid of the processes running ``out``'s program (the gateway is the last)."""
+    exe = str((out / "build" / "local" / "program").resolve())
+    found = {}
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and os.readlink(p / "exe") == exe:
+                env = (p / "environ").read_bytes().split(b"\0")
+                rank = next(v for v in env if v.startswith(b"OMPI_COMM_WORLD_RANK="))
+                found[int(rank.split(b"=")[1])] = int(p.name)
+        except (OSError, StopIteration):
+            continue
+    return found
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream(out: Path, xs: list, frames: int) -> dict:
+    """``frames`` frames (``xs`` in turn) through a session: its steady rate, and the CPU ms a
+    frame of the feed (this process, the gateway) and of the ranks while it streamed."""
+    with autodice.open(out) as s:
+        pids = job_pids(out)
+        gateway = max(pids)
+        before = {r: cpu_s(p) for r, p in pids.items()}
+        own = time.process_time()
+        list(s.map(itertools.islice(itertools.cycle(xs), frames)))
+        own = time.process_time() - own
+        used = {r: cpu_s(p) - before[r] for r, p in pids.items()}
+    return {"steady_fps": s.stats()["steady_fps"], "fps": s.stats()["fps"],
+            "cpu_ms_a_frame": {"python": 1e3 * own / frames,
+                               "gateway": 1e3 * used.pop(gateway) / frames,
+                               "ranks": 1e3 * sum(used.values()) / frames}}
+
+
+def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: int) -> dict:
     model = work / f"{name}.onnx"
     zoo.save(zoo.materialize(name, seed=0), model)
     graph = load_model(model)
@@ -56,28 +103,32 @@ def measure_model(name: str, work: Path, frames: int, rounds: int) -> dict:
     out = prepare(model, mapping, work / name)
     t = autodice.plan(model, mapping, work / name / "platform.txt").model_inputs[0]
     rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(t.shape).astype(np.float32) for _ in range(frames)]
-    np.save(work / f"{name}-x.npy", xs[0])
+    xs = [rng.standard_normal(t.shape).astype(np.float32) for _ in range(60)]
+    feeds = {t.name: work / f"{name}-x.npy"}
+    np.save(feeds[t.name], xs[0])
+    # A stream of about `seconds` at the program's own rate (this run also warms the caches).
+    frames = max(frames, round(seconds * run(out, feeds, frames).stats["steady_fps"]))
     fps = {"repeat": [], "session": [], "lockstep": []}
-    latency = []
+    latency, cpu = [], []
     for _ in range(rounds):
-        res = run(out, {t.name: work / f"{name}-x.npy"}, frames)
-        fps["repeat"].append(res.stats["fps"])
-        with autodice.open(out) as s:
-            list(s.map(xs))
-        fps["session"].append(s.stats()["fps"])
-        res = run(out, {t.name: work / f"{name}-x.npy"}, frames, pipeline=False)
-        fps["lockstep"].append(res.stats["fps"])
+        fps["repeat"].append(run(out, feeds, frames).stats["steady_fps"])
+        got = stream(out, xs, frames)
+        fps["session"].append(got["steady_fps"])
+        cpu.append(got["cpu_ms_a_frame"])
+        fps["lockstep"].append(run(out, feeds, frames, pipeline=False).stats["fps"])
         with autodice.open(out, window=1) as s:
             for x in xs[: max(10, frames // 3)]:
                 s.infer(x)
         latency.append(s.stats()["latency_s"]["p50"])
     med = {k: statistics.median(v) for k, v in fps.items()}
     lockstep_s = 1 / med["lockstep"]
+    feed = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps,
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
-            "ratios": {"session / repeat": med["session"] / med["repeat"],
+            "cpu_ms_a_frame": cpu, "median_cpu_ms_a_frame": feed, "cores": os.cpu_count(),
+            "ratios": {"session / repeat": statistics.median(
+                           a / b for a, b in zip(fps["session"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
 
 
@@ -110,22 +161,26 @@ def long_stream(work: Path, n: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="squeezenet,resnet50")
-    ap.add_argument("--frames", type=int, default=60)
+    ap.add_argument("--frames", type=int, default=60, help="the fewest frames a stream has")
+    ap.add_argument("--seconds", type=float, default=2.0, help="how long a stream lasts")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--long", type=int, default=10_000)
     ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "session.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="session-bench-"))
     try:
-        models = [measure_model(m, work, args.frames, args.rounds)
+        models = [measure_model(m, work, args.frames, args.seconds, args.rounds)
                   for m in args.models.split(",")]
-        print(f"{'model':<12}{'repeat':>10}{'session':>10}{'ratio':>8}{'lockstep ms':>13}"
-              f"{'latency ms':>12}{'ratio':>8}")
+        print("steady frames/s; CPU ms a frame while the session streamed: the feed (Python, "
+              "gateway), the ranks")
+        print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'python':>8}"
+              f"{'gateway':>9}{'ranks':>7}{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
         for m in models:
-            med, r = m["median_fps"], m["ratios"]
-            print(f"{m['model']:<12}{med['repeat']:>10.1f}{med['session']:>10.1f}"
-                  f"{r['session / repeat']:>8.2f}{1e3 / med['lockstep']:>13.2f}"
-                  f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>8.2f}")
+            med, r, cpu = m["median_fps"], m["ratios"], m["median_cpu_ms_a_frame"]
+            print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
+                  f"{r['session / repeat']:>7.2f}{cpu['python']:>8.2f}{cpu['gateway']:>9.2f}"
+                  f"{cpu['ranks']:>7.2f}{1e3 / med['lockstep']:>13.2f}"
+                  f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None
         if long:
             print(f"figure 2, three kinds: {long['delivered']} of {long['frames']} frames in "
