@@ -122,11 +122,11 @@ def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: in
         latency.append(s.stats()["latency_s"]["p50"])
     med = {k: statistics.median(v) for k, v in fps.items()}
     lockstep_s = 1 / med["lockstep"]
-    feed = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
+    cpu_median = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps,
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
-            "cpu_ms_a_frame": cpu, "median_cpu_ms_a_frame": feed, "cores": os.cpu_count(),
+            "cpu_ms_a_frame": cpu, "median_cpu_ms_a_frame": cpu_median, "cores": os.cpu_count(),
             "ratios": {"session / repeat": statistics.median(
                            a / b for a, b in zip(fps["session"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
