@@ -385,9 +385,10 @@ class Session:
     # ---- the end ---------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Frames delivered, frames/s, end-to-end latency (p50/p90/p99, seconds) and, once
-        closed, the job's own figures per rank (``ranks``: compute and wait seconds, bytes, peak
-        memory) with each rank's share of a frame (``ms_per_frame``)."""
+        """Frames delivered, frames/s (``steady_fps``: after each stream's first result),
+        end-to-end latency (p50/p90/p99, seconds) and, once closed, the job's own figures per
+        rank (``ranks``: compute and wait seconds, bytes, peak memory) with each rank's share of
+        a frame (``ms_per_frame``)."""
         out = {**self._figures.summary(), "window": self.window}
         if self._recovery is not None:
             out["incidents"] = [{k: v for k, v in i.items() if not k.startswith("_")}
