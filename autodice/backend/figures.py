@@ -15,15 +15,17 @@ import numpy as np
 
 
 class Figures:
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
+        """``clock``: what sends are timed by (seconds)."""
+        self._clock = clock
         self.latency: list[float] = []
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
 
     def delivered_one(self, sent: float, first: bool) -> None:
-        """A result handed out, of a frame sent at ``sent`` (perf_counter); ``first``: the
+        """A result handed out, of a frame sent at ``sent`` (on the clock); ``first``: the
         first of its stream (busy time starts at its send, else at the last result)."""
-        now = time.perf_counter()
+        now = self._clock()
         self.busy_s += now - (sent if first else self._last)
         if not first:
             self.steady_s += now - self._last

@@ -385,7 +385,7 @@ class Session:
     # ---- the end ---------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Frames delivered, frames/s (``steady_fps``: after each stream's first result),
+        """Frames delivered, frames/s and ``steady_fps`` (after each stream's first result),
         end-to-end latency (p50/p90/p99, seconds) and, once closed, the job's own figures per
         rank (``ranks``: compute and wait seconds, bytes, peak memory) with each rank's share of
         a frame (``ms_per_frame``)."""
