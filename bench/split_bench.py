@@ -17,10 +17,10 @@ round (the order rotating), each a whole process timed from start to exit:
   start-up   ``python -c "import autodice.cli ... autodice.frontend.split"``: the interpreter
              and the imports the split needs (as the verb makes them), the part of ``autodice``
              that no faster splitting can remove
-  onnx       ``python -c "import onnx"``: the floor of any front end built on onnx's protobuf
-             classes, as autodice's is; measured a second way by the interpreter's own clock:
-             ``python -c pass`` (timed, ``python``) plus what ``python -X importtime -c "import
-             onnx"`` reports for onnx
+  onnx       ``python -c "import onnx"`` (OpenBLAS's threads left out, as autodice's start-up
+             leaves them): the floor of any front end built on onnx's protobuf classes, as
+             autodice's is; measured a second way by the interpreter's own clock: ``python -c
+             pass`` (timed, ``python``) plus what ``-X importtime`` reports for onnx
 
 Before every timed command, outside the timing: its output is removed, ``sync`` flushes what
 earlier commands wrote (so no writeback competes), and the model is read once, so every command
@@ -63,6 +63,9 @@ LIBRARY_TARGETS = {"vgg19": 2.0, "densenet121": 0.3}  # seconds, issue 2 (paper:
 ORIGINAL = "autodice==1.0.3.dev2"
 COLUMNS = ("cp", "load+save", "autodice", "original", "start-up", "onnx", "python")
 FAST = ("cp", "autodice", "start-up", "onnx", "python")
+# The floor's import: numpy (which onnx imports) without OpenBLAS's thread pool, as autodice's
+# verbs load it (autodice.cli.app.numpy_without_threads), so both start the same way.
+ONNX_FLOOR = "import os; os.environ['OPENBLAS_NUM_THREADS'] = '1'; import onnx"
 # What `autodice split` does before it splits: start the interpreter, import the verb's modules.
 STARTUP = ("import autodice.cli; from autodice.cli.app import numpy_without_threads; "
            "numpy_without_threads(); import autodice.frontend.split")
@@ -149,9 +152,12 @@ def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
 
 def onnx_import_s() -> float:
     """Seconds ``import onnx`` takes by the interpreter's own clock (``-X importtime``)."""
-    said = subprocess.run([sys.executable, "-X", "importtime", "-c", "import onnx"],
+    said = subprocess.run([sys.executable, "-X", "importtime", "-c", ONNX_FLOOR],
                           capture_output=True, text=True, check=True).stderr
-    return int(re.search(r"\|\s*(\d+) \| onnx$", said, re.M).group(1)) / 1e6
+    found = re.search(r"\|\s*(\d+) \| onnx$", said, re.M)
+    if found is None:
+        raise RuntimeError(f"-X importtime printed no line for onnx: {said[-500:]}")
+    return int(found.group(1)) / 1e6
 
 
 def remove(*paths: Path) -> None:
@@ -177,7 +183,7 @@ def measure_model(name: str, repeat: int, inner: int, original: Path | None,
         "autodice": ([str(bindir / "autodice"), "split", str(model), "-m", str(mapping), "-p",
                       str(platform), "-o", str(work / "out")], None, [work / "out"]),
         "start-up": ([sys.executable, "-c", STARTUP], None, []),
-        "onnx": ([sys.executable, "-c", "import onnx"], None, []),
+        "onnx": ([sys.executable, "-c", ONNX_FLOOR], None, []),
         "python": ([sys.executable, "-c", "pass"], None, []),
     }
     if original is not None:
