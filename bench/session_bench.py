@@ -15,9 +15,10 @@ are a quarter of a second, mostly the pipeline filling). Each round runs, side b
 - ``one at a time``: the session with ``window=1`` (its end-to-end latency at low load).
 
 Throughput is compared at steady state, both sides the same way: the rate after the first result
-(the program's ``steady_fps``, the session's). During the session's stream the CPU time of the
-feed (this Python process, the gateway rank) and of the ranks is read from /proc: on a machine
-whose every core runs a rank, the feed's time per frame is taken from the ranks'.
+(the program's ``steady_fps``, the session's), the median of the rounds' ratios. While the
+session streams, the CPU time of the feed (this Python process by its own clock, the gateway rank
+from /proc) and of the ranks' processes (/proc) is read, beside what the ranks computed by their
+own clocks: on a machine whose every core runs a rank, the feed's time is taken from the ranks'.
 
 Goals: session >= 0.9x repeat; latency at low load <= 1.1x the lockstep frame time. Then
 ``--long`` distinct frames through Figure 2's three kinds of parallelism (4 ranks: a layer split
@@ -57,8 +58,9 @@ from autodice.frontend.check import session as ort_session  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def job_pids(out: Path) -> dict[int, int]:
-    """MPI rank -> pid of the processes running ``out``'s program (the gateway is the last)."""
+def job_pids(out: Path, ranks: int) -> dict[int, int]:
+    """MPI rank -> pid of the processes running ``out``'s program: its ``ranks`` ranks and the
+    gateway, rank ``ranks``."""
     exe = str((out / "build" / "local" / "program").resolve())
     found = {}
     for p in Path("/proc").iterdir():
@@ -69,6 +71,8 @@ def job_pids(out: Path) -> dict[int, int]:
                 found[int(rank.split(b"=")[1])] = int(p.name)
         except (OSError, StopIteration):
             continue
+    if sorted(found) != list(range(ranks + 1)):
+        raise RuntimeError(f"{exe}: found ranks {sorted(found)}, not 0-{ranks} (a job left over?)")
     return found
 
 
@@ -78,21 +82,29 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stream(out: Path, xs: list, frames: int) -> dict:
-    """``frames`` frames (``xs`` in turn) through a session: its steady rate, and the CPU ms a
-    frame of the feed (this process, the gateway) and of the ranks while it streamed."""
+def compute_ms(ranks: list[dict], frames: int) -> float:
+    """The ranks' compute a frame, summed over ranks, by their own clocks (stats.json)."""
+    return 1e3 * sum(r["compute_s"] for r in ranks) / frames
+
+
+def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
+    """``frames`` frames (``xs`` in turn) through a session: its steady rate, and ms a frame
+    while it streamed: the CPU of the feed (this process by its own clock, the gateway from
+    /proc) and of the ranks' processes (/proc: computing, receiving, waiting, spinning
+    included), and the ranks' compute alone (their own clocks)."""
     with autodice.open(out) as s:
-        pids = job_pids(out)
-        gateway = max(pids)
+        pids = job_pids(out, ranks)
         before = {r: cpu_s(p) for r, p in pids.items()}
         own = time.process_time()
         list(s.map(itertools.islice(itertools.cycle(xs), frames)))
         own = time.process_time() - own
         used = {r: cpu_s(p) - before[r] for r, p in pids.items()}
-    return {"steady_fps": s.stats()["steady_fps"], "fps": s.stats()["fps"],
-            "cpu_ms_a_frame": {"python": 1e3 * own / frames,
-                               "gateway": 1e3 * used.pop(gateway) / frames,
-                               "ranks": 1e3 * sum(used.values()) / frames}}
+    st = s.stats()
+    return {"steady_fps": st["steady_fps"], "fps": st["fps"],
+            "ms_a_frame": {"python": 1e3 * own / frames,
+                           "gateway": 1e3 * used.pop(ranks) / frames,
+                           "ranks": 1e3 * sum(used.values()) / frames,
+                           "ranks computing": compute_ms(st["ranks"], frames)}}
 
 
 def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: int) -> dict:
@@ -101,32 +113,37 @@ def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: in
     graph = load_model(model)
     mapping = balance(graph, model, ["edge01_x860", "edge01_x861"]).mapping
     out = prepare(model, mapping, work / name)
-    t = autodice.plan(model, mapping, work / name / "platform.txt").model_inputs[0]
+    plan = autodice.plan(model, mapping, work / name / "platform.txt")
+    t, ranks = plan.model_inputs[0], len(plan.ranks)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(t.shape).astype(np.float32) for _ in range(60)]
     feeds = {t.name: work / f"{name}-x.npy"}
     np.save(feeds[t.name], xs[0])
     # A stream of about `seconds` at the program's own rate (this run also warms the caches).
-    frames = max(frames, round(seconds * run(out, feeds, frames).stats["steady_fps"]))
+    warm = run(out, feeds, frames).stats
+    frames = max(frames, round(seconds * (warm["steady_fps"] or warm["fps"])))
     fps = {"repeat": [], "session": [], "lockstep": []}
-    latency, cpu = [], []
+    latency, ms, repeat_compute = [], [], []
     for _ in range(rounds):
-        fps["repeat"].append(run(out, feeds, frames).stats["steady_fps"])
-        got = stream(out, xs, frames)
+        res = run(out, feeds, frames)
+        fps["repeat"].append(res.stats["steady_fps"])
+        repeat_compute.append(compute_ms(res.stats["ranks"], frames))
+        got = stream(out, ranks, xs, frames)
         fps["session"].append(got["steady_fps"])
-        cpu.append(got["cpu_ms_a_frame"])
+        ms.append(got["ms_a_frame"])
         fps["lockstep"].append(run(out, feeds, frames, pipeline=False).stats["fps"])
         with autodice.open(out, window=1) as s:
-            for x in xs[: max(10, frames // 3)]:
+            for x in xs[: max(10, frames // 3)]:  # at most the 60 distinct frames
                 s.infer(x)
         latency.append(s.stats()["latency_s"]["p50"])
     med = {k: statistics.median(v) for k, v in fps.items()}
     lockstep_s = 1 / med["lockstep"]
-    cpu_median = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps,
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
-            "cpu_ms_a_frame": cpu, "median_cpu_ms_a_frame": cpu_median, "cores": os.cpu_count(),
+            "ms_a_frame": ms, "repeat_compute_ms": repeat_compute, "cores": os.cpu_count(),
+            "median_ms_a_frame": {**{k: statistics.median(c[k] for c in ms) for k in ms[0]},
+                                  "repeat computing": statistics.median(repeat_compute)},
             "ratios": {"session / repeat": statistics.median(
                            a / b for a, b in zip(fps["session"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
@@ -171,16 +188,18 @@ def main() -> int:
     try:
         models = [measure_model(m, work, args.frames, args.seconds, args.rounds)
                   for m in args.models.split(",")]
-        print("steady frames/s; CPU ms a frame while the session streamed: the feed (Python, "
-              "gateway), the ranks")
+        print("steady frames/s; ms a frame while the session streamed: CPU of the feed (Python, "
+              "the gateway), the ranks computing (the repeat's, the session's)")
         print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'python':>8}"
-              f"{'gateway':>9}{'ranks':>7}{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
+              f"{'gateway':>9}{'compute':>9}{'compute':>9}{'lockstep ms':>13}{'latency ms':>12}"
+              f"{'ratio':>7}")
         for m in models:
-            med, r, cpu = m["median_fps"], m["ratios"], m["median_cpu_ms_a_frame"]
+            med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
             print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
-                  f"{r['session / repeat']:>7.2f}{cpu['python']:>8.2f}{cpu['gateway']:>9.2f}"
-                  f"{cpu['ranks']:>7.2f}{1e3 / med['lockstep']:>13.2f}"
-                  f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
+                  f"{r['session / repeat']:>7.2f}{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
+                  f"{ms['repeat computing']:>9.2f}{ms['ranks computing']:>9.2f}"
+                  f"{1e3 / med['lockstep']:>13.2f}{m['median_latency_s'] * 1e3:>12.2f}"
+                  f"{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None
         if long:
             print(f"figure 2, three kinds: {long['delivered']} of {long['frames']} frames in "
