@@ -100,7 +100,7 @@ def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
         own = time.process_time() - own
         used = {r: cpu_s(p) - before[r] for r, p in pids.items()}
     st = s.stats()
-    return {"steady_fps": st["steady_fps"], "fps": st["fps"],
+    return {"steady_fps": st["steady_fps"],
             "ms_a_frame": {"python": 1e3 * own / frames,
                            "gateway": 1e3 * used.pop(ranks) / frames,
                            "ranks": 1e3 * sum(used.values()) / frames,
