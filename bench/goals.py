@@ -128,9 +128,21 @@ def session(d: dict) -> Iterator[Goal]:
                    f"took {ms['python']:.2f} ms of CPU in Python and {ms['gateway']:.2f} in the "
                    f"gateway, the ranks' processes {ms['ranks']:.2f} (/proc, waiting included); "
                    f"inside ncnn the ranks spent {ms['ranks computing']:.2f} ms, "
-                   f"{ms['repeat computing']:.2f} in the repeat (wall time, their own clocks). "
-                   f"Not a limit: the feed's time, and the ranks' computing slowed beside it, "
-                   f"are the session's own")
+                   f"{ms['repeat computing']:.2f} in the repeat (wall time, their own clocks)")
+        if "beside a plain feed / repeat" in r:  # the plain feed: since 2026-11-26
+            plain = r["beside a plain feed / repeat"]
+            why += (f". Rank 0 waited {m['median_input_wait_ms']:.3f} ms a frame for its "
+                    f"frames: the feed kept up. The repeat beside a plain feed (plain_feed.c: "
+                    f"the same bytes through a Unix socket at the session's rate, nothing of "
+                    f"autodice or Python in it) made {plain:.2f}x: "
+                    + ("below the goal with no feed of autodice's at all (one method, a plain "
+                       "program)" if plain < 0.9 else
+                       "not a limit, the machine leaves a feed room for the goal; the rest is "
+                       "the session's own feed (Python, the gateway) and the ranks' computing "
+                       "slowed beside it"))
+        elif ms:
+            why += (". Not a limit: the feed's time, and the ranks' computing slowed beside it, "
+                    "are the session's own")
         yield Goal("stream", f"{m['model']} session >= 0.9x run --frames on one frame",
                    f"{r['session / repeat']:.2f}x", r["session / repeat"] >= 0.9, why)
         yield Goal("stream", f"{m['model']} latency one at a time <= 1.1x a lockstep frame",

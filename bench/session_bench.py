@@ -10,6 +10,10 @@ are a quarter of a second, mostly the pipeline filling). Each round runs, side b
 - ``repeat``: ``run --frames N`` on one frame (the program's own loop, no gateway: the ceiling);
 - ``session``: N frames through ``autodice.open`` (the gateway, the socket, Python), 60 distinct
   ones in turn;
+- ``beside a plain feed``: the repeat again, while ``runtime_cpp/bench/plain_feed.c`` moves the
+  same bytes at the session's rate through a Unix socket, its reading end on the gateway's core
+  (a feed with nothing of autodice or Python in it: what moving frames at all costs the ranks on
+  this machine's cores, the ceiling for any feed);
 - ``lockstep``: ``run --frames N --no-pipeline`` (one frame through every rank at a time: the
   sum of the ranks' compute and transfer times per frame, measured by the program itself);
 - ``one at a time``: the session with ``window=1`` (its end-to-end latency at low load).
@@ -34,6 +38,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +56,7 @@ from graphs import figure2  # noqa: E402
 import autodice  # noqa: E402
 from autodice.backend.run import run  # noqa: E402
 from autodice.core.model import load_model  # noqa: E402
+from autodice.core.plan import Plan  # noqa: E402
 from autodice.dse.balance import balance  # noqa: E402
 from autodice.frontend import zoo  # noqa: E402
 from autodice.frontend.check import session as ort_session  # noqa: E402
@@ -88,10 +94,11 @@ def compute_ms(ranks: list[dict], frames: int) -> float:
 
 
 def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
-    """``frames`` frames (``xs`` in turn) through a session: its steady rate, and ms a frame
-    while it streamed: the CPU of the feed (this process by its own clock, the gateway from
-    /proc) and of the ranks' processes (/proc: computing, receiving, waiting, spinning
-    included), and the ranks' compute alone (their own clocks)."""
+    """``frames`` frames (``xs`` in turn) through a session: its steady rate, how long rank 0
+    waited for its frames (ms a frame), and ms a frame while it streamed: the CPU of the feed
+    (this process by its own clock, the gateway from /proc) and of the ranks' processes (/proc:
+    computing, receiving, waiting, spinning included), and the ranks' compute alone (their own
+    clocks)."""
     with autodice.open(out) as s:
         pids = job_pids(out, ranks)
         before = {r: cpu_s(p) for r, p in pids.items()}
@@ -101,13 +108,36 @@ def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
         used = {r: cpu_s(p) - before[r] for r, p in pids.items()}
     st = s.stats()
     return {"steady_fps": st["steady_fps"],
+            "input_wait_ms": 1e3 * st["ranks"][0]["recv_wait_s"] / frames,
             "ms_a_frame": {"python": 1e3 * own / frames,
                            "gateway": 1e3 * used.pop(ranks) / frames,
                            "ranks": 1e3 * sum(used.values()) / frames,
                            "ranks computing": compute_ms(st["ranks"], frames)}}
 
 
-def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: int) -> dict:
+def plain_feed(dest: Path) -> Path:
+    """Compile ``runtime_cpp/bench/plain_feed.c`` into ``dest``."""
+    exe = dest / "plain_feed"
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(ROOT / "runtime_cpp" / "bench" /
+                                                      "plain_feed.c")], check=True)
+    return exe
+
+
+def beside_feed(feed: Path, out: Path, plan: Plan, feeds: dict, frames: int, rate: float) -> float:
+    """The repeat's steady rate while ``feed`` moves a frame's bytes, and a result's back, at
+    ``rate`` frames/s, its reading end on rank 0's first core, where a session's gateway sits."""
+    argv = [str(feed), str(sum(t.nbytes for t in plan.model_inputs)),
+            str(sum(t.nbytes for t in plan.model_outputs)), f"{rate:.1f}",
+            f"{5 + frames / rate:.1f}", str(plan.ranks[0].slots[0])]  # past the job's start
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as p:
+        try:
+            return run(out, feeds, frames).stats["steady_fps"]
+        finally:
+            p.terminate()  # its reading end exits when the socket closes
+
+
+def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float,
+                  rounds: int) -> dict:
     model = work / f"{name}.onnx"
     zoo.save(zoo.materialize(name, seed=0), model)
     graph = load_model(model)
@@ -122,8 +152,8 @@ def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: in
     # A stream of about `seconds` at the program's own rate (this run also warms the caches).
     warm = run(out, feeds, frames).stats
     frames = max(frames, round(seconds * (warm["steady_fps"] or warm["fps"])))
-    fps = {"repeat": [], "session": [], "lockstep": []}
-    latency, ms, repeat_compute = [], [], []
+    fps = {"repeat": [], "session": [], "beside a plain feed": [], "lockstep": []}
+    latency, ms, repeat_compute, input_wait = [], [], [], []
     for _ in range(rounds):
         res = run(out, feeds, frames)
         fps["repeat"].append(res.stats["steady_fps"])
@@ -131,6 +161,9 @@ def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: in
         got = stream(out, ranks, xs, frames)
         fps["session"].append(got["steady_fps"])
         ms.append(got["ms_a_frame"])
+        input_wait.append(got["input_wait_ms"])
+        fps["beside a plain feed"].append(beside_feed(feed, out, plan, feeds, frames,
+                                                      got["steady_fps"]))
         fps["lockstep"].append(run(out, feeds, frames, pipeline=False).stats["fps"])
         with autodice.open(out, window=1) as s:
             for x in xs[: max(10, frames // 3)]:  # at most the 60 distinct frames
@@ -142,10 +175,13 @@ def measure_model(name: str, work: Path, frames: int, seconds: float, rounds: in
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
             "ms_a_frame": ms, "repeat_compute_ms": repeat_compute, "cores": os.cpu_count(),
+            "input_wait_ms": input_wait, "median_input_wait_ms": statistics.median(input_wait),
             "median_ms_a_frame": {**{k: statistics.median(c[k] for c in ms) for k in ms[0]},
                                   "repeat computing": statistics.median(repeat_compute)},
             "ratios": {"session / repeat": statistics.median(
                            a / b for a, b in zip(fps["session"], fps["repeat"])),
+                       "beside a plain feed / repeat": statistics.median(
+                           a / b for a, b in zip(fps["beside a plain feed"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
 
 
@@ -186,17 +222,20 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="session-bench-"))
     try:
-        models = [measure_model(m, work, args.frames, args.seconds, args.rounds)
+        feed = plain_feed(work)
+        models = [measure_model(m, work, feed, args.frames, args.seconds, args.rounds)
                   for m in args.models.split(",")]
-        print("steady frames/s; ms a frame while the session streamed: CPU of the feed (Python, "
-              "the gateway), the ranks computing (the repeat's, the session's)")
-        print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'python':>8}"
-              f"{'gateway':>9}{'compute':>9}{'compute':>9}{'lockstep ms':>13}{'latency ms':>12}"
-              f"{'ratio':>7}")
+        print("steady frames/s (plain: the repeat beside a plain feed / the repeat); ms a frame "
+              "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
+              "computing (the repeat's, the session's)")
+        print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'plain':>7}"
+              f"{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'lockstep ms':>13}"
+              f"{'latency ms':>12}{'ratio':>7}")
         for m in models:
             med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
             print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
-                  f"{r['session / repeat']:>7.2f}{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
+                  f"{r['session / repeat']:>7.2f}{r['beside a plain feed / repeat']:>7.2f}"
+                  f"{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
                   f"{ms['repeat computing']:>9.2f}{ms['ranks computing']:>9.2f}"
                   f"{1e3 / med['lockstep']:>13.2f}{m['median_latency_s'] * 1e3:>12.2f}"
                   f"{r['latency / lockstep frame']:>7.2f}")
