@@ -40,6 +40,17 @@ def figure2(seed: int = 0) -> onnx.ModelProto:
                   [w_conv, w_fc], opset=13, ir=8)
 
 
+def wide_chain(side: int) -> onnx.ModelProto:
+    """Two layers on a large tensor, for results larger than a socket holds::
+
+        input (1x4xSIDExSIDE) -> Relu1 -> Buff1 -> Sigmoid1 -> output (1x4xSIDExSIDE)
+    """
+    nodes = [helper.make_node("Relu", ["input"], ["Buff1"], name="Relu1"),
+             helper.make_node("Sigmoid", ["Buff1"], ["output"], name="Sigmoid1")]
+    shape = [1, 4, side, side]
+    return _model(nodes, "wide_chain", ("input", shape), ("output", shape), [], opset=13, ir=8)
+
+
 def symbolic_model() -> onnx.ModelProto:
     """Two Relus on a 1x4xHxW input: shapes only with --input-shape."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])

@@ -24,7 +24,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from conftest import SPECS
-from graphs import figure2
+from graphs import figure2, wide_chain
 
 import autodice
 from autodice.backend import figures
@@ -147,6 +147,87 @@ def test_a_caller_that_stops_early_leaves_the_session_in_step(built):
         again = list(s.map(xs[10:20]))
     for g, w in zip(again, want[10:20]):
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+
+
+def test_a_sequence_is_sent_from_the_callers_thread_an_iterator_by_a_feeder(built):
+    """The same frames as a list, a batch array and a generator: the same results; only the
+    generator (which might block, as a camera does) gets a thread of its own."""
+    xs = frames(30, seed=6)
+    want = reference(built / "model.onnx", xs)
+
+    def feeders() -> int:
+        return sum(t.name == "autodice-feed" for t in threading.enumerate())
+
+    with autodice.open(built / "out", window=3) as s:
+        for source, threaded in ((xs, False), (np.stack(xs), False), (iter(xs), True)):
+            got, seen = [], 0
+            for y in s.map(source):
+                got.append(y)
+                seen = max(seen, feeders())
+            assert seen == threaded, type(source).__name__
+            assert len(got) == 30
+            for g, w in zip(got, want):
+                assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+
+
+class _Flaky(list):
+    """A list whose sixth frame cannot be read."""
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError("frame 5 is unreadable")
+        return super().__getitem__(i)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+@pytest.mark.parametrize("wrap", [_Flaky, lambda xs: iter(_Flaky(xs))], ids=["list", "iterator"])
+def test_frames_that_raise_come_after_the_results_before_them(built, wrap):
+    xs = frames(12, seed=7)
+    want = reference(built / "model.onnx", xs)
+    got = []
+    with autodice.open(built / "out", window=3) as s:
+        with pytest.raises(ValueError, match="frame 5 is unreadable"):
+            for y in s.map(wrap(xs)):
+                got.append(y)
+        assert len(got) == 5
+        again = list(s.map(xs[6:]))  # in step: the next stream's results are its own
+    for g, w in zip(got + again, want[:5] + want[6:]):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+
+
+def test_results_larger_than_the_socket_holds_while_frames_go_out_from_one_thread(tmp_path):
+    """A list is sent from the caller's thread, which reads no result while it sends: with 1 MiB
+    results, six in flight fill the socket, and the gateway must go on reading frames."""
+    shutil.copy(SPECS / "figure2" / "platform.txt", tmp_path / "platform.txt")
+    (tmp_path / "mapping.json").write_text(json.dumps({"edge01_arm1": ["Relu1"],
+                                                       "edge01_arm2": ["Sigmoid1"]}))
+    onnx.save(wide_chain(256), tmp_path / "model.onnx")
+    out = tmp_path / "out"
+    autodice.split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+                   out)
+    autodice.gen(out)
+    autodice.build(out)
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal((1, 4, 256, 256)).astype(np.float32) for _ in range(24)]
+
+    def stuck(*_):  # end the job too: a stalled gateway would hold close() as well
+        for pid in programs(out):
+            os.kill(pid, signal.SIGKILL)
+        raise TimeoutError("the stream stalled: frames and results waited on each other")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)
+    try:
+        with autodice.open(out, window=6) as s:
+            got = list(s.map(xs))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert len(got) == 24
+    for g, x in zip(got, xs):
+        assert np.abs(g - 1 / (1 + np.exp(-np.maximum(x, 0)))).max() <= 1e-5
 
 
 def test_a_rank_that_dies_ends_the_session_naming_it_and_what_arrived(built):
