@@ -104,35 +104,9 @@ TensorInfo info_of(const StreamTensor& t) {
 // way back. Buffers live here until every transfer on them completed.
 struct InFlight {
   int64_t id = 0, frame = 0;
-  std::vector<unsigned char> in, out;  // out: the result's message, its header first
+  std::vector<unsigned char> in, out;
   std::vector<Transfer> sends, recvs;
   double since = 0;  // MPI_Wtime when it went out
-};
-
-// Results on their way to the session, written as far as the socket takes them without waiting.
-// The gateway goes on reading frames meanwhile: a session that sends its next frames before it
-// reads the last results (from one thread) never waits on a gateway that waits on it, whatever
-// the results' size.
-struct Outbox {
-  std::deque<std::vector<unsigned char>> messages;
-  size_t sent = 0;  // bytes of the front message written
-
-  // False when the session has gone (EOF, reset, broken pipe).
-  bool flush(int fd) {
-    while (!messages.empty()) {
-      const std::vector<unsigned char>& m = messages.front();
-      const ssize_t k = send(fd, m.data() + sent, m.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      if (k <= 0) return false;
-      sent += static_cast<size_t>(k);
-      if (sent == m.size()) {
-        messages.pop_front();
-        sent = 0;
-      }
-    }
-    return true;
-  }
 };
 
 }  // namespace
@@ -172,7 +146,6 @@ int64_t Gateway::serve() {
   const double late_s = wait_timeout() > 0 ? wait_timeout() * (n + 1) : 0;
 
   std::deque<InFlight> flight;
-  Outbox outbox;
   int64_t frames = 0;
   bool stopping = session_gone_;
   double expect_s = 0;  // how long a frame takes from here to its results (moving average)
@@ -194,14 +167,13 @@ int64_t Gateway::serve() {
       const double took = MPI_Wtime() - front.since;
       expect_s = expect_s > 0 ? 0.8 * expect_s + 0.2 * took : took;
       if (!session_gone_) {
-        const StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
-        std::memcpy(front.out.data(), &h, sizeof h);
-        outbox.messages.push_back(std::move(front.out));
+        StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
+        session_gone_ = !write_all(fd_, &h, sizeof h) ||
+                        !write_all(fd_, front.out.data(), front.out.size());
       }
       flight.pop_front();
       moved = true;
     }
-    if (!session_gone_ && !outbox.messages.empty()) session_gone_ = !outbox.flush(fd_);
     stopping = stopping || session_gone_;
     if (stopping && flight.empty()) break;
     if (!stopping) {
@@ -211,7 +183,7 @@ int64_t Gateway::serve() {
       // after anyway (80 % of the moving average; a new frame on the socket still wakes it at
       // once), then looks again after a quarter of the time the result is overdue (50 us to
       // 1 ms): an early result waits little, a late one costs few wake-ups.
-      pollfd p{fd_, static_cast<short>(POLLIN | (outbox.messages.empty() ? 0 : POLLOUT)), 0};
+      pollfd p{fd_, POLLIN, 0};
       double pause_s = 0;
       if (!flight.empty() && !moved) {
         const double overdue = MPI_Wtime() - flight.front().since - 0.8 * expect_s;
@@ -220,7 +192,7 @@ int64_t Gateway::serve() {
       const auto pause_ns = static_cast<long>(pause_s * 1e9);
       const timespec pause{pause_ns / 1000000000L, pause_ns % 1000000000L};
       const int ready = ppoll(&p, 1, flight.empty() ? nullptr : &pause, nullptr);
-      if (ready > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+      if (ready > 0) {
         StreamHeader h;
         if (!read_all(fd_, &h, sizeof h) || h.kind == static_cast<uint32_t>(StreamKind::kStop)) {
           stopping = true;
@@ -233,7 +205,7 @@ int64_t Gateway::serve() {
         x.id = h.value;
         x.frame = frames++;
         x.in.resize(in_bytes);
-        x.out.resize(sizeof(StreamHeader) + out_bytes);
+        x.out.resize(out_bytes);
         if (!read_all(fd_, x.in.data(), x.in.size())) {
           flight.pop_back();
           stopping = true;
@@ -251,7 +223,7 @@ int64_t Gateway::serve() {
                                            owner(t, x.frame), layout_.input_tag(i)));
           offset += static_cast<size_t>(info_of(t).bytes());
         }
-        offset = sizeof(StreamHeader);
+        offset = 0;
         for (size_t j = 0; j < layout_.outputs.size(); ++j) {
           const StreamTensor& t = layout_.outputs[j];
           x.recvs.push_back(Transfer::recv(MPI_COMM_WORLD, info_of(t), x.out.data() + offset,
@@ -263,11 +235,6 @@ int64_t Gateway::serve() {
     } else if (!moved) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));  // draining the last frames
     }
-  }
-  while (!session_gone_ && !outbox.messages.empty()) {  // the last results, before the stats
-    pollfd p{fd_, POLLOUT, 0};
-    poll(&p, 1, -1);
-    session_gone_ = !outbox.flush(fd_);
   }
   std::vector<Transfer> ends;
   for (int r = 0; r < n; ++r)

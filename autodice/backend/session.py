@@ -22,6 +22,7 @@ comes twice. The wire to the gateway, and the job under it, is ``gateway.py``'s.
 
 from __future__ import annotations
 
+import queue
 import shutil
 import tempfile
 import threading
@@ -33,7 +34,6 @@ from pathlib import Path
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan
-from . import feed
 from .figures import Figures, per_frame
 from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
 from .job import Job, Recovery, Restart, SessionError
@@ -121,10 +121,6 @@ class Session:
         with one output) or a dict by output name. A frame that cannot be sent is yielded as a
         :class:`FrameError` in its place.
 
-        A list, a tuple or an array of frames is sent from the calling thread; any other
-        iterable by a thread of its own, so one that blocks (a camera) does not hold back the
-        results of frames already sent (``feed.py``).
-
         Raises:
             SessionError: the job ended (a rank died); ``delivered`` says what arrived.
         """
@@ -203,13 +199,46 @@ class Session:
 
     def _stream(self, frames: Iterable) -> Iterator:
         self._check_open()
-        source = feed.source(frames, self.inputs, self.window, self._post,
-                             self._recovery is not None)
+        tickets: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(self.window)
+        stop = threading.Event()
+        recovering = self._recovery is not None
+
+        def feed() -> None:
+            try:
+                for i, frame in enumerate(frames):
+                    try:
+                        if isinstance(frame, FrameError):  # the source could not make it
+                            raise frame
+                        parts = encode(self.inputs, frame, i)
+                    except FrameError as e:
+                        tickets.put(("error", e))
+                        continue
+                    while not slots.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    tickets.put(("frame", i))
+                    try:
+                        self._post(i, parts)
+                    except OSError:
+                        if not recovering:
+                            raise  # else the reader restarts the job and sends it again
+            except OSError as e:  # the gateway is gone: the reader says why
+                tickets.put(("gone", e))
+            except BaseException as e:  # the caller's iterable raised: raise it there
+                tickets.put(("raise", e))
+            finally:
+                tickets.put(("end",))
+
+        feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True)
+        feeder.start()
         last = -1
         clean = False
         try:
             while True:
-                ticket = source.next()
+                ticket = tickets.get()
                 kind = ticket[0]
                 if kind == "end":
                     clean = True
@@ -222,22 +251,23 @@ class Session:
                 if kind == "gone":
                     self._fail(last)
                 sent, result = self._next_result(last)
-                source.took()
+                slots.release()
                 self._figures.delivered_one(sent.at, first=last < 0)
                 last = sent.index
                 yield result
         finally:
-            source.stop()
+            stop.set()
             if not clean and self._broken is None:
-                self._drain(source, last)
-            source.join(None if self._broken is None else 1.0)
+                self._drain(tickets, last)
+            # A feeder inside the caller's iterable (a camera that blocks) ends on its next frame.
+            feeder.join(timeout=None if self._broken is None else 1.0)
 
-    def _drain(self, source: feed.Feeder | feed.Inline, last: int) -> None:
+    def _drain(self, tickets: queue.Queue, last: int) -> None:
         """The caller stopped early: take the results of frames already sent, so the stream is
         in step for the next map; a session that cannot is closed."""
         try:
             while True:
-                ticket = source.next()
+                ticket = tickets.get()
                 if ticket[0] == "end":
                     return
                 if ticket[0] == "frame":
