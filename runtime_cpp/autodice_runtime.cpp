@@ -562,11 +562,16 @@ Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& 
     abort_run(t.what() + ": Mat has shape " + shape_str(mat_shape(m)) + ", the plan says " +
               info.describe());
   const WireLayout L = wire_layout(info.shape);
-  if (!L.as_mat) {
-    t.type_ = mat_datatype(m);
-    t.post(m.data, 1, t.type_);
-  } else if (has_layout(m, L)) {
-    t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);
+  if (!L.as_mat || has_layout(m, L)) {
+    // Sent from m's own memory: held until the send completes, so a receive posted meanwhile
+    // into a Mat sharing that memory (a forwarded input's next frame) gets fresh memory instead.
+    t.staging_ = m;
+    if (!L.as_mat) {
+      t.type_ = mat_datatype(m);
+      t.post(m.data, 1, t.type_);
+    } else {
+      t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);
+    }
   } else {  // the same elements in another Mat shape (pnnx's choice): into the plan's layout
     std::vector<float> dense(static_cast<size_t>(element_count(info.shape)));
     dense_from_mat(m, dense.data());
@@ -596,7 +601,10 @@ Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int
   if (info.dtype != DType::Float32)
     abort_run(t.what() + ": only float32 tensors travel as a Mat, the plan says " +
               info.describe());
-  if (m.empty() || mat_shape(m) != ncnn_shape(info.shape) || m.elemsize != 4 || m.elempack != 1)
+  // Reused only while nothing else holds it: a send still in flight from this memory (or a Mat
+  // computed from it, as a view) must not see the next frame's bytes.
+  if (m.empty() || mat_shape(m) != ncnn_shape(info.shape) || m.elemsize != 4 ||
+      m.elempack != 1 || (m.refcount != nullptr && *m.refcount > 1))
     m = alloc_mat(info.shape);
   const WireLayout L = wire_layout(info.shape);
   if (L.as_mat) {

@@ -200,7 +200,7 @@ class Transfer {
                        int tag);
   static Transfer recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag);
   // Receives straight into `m`, which is allocated as a float32 Mat of ncnn_shape(info.shape)
-  // unless it already has that shape.
+  // unless it already has that shape and is held nowhere else (a send from it in flight).
   static Transfer recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int peer, int tag);
 
   Transfer(Transfer&& other) noexcept;
@@ -231,7 +231,7 @@ class Transfer {
   int tag_;
   MPI_Datatype type_ = MPI_DATATYPE_NULL;  // the datatype posted, to count what arrived
   MPI_Request request_ = MPI_REQUEST_NULL;
-  ncnn::Mat staging_;           // the Mat layout of a dense or odd-shaped endpoint
+  ncnn::Mat staging_;  // a sent Mat, held until sent; or the Mat layout of a dense or odd one
   float* dense_out_ = nullptr;  // a dense receive through staging_: unpacked on completion
 };
 

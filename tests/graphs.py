@@ -51,6 +51,40 @@ def wide_chain(side: int) -> onnx.ModelProto:
     return _model(nodes, "wide_chain", ("input", shape), ("output", shape), [], opset=13, ir=8)
 
 
+def input_skip(seed: int = 0, side: int = 64, channels: int = 16) -> onnx.ModelProto:
+    """A model input that two layers read, for a rank that forwards the input it read::
+
+        input -+-> Conv1 -> Buff1 -+-> Add1 -> Buff2 -> Conv2 -> Buff3 -> Conv3 -> output
+               +-------------------+
+    """
+    rng = np.random.default_rng(seed)
+    w = [numpy_helper.from_array(0.1 * rng.standard_normal((channels, channels, 3, 3))
+                                 .astype(np.float32), f"w{k}") for k in (1, 2, 3)]
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["Buff1"], name="Conv1", **conv),
+             helper.make_node("Add", ["Buff1", "input"], ["Buff2"], name="Add1"),
+             helper.make_node("Conv", ["Buff2", "w2"], ["Buff3"], name="Conv2", **conv),
+             helper.make_node("Conv", ["Buff3", "w3"], ["output"], name="Conv3", **conv)]
+    shape = [1, channels, side, side]
+    return _model(nodes, "input_skip", ("input", shape), ("output", shape), w, opset=13, ir=8)
+
+
+def conv_chain(convs: int, channels: int = 64, side: int = 96,
+               seed: int = 0) -> onnx.ModelProto:
+    """``convs`` 3x3 convolutions in a row, Conv1 ... ConvN: stages of a known, real cost::
+
+        input -> Conv1 -> Buff1 -> Conv2 -> ... -> ConvN -> output
+    """
+    rng = np.random.default_rng(seed)
+    w = [numpy_helper.from_array(0.05 * rng.standard_normal((channels, channels, 3, 3))
+                                 .astype(np.float32), f"w{k}") for k in range(1, convs + 1)]
+    names = ["input", *(f"Buff{k}" for k in range(1, convs)), "output"]
+    nodes = [helper.make_node("Conv", [names[k - 1], f"w{k}"], [names[k]], name=f"Conv{k}",
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]) for k in range(1, convs + 1)]
+    shape = [1, channels, side, side]
+    return _model(nodes, "conv_chain", ("input", shape), ("output", shape), w, opset=13, ir=8)
+
+
 def symbolic_model() -> onnx.ModelProto:
     """Two Relus on a 1x4xHxW input: shapes only with --input-shape."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])

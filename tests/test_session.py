@@ -24,7 +24,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from conftest import SPECS
-from graphs import figure2, wide_chain
+from graphs import figure2, input_skip, wide_chain
 
 import autodice
 from autodice.backend import figures
@@ -202,6 +202,31 @@ def test_results_larger_than_the_socket_holds(tmp_path):
     assert len(got) == 24
     for g, x in zip(got, xs):
         assert np.abs(g - 1 / (1 + np.exp(-np.maximum(x, 0)))).max() <= 1e-5
+
+
+def test_a_forwarded_input_is_not_overwritten_by_a_later_frame(tmp_path):
+    """Rank 0 reads the model input and forwards it to rank 1, which is twice as slow: rank 0
+    runs ahead, and the buffer a frame's input was sent from must not take a later frame's
+    input before rank 1 has it."""
+    shutil.copy(SPECS / "figure2" / "platform.txt", tmp_path / "platform.txt")
+    (tmp_path / "mapping.json").write_text(json.dumps({"edge01_arm1": ["Conv1"],
+                                                       "edge01_arm2": ["Add1", "Conv2", "Conv3"]}))
+    onnx.save(input_skip(), tmp_path / "model.onnx")
+    out = tmp_path / "out"
+    autodice.split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+                   out)
+    assert [e["kind"] for e in json.loads((out / "plan.json").read_text())["edges"]] == \
+        ["input", "activation"]
+    autodice.gen(out)
+    autodice.build(out)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((1, 16, 64, 64)).astype(np.float32) for _ in range(60)]
+    want = reference(tmp_path / "model.onnx", xs)
+    with autodice.open(out) as s:
+        got = list(s.map(xs))
+    bad = [i for i, (g, w) in enumerate(zip(got, want))
+           if np.abs(g - w).max() > 1e-4 * np.abs(w).max()]
+    assert len(got) == 60 and not bad, f"frames {bad} differ from onnxruntime"
 
 
 def test_a_rank_that_dies_ends_the_session_naming_it_and_what_arrived(built):
