@@ -394,7 +394,10 @@ void npy_save(const std::string& path, DType dtype, const Shape& shape, const vo
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
 
-  std::ofstream out(path, std::ios::binary);
+  // Written aside and renamed in, its last bytes flushed and checked: a full disk leaves the
+  // old file or none, never a short one read as a result.
+  const std::string part = path + ".part";
+  std::ofstream out(part, std::ios::binary);
   if (!out) throw std::runtime_error(path + ": cannot create (" + std::strerror(errno) + ")");
   uint16_t len = static_cast<uint16_t>(header.size());
   const char preamble[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
@@ -404,7 +407,12 @@ void npy_save(const std::string& path, DType dtype, const Shape& shape, const vo
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(static_cast<const char*>(data),
             static_cast<std::streamsize>(element_count(shape) * dtype_size(dtype)));
-  if (!out) throw std::runtime_error(path + ": write failed");
+  out.close();
+  if (!out || std::rename(part.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(part.c_str());
+    throw std::runtime_error(path + ": write failed (" + why + ")");
+  }
 }
 
 // ---- dense buffers <-> ncnn::Mat -------------------------------------------------------------
