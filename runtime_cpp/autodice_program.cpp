@@ -116,14 +116,17 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// Loading a large sub-model on a small board takes a while: the start waits longer than a
+// tensor, unless waits are unbounded (<= 0).
+double start_timeout() { return wait_timeout() > 0 ? std::max(60.0, wait_timeout()) : 0; }
+
 // Called by every rank once its model and inputs are loaded: the clock starts together, so
 // frames/s counts frames, not loading. Also records where the rank's threads may and do run.
 void start_clock(Stats& st, const Timer& loading, int threads) {
   st.load_s = loading.elapsed_ms() / 1e3;
   st.cpus = mask(allowed_cpus());
   st.omp_cpus = mask(omp_thread_cpus(threads));
-  // Loading a large sub-model on a small board takes a while: wait longer than for a tensor.
-  barrier(MPI_COMM_WORLD, std::max(60.0, wait_timeout()), "the start");
+  barrier(MPI_COMM_WORLD, start_timeout(), "the start");
   st.start = MPI_Wtime();
 }
 
@@ -183,17 +186,24 @@ void write_output(const Args& args, const TensorSpec& t, const std::string& file
   }
 }
 
-void timed_wait(Transfer& t, double& seconds) {
+void timed_wait(Transfer& t, double& seconds, double timeout_s = -1) {
   Timer timer;
-  t.wait();
+  t.wait(timeout_s);
   seconds += timer.elapsed_ms() / 1e3;
 }
 
-void timed_wait_all(std::vector<Transfer>& ts, double& seconds) {
+void timed_wait_all(std::vector<Transfer>& ts, double& seconds, double timeout_s = -1) {
   Timer timer;
-  wait_all(ts);
+  wait_all(ts, timeout_s);
   ts.clear();
   seconds += timer.elapsed_ms() / 1e3;
+}
+
+// The watchdog for a wait that may span every stage's part of a frame, not one stage's: the
+// pipeline filling (a rank's first frame waits for all stages before it) and draining (the end),
+// and a frame in lockstep. wait_timeout() per stage, as the gateway allows a frame's result.
+double frame_timeout(const ProgramPlan& plan) {
+  return wait_timeout() > 0 ? wait_timeout() * static_cast<double>(plan.ranks.size() + 1) : 0;
 }
 
 int peer_of(const std::vector<int>& peers, int64_t frame) {
@@ -333,7 +343,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   int64_t lockstep_frames = 0;  // --no-pipeline: every rank meets once at the end of each frame
   const auto meet_until = [&](int64_t frame) {
     for (; lockstep_frames < frame; ++lockstep_frames)
-      barrier(MPI_COMM_WORLD, wait_timeout(), "the end of a frame");
+      barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of a frame");
   };
   int64_t f = frames.take(), last = -1;
   if (f != FrameSource::kEnd) post_receives(f, 0);
@@ -341,18 +351,20 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   while (f != FrameSource::kEnd) {
     if (!args.pipeline) meet_until(f);  // other replicas' frames
     const int s = local % 2;
+    // A first frame waits for every stage before this one; so does each in lockstep.
+    const double recv_timeout_s = local == 0 || !args.pipeline ? frame_timeout(plan) : -1;
     timed_wait_all(sends[s], st.send_wait_s);  // this rank's frame before last is sent
     int64_t next = args.pipeline ? frames.peek() : FrameSource::kUnknown;
     const bool early = next >= 0;
     if (early) post_receives(next, local + 1);
-    timed_wait_all(input_recvs[s], st.recv_wait_s);
+    timed_wait_all(input_recvs[s], st.recv_wait_s, recv_timeout_s);
     ncnn::Extractor ex = net.create_extractor();
     for (size_t k = 0; k < r.inputs.size(); ++k)
       ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), inputs[s][k]);
     for (int k : with_inputs) post_send(r.sends[k], inputs[s][input_of[r.sends[k].tensor]], f, s);
     for (size_t step = 0; step < r.steps.size(); ++step) {
       for (int w : r.steps[step].wait) {
-        timed_wait(recvs[s][w], st.recv_wait_s);
+        timed_wait(recvs[s][w], st.recv_wait_s, recv_timeout_s);
         ex.input(("in" + std::to_string(r.receives[w].blob)).c_str(), received[s][w]);
       }
       Timer compute;
@@ -370,7 +382,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
                                                                          r.outputs[k].file))));
       }
     }
-    timed_wait_all(recvs[s], st.recv_wait_s);  // receives no output depended on
+    timed_wait_all(recvs[s], st.recv_wait_s, recv_timeout_s);  // ones no output depended on
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
       meet_until(f + 1);
@@ -497,7 +509,7 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   int64_t frames = args.frames;
   if (rank == n) {  // the stream's gateway: the session's frames in, results out
     gateway.emplace(plan, args.stream);
-    barrier(MPI_COMM_WORLD, std::max(60.0, wait_timeout()), "the start");
+    barrier(MPI_COMM_WORLD, start_timeout(), "the start");
     st.start = MPI_Wtime();
     gateway->hello();
     frames = gateway->serve();
@@ -507,7 +519,7 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
     run_rank(plan, r, args, device.rfind("vulkan:", 0) == 0, st);
     st.fp16 = r.fp16 ? 1 : 0;
   }
-  barrier(MPI_COMM_WORLD, wait_timeout(), "the end of the run");
+  barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;
   st.peak_rss = static_cast<double>(peak_rss_bytes());
   const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,

@@ -8,10 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 from conftest import vulkan_available
+from graphs import conv_chain
 from test_zoo import interleaved, scattered
 
 from autodice.backend import build as build_module
@@ -244,6 +246,30 @@ def test_explain_failure_names_the_dead_or_hung_rank(fig2, output, deaths, first
     """The one explainer that `run` and `deploy --run` share, on the evidence each leaves."""
     plan = split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
     assert explain_failure(plan, output, deaths)[0] == first
+
+
+def test_filling_the_pipeline_may_take_every_stages_watchdog(tmp_path, monkeypatch):
+    """The last of three stages waits for both before it on its first frame, and rank 0 waits
+    for both after it at the end: longer than one stage's watchdog, within one per stage."""
+    onnx.save(conv_chain(9, side=256), tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0\nedge02, x86, slots=0\n"
+                                           "edge03, x86, slots=0\n")
+    (tmp_path / "mapping.json").write_text(json.dumps(
+        {f"edge0{k + 1}_x860": [f"Conv{3 * k + j}" for j in (1, 2, 3)] for k in range(3)}))
+    out = tmp_path / "out"
+    split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt", out)
+    gen(out)
+    build(out)
+    x = np.random.default_rng(4).standard_normal((1, 64, 256, 256)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    stage_s = max(r["compute_s"] / r["frames"]
+                  for r in run(out, {"input": tmp_path / "x.npy"}, 3).stats["ranks"])
+    watchdog = 1.2 * stage_s  # more than a stage's wait, less than two stages' work
+    monkeypatch.setenv("AUTODICE_TIMEOUT_S", f"{watchdog:.3f}")
+    res = run(out, {"input": tmp_path / "x.npy"}, 1)
+    assert res.stats["ranks"][2]["recv_wait_s"] > watchdog  # what the old watchdog ended
+    want = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"input": x})[0]
+    assert np.abs(res.outputs["output"] - want).max() <= 1e-4 * np.abs(want).max()
 
 
 def _two_cores_or_skip():
