@@ -147,3 +147,34 @@ def test_the_worst_names_compile_run_and_round_trip(tmp_path):
 def test_random_names_compile_run_and_round_trip(tmp_path_factory, drawn):
     assume(not {"wc", "wf"} & set(drawn))  # the weights' own names
     run_evil(tmp_path_factory.mktemp("names"), drawn)
+
+
+def test_names_that_look_like_markup_print_as_they_are(tmp_path):
+    """The console shows names as they are: "[/x]" would otherwise end a style that never began
+    (rich raises) and "[bold]" start one."""
+    from click.testing import CliRunner
+
+    from autodice.cli import main
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu[/x]"),
+             helper.make_node("Relu", ["r"], ["y"], name="a[bold]b$\\x$")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), ir_version=8,
+                              opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, tmp_path / "m.onnx")
+    res = CliRunner().invoke(main, ["layers", str(tmp_path / "m.onnx")])
+    assert res.exit_code == 0, res.output
+    assert "relu[/x]" in res.output and "a[bold]b$\\x$" in res.output
+    res = CliRunner().invoke(main, ["zoo", "[/x]", "-o", str(tmp_path / "z.onnx")])
+    assert res.exit_code == 2 and 'zoo model "[/x]" is unknown' in res.output, res.output
+    # Nor is "$\x$" a formula (matplotlib cannot parse that one) in the partition's picture.
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1\n")
+    (tmp_path / "mapping.json").write_text(json.dumps({"edge01_x860": ["relu[/x]"],
+                                                       "edge01_x861": ["a[bold]b$\\x$"]}))
+    res = CliRunner().invoke(main, ["split", str(tmp_path / "m.onnx"), "-m",
+                                    str(tmp_path / "mapping.json"), "-p",
+                                    str(tmp_path / "platform.txt"), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["view", str(tmp_path / "out"), "-o", str(tmp_path / "p.png")])
+    assert res.exit_code == 0, res.output

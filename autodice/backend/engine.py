@@ -270,7 +270,10 @@ def _locked(path: Path, console) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            with console.status(f"waiting for another ncnn build to finish ({path})"):
+            from rich.markup import escape
+
+            with console.status("waiting for another ncnn build to finish "  # markup, as text
+                                f"({escape(str(path))})"):
                 fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

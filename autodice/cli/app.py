@@ -43,9 +43,11 @@ class LazyConsole:
         return self._get().__exit__(*exc)
 
 
-console = LazyConsole(stderr=True)
+# No markup in what is printed: names from models and specs are data, and "[/x]" in one would
+# end a style that never began (an error) or start one. Colour goes in as rich Text.
+console = LazyConsole(stderr=True, markup=False)
 # Tables stay readable when piped (rich would squeeze them to 80 columns).
-out = LazyConsole(width=lambda: None if sys.stdout.isatty() else 130)
+out = LazyConsole(width=lambda: None if sys.stdout.isatty() else 130, markup=False)
 
 
 def numpy_without_threads() -> None:
@@ -193,11 +195,13 @@ input_shape_option = click.option(
 
 
 def report(diffs, rtol) -> None:
+    from rich.text import Text
+
     bad = [d for d in diffs if not d.rel <= rtol]
     for d in diffs:
-        verdict = "[red]FAIL[/red]" if d in bad else "[green]ok[/green]"
-        out.print(f"check {d.name}: max abs {d.max_abs:.3g}, rel {d.rel:.3g} (rtol {rtol:g}) "
-                  f"{verdict}")
+        out.print(Text.assemble(f"check {visible(d.name)}: max abs {d.max_abs:.3g}, rel "
+                                f"{d.rel:.3g} (rtol {rtol:g}) ",
+                                ("FAIL", "red") if d in bad else ("ok", "green")))
     if bad:
         sys.exit(1)
 
@@ -217,13 +221,17 @@ def model_inputs(plan, specs) -> dict[str, Path]:
     return given
 
 
-def rate_line(stats: dict) -> str:
+def rate_line(stats: dict, *more: str):
     """Frames, seconds and frames/s of a job, and its steady state where it has one (the
-    pipeline's filling and draining left out: what a long stream of frames would get)."""
+    pipeline's filling and draining left out: what a long stream of frames would get), then
+    ``more``: a rich Text."""
+    from rich.text import Text
+
     steady = stats.get("steady_fps")
-    return (f"{stats['frames']} frames in {stats['seconds']:.3f} s: [bold]{stats['fps']:.2f} "
-            f"frames/s[/bold]" + (f", {steady:.2f} once the pipeline is full"
-                                  if steady and stats["frames"] > 2 else ""))
+    return Text.assemble(f"{stats['frames']} frames in {stats['seconds']:.3f} s: ",
+                         (f"{stats['fps']:.2f} frames/s", "bold"),
+                         f", {steady:.2f} once the pipeline is full"
+                         if steady and stats["frames"] > 2 else "", *more)
 
 
 def stats_table(stats: dict) -> None:

@@ -83,6 +83,7 @@ def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
 def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol, gpu_fallback):
     """One frame from a .npy, streamed ``frames`` times by the program itself."""
     import numpy as np
+    from rich.text import Text
 
     from ..backend.run import run as run_job
     from ..frontend.check import compare_with_model
@@ -91,11 +92,11 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
         res = run_job(output, given, frames, results, pipeline=not no_pipeline,
                       gpu_fallback=gpu_fallback == "cpu")
     s = res.stats
-    out.print(f"{rate_line(s)} ({'pipelined' if s['pipeline'] else 'frame by frame'}); "
-              f"results in {res.results}")
+    out.print(rate_line(s, f" ({'pipelined' if s['pipeline'] else 'frame by frame'}); "
+                           f"results in {res.results}"))
     stats_table(s)
     for line in res.warnings:
-        console.print(f"[yellow]warning:[/yellow] {line}")
+        console.print(Text.assemble(("warning:", "yellow"), f" {line}"))
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
         report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
@@ -109,6 +110,8 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     shows what it is doing (deploying, starting the ranks) while the user waits.
     """
     from itertools import islice
+
+    from rich.text import Text
 
     from ..backend.frames import ImageRecipe, frames_from
     from ..backend.run import open_session as open_local
@@ -142,7 +145,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
             def shown(label, result):
                 bar.advance(task)
                 if isinstance(result, AutodiceError):
-                    console.print(f"[red]error:[/red] {result}")
+                    console.print(Text.assemble(("error:", "red"), f" {result}"))
                 elif names is not None:
                     scores = result if not isinstance(result, dict) else next(iter(result.values()))
                     best = top_k(scores, names, top)
@@ -152,10 +155,10 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
         res = finish(session, res)
     s = res.stats
     lat = s["latency_s"]
-    out.print(f"{rate_line(s)}, latency p50 {lat['p50'] * 1e3:.1f} ms, p99 "
-              f"{lat['p99'] * 1e3:.1f} ms"
-              f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
-              f"results in {res.results}")
+    out.print(rate_line(s, f", latency p50 {lat['p50'] * 1e3:.1f} ms, p99 "
+                           f"{lat['p99'] * 1e3:.1f} ms"
+                           f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
+                           f"results in {res.results}"))
     stats_table(s)
     for incident in s.get("incidents", []):
         out.print(incident_line(incident))
@@ -164,23 +167,23 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
         report_run(diffs, rtol, s)
 
 
-def incident_line(i: dict) -> str:
-    """What a recovering session did about one lost host (or a rebalance), in one line (rich
-    markup; the failure's words, which may hold tensor names, are escaped)."""
-    from rich.markup import escape
+def incident_line(i: dict):
+    """What a recovering session did about one lost host (or a rebalance), in one line (a rich
+    Text; the failure's words may hold tensor names)."""
+    from rich.text import Text
 
     from ..core.spec import parse_key
 
     hosts = ", ".join(dict.fromkeys(parse_key(k).host for k in i["mapping"]))
     if "rebalanced" in i:
-        return f"{', '.join(i['rebalanced'])} back: rebalanced onto {hosts}"
+        return Text(f"{', '.join(i['rebalanced'])} back: rebalanced onto {hosts}")
     phases = ", ".join(f"{k[:-2]} {i[k]:.1f} s" for k in ("detect_s", "plan_s", "deploy_s",
                                                            "restart_s") if k in i)
     took = f"{i['first_result_s']:.1f} s" if "first_result_s" in i else "no result since"
-    return (f"[yellow]{', '.join(i['lost'])} lost[/yellow] after frame {i['after_frame']} "
-            f"({escape(visible(i['why']))}): went on over {hosts} "
-            f"({escape(visible(i['mapping_from']))}), {i['replayed']} frames "
-            f"sent again; to the first new result {took} ({phases})")
+    return Text.assemble((f"{', '.join(i['lost'])} lost", "yellow"),
+                         f" after frame {i['after_frame']} ({visible(i['why'])}): went on over "
+                         f"{hosts} ({visible(i['mapping_from'])}), {i['replayed']} frames "
+                         f"sent again; to the first new result {took} ({phases})")
 
 
 def _stream_columns():

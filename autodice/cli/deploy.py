@@ -71,6 +71,7 @@ def cluster_status():
 
 def _cluster_table(c) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from ..deploy import cluster as emu
 
@@ -81,8 +82,9 @@ def _cluster_table(c) -> None:
     for col in ("host", "address", "cores", "namespace", "sshd"):
         table.add_column(col)
     for s in rows:
-        table.add_row(s.name, s.address, s.cores or "all", "ok" if s.netns else "[red]gone[/red]",
-                      f"pid {s.sshd_pid}" if s.sshd_pid else "[red]down[/red]")
+        table.add_row(s.name, s.address, s.cores or "all",
+                      "ok" if s.netns else Text("gone", style="red"),
+                      f"pid {s.sshd_pid}" if s.sshd_pid else Text("down", style="red"))
     out.print(table)
 
 
@@ -145,7 +147,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
     _deploy_table(res.hosts, res.seconds)
     if res.run is not None:
         s = res.run.stats
-        out.print(f"{rate_line(s)}; results in {res.run.results}")
+        out.print(rate_line(s, f"; results in {res.run.results}"))
         stats_table(s)
         if check:
             feeds = {n: np.load(p) for n, p in given.items()}

@@ -9,7 +9,8 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import console, input_shape_option, main, numpy_without_threads, out, report, text_table
+from .app import (console, input_shape_option, main, numpy_without_threads, out, report, text_table,
+                  visible)
 
 
 @main.command()
@@ -144,6 +145,8 @@ def zoo(name, output, seed):
     is its ResNet-50 with the res4 stage grown to 23 blocks)."""
     from ..frontend import zoo as zoo_models
 
-    with console.status(f"materializing {name}"):
+    from rich.markup import escape
+
+    with console.status(f"materializing {escape(visible(name))}"):  # a spinner's text is markup
         zoo_models.save(zoo_models.materialize(name, seed), Path(output))
     out.print(f"wrote {output}")

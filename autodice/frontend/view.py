@@ -67,7 +67,8 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
                    edgecolors="black", linewidths=0.5)
         if labels:
             ax.annotate(f"{graph.names[i]}\n{graph.nodes[i].op_type}", (x, y), fontsize=7,
-                        ha="left", va="center", xytext=(9, 0), textcoords="offset points")
+                        ha="left", va="center", xytext=(9, 0), textcoords="offset points",
+                        parse_math=False)  # names are drawn as they are: "$x$" is no formula
     for r in stages:
         copies = [plan.ranks[k].key for k in r.turns()[1:]]
         ax.scatter([], [], color=colors(r.rank % colors.N), label=f"rank {r.rank}: {r.key}"
@@ -75,7 +76,7 @@ def render(out_dir: str | Path, image: str | Path, model: str | Path | None = No
     ax.legend(loc="upper right", fontsize=8, frameon=True)
     total = sum(e.nbytes * len(e.dst) for e in plan.edges)
     ax.set_title(f"{Path(plan.model).name}: {len(plan.ranks)} ranks, {len(plan.edges)} cut "
-                 f"tensors, {_human(total)} per frame on the wire", fontsize=10)
+                 f"tensors, {_human(total)} per frame on the wire", fontsize=10, parse_math=False)
     ax.set_xlim(-0.7, width + 0.8)
     ax.axis("off")
     fig.tight_layout()
