@@ -232,8 +232,12 @@ def check_plan(plan: Plan, where: str | None = None) -> None:
             bad.append(f'edge "{e.tensor}" names a rank outside 0..{n - 1}')
     stages = [r for r in plan.ranks if r.turns()[0] == r.rank]
     for r in plan.ranks:
-        first = plan.ranks[r.turns()[0]] if 0 <= r.turns()[0] < n else None
-        if first is None or r.rank not in first.turns() or first.layers != r.layers:
+        turns = r.turns()
+        if (len(set(turns)) != len(turns) or not all(0 <= k < n for k in turns)
+                or any(plan.ranks[k].turns() != turns for k in turns)):
+            bad.append(f"rank {r.rank}: its stage's ranks {list(turns)} are not ranks that each "
+                       "name the same")
+        elif r.rank not in turns or plan.ranks[turns[0]].layers != r.layers:
             bad.append(f"rank {r.rank} copies a stage it does not match")
     layers = [layer for r in stages for layer in r.layers]
     if len(set(layers)) != len(layers):

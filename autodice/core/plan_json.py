@@ -48,6 +48,16 @@ def check_plan_json(data, where: str) -> list[str]:
             if tag in tags:
                 p.add(f"{where}: {at}: tag {tag} is used by another edge too")
             tags[tag] = e
+    if tags and sorted(tags) != list(range(len(tags))):
+        p.add(f"{where}: edges: tags must be 0 to {len(tags) - 1}, one per edge (the program "
+              "numbers its MPI tags from them)")
+    derived = data.get("derived", {})
+    if not isinstance(derived, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and v[0]
+            and isinstance(v[1], (int, float)) and not isinstance(v[1], bool) and 0 <= v[1] <= 1
+            for v in derived.values()):
+        c._bad("", "derived", 'an object of "part": ["layer it computes part of", share]',
+               derived)
     ranks = c.items(data, "ranks", "")
     if data.get("ranks") == []:
         p.add(f"{where}: ranks: expected a non-empty list of ranks")
@@ -183,6 +193,8 @@ class _Checker:
         self.whole(r, "gpu_index", at, 0, 63)
         self.wholes(r, "slots", at, 0, MAX_CORE)
         self.whole(r, "threads", at, 1, MAX_THREADS)
+        if "replicas" in r:
+            self.wholes(r, "replicas", at, 0, None)
         sub = self.text(r, "submodel", at, path=True)
         if isinstance(sub, str):
             path = PurePosixPath(sub)
