@@ -1,9 +1,12 @@
 """The verbs as a user types them (click's CliRunner), on the Figure 2 example and ResNet-50."""
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import numpy_helper
 
@@ -25,6 +28,21 @@ def test_split_prints_the_memory_table_and_checks(fig2):
     assert r.exit_code == 0, r.output
     assert "3 ranks, 4 cut tensors" in r.output and "edge01_arm123" in r.output
     assert "check output: max abs 0" in r.output
+
+
+def test_split_reads_the_mapping_from_a_pipe_once(fig2):
+    """`-m <(make-mapping)`: a pipe reads once, and the output keeps what was read."""
+    text = (fig2 / "mapping.json").read_text()
+    r, w = os.pipe()
+    os.write(w, text.encode())
+    os.close(w)
+    try:
+        res = invoke("split", fig2 / "model.onnx", "-m", f"/dev/fd/{r}", "-p",
+                     fig2 / "platform.txt", "-o", fig2 / "out")
+    finally:
+        os.close(r)
+    assert res.exit_code == 0, res.output
+    assert (fig2 / "out" / "mapping.json").read_text() == text
 
 
 def test_check_fails_when_a_submodel_is_wrong(fig2):
@@ -83,3 +101,23 @@ def test_zoo_writes_a_loadable_model(tmp_path):
     params = sum(np.prod(i.dims) for i in m.graph.initializer)
     assert 1.2e6 < params < 1.3e6  # SqueezeNet 1.0 has 1.25 M parameters
     assert invoke("zoo", "lenet", "-o", tmp_path / "x.onnx").exit_code == 2
+
+
+def test_input_names_and_paths_may_hold_an_equals_sign(tmp_path):
+    from types import SimpleNamespace
+
+    from autodice.cli.app import model_inputs
+    from autodice.core.errors import AutodiceError
+
+    def plan(*names):
+        return SimpleNamespace(model_inputs=[SimpleNamespace(name=n) for n in names])
+
+    odd = tmp_path / "a=b.npy"
+    odd.touch()
+    assert model_inputs(plan("data"), [f"data={odd}"]) == {"data": odd}
+    assert model_inputs(plan("data"), [str(odd)]) == {"data": odd}
+    assert model_inputs(plan("a", "a=b"), ["a=b=f.npy", "a=g.npy"]) == \
+        {"a=b": Path("f.npy"), "a": Path("g.npy")}
+    for p, spec in ((plan("a", "b"), "c=f.npy"), (plan("data"), "dta=f.npy")):
+        with pytest.raises(AutodiceError, match="name one of the model inputs"):
+            model_inputs(p, [spec])

@@ -56,8 +56,13 @@ CASES = [
      [{"layer": "FC1", "split": "rows"}]})}, [], 'layer "FC1" cannot be split'),
     ("layer-twice-in-key", {"mapping.json": json.dumps({**FIG2_MAPPING, "edge01_gpu":
      ["FC1", "FC1"]})}, [], 'layer "FC1" is listed twice'),
+    ("layer-twice-in-key-and-split", {"mapping.json": json.dumps({**FIG2_MAPPING, "edge01_gpu":
+     ["FC1", "FC1"], "edge04_gpu": ["Conv1", "Relu1", "FC1"]})}, [],
+     'key "edge01_gpu": layer "FC1" is listed twice'),
     ("key-no-underscore", {"mapping.json": mapping(edge01_gpu="edge01gpu")}, [], '"edge01gpu"'),
     ("key-bad-resource", {"mapping.json": mapping(edge01_gpu="edge01_tpu")}, [], '"tpu"'),
+    ("key-unicode-digit", {"mapping.json": mapping(edge01_gpu="edge01_gpu\u0660")}, [],
+     'resource "gpu\u0660"'),
     ("unknown-host", {"mapping.json": mapping(edge01_gpu="edge09_gpu")}, [],
      'host "edge09" is not in'),
     ("core-outside-slots", {"mapping.json": mapping(edge01_gpu="edge05_arm5")}, [],
@@ -151,6 +156,19 @@ def test_refuses_to_replace_a_foreign_directory(fig2):
                                        str(fig2 / "platform.txt"), "-o", str(fig2 / "out")])
     assert result.exit_code == 2 and "not an autodice output directory" in result.output
     assert (fig2 / "out" / "thesis.tex").read_text() == "years of work"
+
+
+def test_the_current_folder_is_not_an_output(fig2, monkeypatch):
+    here = fig2 / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", ".."):
+        result = CliRunner().invoke(main, ["split", str(fig2 / "model.onnx"), "-m",
+                                           str(fig2 / "mapping.json"), "-p",
+                                           str(fig2 / "platform.txt"), "-o", out])
+        assert result.exit_code == 2 and "cannot be an output" in result.output, result.output
+    assert not list(here.iterdir()) and sorted(p.name for p in fig2.iterdir()) == [
+        "empty", "mapping.json", "model.onnx", "platform.txt"]
 
 
 def test_symbolic_shapes_are_fine_with_input_shape(fig2):

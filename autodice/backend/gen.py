@@ -190,7 +190,7 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
     program = render_program(plan, precision)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
-        (tmp / "precision").write_text(precision + "\n")  # a recovery's gen makes the same
+        (tmp / ".precision").write_text(precision + "\n")  # no host name starts with "."
         for host in plan.hosts():
             pkg = tmp / host
             (pkg / "runtime").mkdir(parents=True)

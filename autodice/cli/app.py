@@ -207,14 +207,17 @@ def report(diffs, rtol) -> None:
 
 
 def model_inputs(plan, specs) -> dict[str, Path]:
-    """``--input [NAME=]FILE.npy`` options as model input name -> file."""
+    """``--input [NAME=]FILE.npy`` options as model input name -> file. A name is one of the
+    model's (names and paths may both hold "="); with one input, a path alone will do."""
     names = [t.name for t in plan.model_inputs]
     given = {}
     for spec in specs:
-        name, eq, path = spec.rpartition("=")
-        if not eq and len(names) == 1:
-            name = names[0]
-        elif not eq or name not in names:
+        name = max((n for n in names if spec.startswith(n + "=")), key=len, default=None)
+        if name is not None:
+            path = spec[len(name) + 1:]
+        elif len(names) == 1 and ("=" not in spec or Path(spec).exists()):
+            name, path = names[0], spec
+        else:
             raise AutodiceError(f'--input {spec}: name one of the model inputs '
                                 f'({", ".join(names)}) as NAME=FILE.npy')
         given[name] = Path(path)

@@ -148,6 +148,10 @@ def staged(out: Path, owned: bool = False) -> Iterator[Path]:
         AutodiceError: ``out`` is not autodice's to replace, or cannot be written.
     """
     out = Path(out)
+    here = Path.cwd().resolve()
+    if out.resolve() in (here, *here.parents):  # replaced whole, it would take the shell's folder
+        raise AutodiceError(f"{out}: the current folder (or one holding it) cannot be an output; "
+                            "name a folder of its own, such as out")
     if not owned:
         check_replaceable(out)
     made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
@@ -185,7 +189,11 @@ def _replace(out: Path, tmp: Path) -> None:
         tmp.rename(out)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-    out.rename(old / out.name)
+    try:
+        out.rename(old / out.name)
+    except OSError:
+        old.rmdir()
+        raise
     try:
         tmp.rename(out)
     except OSError:

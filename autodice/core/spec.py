@@ -18,6 +18,7 @@ The resource is ``cpu|arm|x86`` plus cores — one digit per core as in the Auto
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,7 @@ def parse_cores(text: str) -> tuple[int, ...]:
     """
     cores: list[int] = []
     for part in re.split(r"[,;]", text):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
         if not m:
             raise ValueError(f'"{text}" is not a core list such as 0-5 or 1,3,5')
         for number in m.groups():
@@ -231,7 +232,7 @@ def _split_fields(line: str) -> list[str]:
     """
     parts: list[str] = []
     for part in (p.strip() for p in line.split(",")):
-        if (len(parts) > 2 and re.fullmatch(r"\d[\d\s-]*", part)
+        if (len(parts) > 2 and re.fullmatch(r"[0-9][0-9\s-]*", part)
                 and parts[-1].partition("=")[0].strip() == "slots"):
             parts[-1] += "," + part
         else:
@@ -260,7 +261,7 @@ def parse_key(key: str) -> Resource:
     host, sep, res = key.rpartition("_")
     if not sep or not host:
         raise ValueError("expected <host>_<resource> such as edge01_arm123 or edge01_gpu")
-    m = re.fullmatch(r"gpu(\d*)", res)
+    m = re.fullmatch(r"gpu([0-9]*)", res)
     if m:
         if len(m.group(1)) > 3:
             raise ValueError(f'"{res}": no host has that many GPUs')
@@ -369,9 +370,9 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
                              'not "channels" or "rows"')
                 continue
             if share is not None and (not isinstance(share, (int, float)) or
-                                      isinstance(share, bool) or not 0 < share):
+                                      isinstance(share, bool) or not 0 < share < math.inf):
                 problems.add(f'{path}: key "{key}": layer "{item["layer"]}": share {share!r} '
-                             "must be a positive number")
+                             "must be a positive finite number")
                 continue
             names.append(item["layer"])
             split_items[key, item["layer"]] = (kind, None if share is None else float(share))

@@ -304,7 +304,7 @@ def _holds(out: Path, mapping: dict) -> bool:
 
 def _generated(out: Path) -> float:
     """When ``gen`` last wrote ``out``'s packages (a fallback older than its original is not one)."""
-    return (out / "packages" / "precision").stat().st_mtime
+    return (out / "packages" / ".precision").stat().st_mtime
 
 
 def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
@@ -320,7 +320,7 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
         split(out_dir / plan.model, path, out_dir / "platform.txt", out,
               {t.name: t.shape for t in plan.model_inputs})
     try:
-        precision = (out_dir / "packages" / "precision").read_text().strip()
+        precision = (out_dir / "packages" / ".precision").read_text().strip()
     except OSError:
         precision = "auto"  # generated before the precision was kept
     gen(out, precision=precision)

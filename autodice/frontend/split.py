@@ -8,16 +8,16 @@ search runs it on every front point, so what it emits is what ``split`` accepts.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, read_text
 from ..core.model import Graph, build_graph, load_model
 from ..core.outdir import staged
 from ..core.plan import Plan, check_plan
-from ..core.spec import Mapping, Platform, parse_mapping, parse_platform
+from ..core.spec import (Mapping, Platform, parse_mapping, parse_mapping_text, parse_platform,
+                         parse_platform_text)
 from .extract import write_submodels
 from .horizontal import Split, split_layers
 from .partition import build_plan, find_edges
@@ -36,16 +36,19 @@ def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str
         AutodiceError: any problem with the inputs, all of them listed; ``out`` is untouched.
     """
     model, out = Path(model), Path(out)
-    platform_spec = parse_platform(platform)
-    mapping_spec = parse_mapping(mapping)
+    # Each read once, and the text read is what the output keeps: a pipe (`-m <(...)`) reads
+    # only once, and a file edited meanwhile must not leave a copy the plan disagrees with.
+    platform_text, mapping_text = read_text(platform), read_text(mapping)
+    platform_spec = parse_platform_text(platform_text, str(platform))
+    mapping_spec = parse_mapping_text(mapping_text, str(mapping))
     graph = load_model(model, input_shapes)
     with tempfile.TemporaryDirectory(prefix="autodice-split-") as work:
         done = partition_mapping(graph, mapping_spec, platform_spec, out, Path(work))
         with staged(out) as tmp:
             write_submodels(done.graph, done.plan, tmp)
             write_tables(done.plan, tmp)
-            shutil.copyfile(mapping, tmp / "mapping.json")
-            shutil.copyfile(platform, tmp / "platform.txt")
+            (tmp / "mapping.json").write_text(mapping_text, encoding="utf-8")
+            (tmp / "platform.txt").write_text(platform_text, encoding="utf-8")
     return done.plan
 
 
@@ -117,8 +120,12 @@ def split_horizontally(graph: Graph, mapping: Mapping,
     for key, layers in mapping.entries:
         for layer in layers:
             found = graph.resolve(layer)
-            if len(found) == 1 and key not in listed.get(found[0], []):
-                listed.setdefault(found[0], []).append(key)
+            if len(found) != 1:
+                continue  # unknown or ambiguous: placing says so
+            if key in listed.get(found[0], []):  # the rewrite would hide it from placing
+                raise AutodiceError(f'{mapping.path}: key "{key}": layer "{layer}" is listed '
+                                    "twice")
+            listed.setdefault(found[0], []).append(key)
     splits = []
     for i, keys in listed.items():
         if len(keys) < 2:
