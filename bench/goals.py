@@ -77,6 +77,8 @@ def backend(d: dict) -> Iterator[Goal]:
         one, alone = m["fps"]["1x1"], m["fps"]["alone"]
         yield Goal("P4", f"{name} 1 rank = plain ncnn loop (>= 0.97x)",
                    f"{r['1x1 / ncnn alone']:.2f}x", r["1x1 / ncnn alone"] >= 0.97,
+                   f"median of {m['rounds']} rounds' ratios, the two back to back, which first "
+                   f"alternating (ratio of the medians {r['1x1 / ncnn alone, medians']:.2f}x); "
                    f"round by round, 1 rank {min(one):.1f}-{max(one):.1f} frames/s, the plain "
                    f"loop {min(alone):.1f}-{max(alone):.1f}")
     wire = d["wire"]
