@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -323,6 +324,18 @@ def test_image_recipe_and_sources_say_what_is_wrong(tmp_path):
         ImageRecipe.parse("size=3")
     with pytest.raises(autodice.AutodiceError, match="not a number"):
         ImageRecipe.parse("mean=a/b/c")
+    for bad, says in (("std=0/1/1", "none of them 0"), ("mean=nan", "finite numbers"),
+                      ("scale=0", "above 0"), ("resize=inf", "above 0"),
+                      ("bgr=2", "bgr (0 or 1)")):
+        with pytest.raises(autodice.AutodiceError, match=re.escape(says)):
+            ImageRecipe.parse(bad)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").touch()
+    with pytest.raises(autodice.AutodiceError, match=re.escape("one per channel of the input (3)")):
+        frames_from(str(tmp_path / "images"), (1, 3, 8, 8), np.float32,
+                    ImageRecipe.parse("mean=1/2"))
+    assert ImageRecipe.parse("std=0.5, bgr=True,mean=0") == ImageRecipe(std=(0.5,), bgr=True,
+                                                                       mean=(0.0,))
     np.save(tmp_path / "odd.npy", np.zeros((5, 3, 8, 8), np.float32))
     with pytest.raises(autodice.AutodiceError, match="neither one frame nor a batch"):
         frames_from(str(tmp_path / "odd.npy"), (1, 4, 8, 8), np.float32)

@@ -11,6 +11,7 @@ size, centre crop to the input, RGB scaled to [0, 1], normalised by ImageNet's m
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -40,24 +41,32 @@ class ImageRecipe:
         """``resize=1.0,mean=0.5/0.5/0.5,std=0.5/0.5/0.5,scale=255,layout=nhwc,bgr=1``.
 
         Raises:
-            AutodiceError: an unknown key or a value that is not a number.
+            AutodiceError: an unknown key, a value that is not a number, or one no image can
+                take (a std or scale of 0, two means for three channels), before any frame.
         """
         recipe = cls()
         for item in filter(None, (text or "").split(",")):
             key, _, value = item.partition("=")
-            key = key.strip()
+            key, value = key.strip(), value.strip()
             try:
                 if key in ("mean", "std"):
-                    recipe = replace(recipe, **{key: tuple(float(v) for v in value.split("/"))})
+                    values = tuple(float(v) for v in value.split("/"))
+                    if not all(map(math.isfinite, values)) or (key == "std" and 0 in values):
+                        raise AutodiceError(f"--preprocess {item}: finite numbers"
+                                            + (", none of them 0" if key == "std" else ""))
+                    recipe = replace(recipe, **{key: values})
                 elif key in ("resize", "scale"):
-                    recipe = replace(recipe, **{key: float(value)})
+                    number = float(value)
+                    if not math.isfinite(number) or number <= 0:
+                        raise AutodiceError(f"--preprocess {item}: a finite number above 0")
+                    recipe = replace(recipe, **{key: number})
                 elif key == "layout" and value.lower() in ("nchw", "nhwc"):
                     recipe = replace(recipe, layout=value.lower())
-                elif key == "bgr":
-                    recipe = replace(recipe, bgr=value.strip() in ("1", "true", "yes"))
+                elif key == "bgr" and value.lower() in ("0", "1", "false", "true", "no", "yes"):
+                    recipe = replace(recipe, bgr=value.lower() in ("1", "true", "yes"))
                 else:
                     raise AutodiceError(f"--preprocess {item}: keys are resize, mean, std, scale, "
-                                        "layout (nchw or nhwc), bgr")
+                                        "layout (nchw or nhwc), bgr (0 or 1)")
             except ValueError:
                 raise AutodiceError(f"--preprocess {item}: not a number") from None
         return recipe
@@ -109,7 +118,14 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
         images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not images:
             raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
-        return len(images), _image_frames(images, shape, dtype, recipe or ImageRecipe())
+        recipe = recipe or ImageRecipe()
+        channels = shape[1] if recipe.layout == "nchw" else shape[-1]
+        for key in ("mean", "std"):
+            values = getattr(recipe, key)
+            if len(shape) == 4 and len(values) not in (1, channels):
+                raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
+                                    f"one value, or one per channel of the input ({channels})")
+        return len(images), _image_frames(images, shape, dtype, recipe)
     batch = _load_batch(path, shape)
     return len(batch), ((str(i), batch[i]) for i in range(len(batch)))
 
