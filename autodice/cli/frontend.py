@@ -143,9 +143,9 @@ def view(output, image, model):
 def zoo(name, output, seed):
     """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel; resnet101
     is its ResNet-50 with the res4 stage grown to 23 blocks)."""
-    from ..frontend import zoo as zoo_models
-
     from rich.markup import escape
+
+    from ..frontend import zoo as zoo_models
 
     with console.status(f"materializing {escape(visible(name))}"):  # a spinner's text is markup
         zoo_models.save(zoo_models.materialize(name, seed), Path(output))
