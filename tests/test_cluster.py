@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -480,6 +481,22 @@ def _fault(emu, host: str, fault: str) -> None:
             pass
 
 
+def _answers(emu, host: str, timeout_s: float = 15) -> None:
+    """Wait until ``host``'s sshd takes a connection: a link just set up again said "No route to
+    host" for a moment (its neighbour entry failed while it was down), and a board is back only
+    once it answers."""
+    address = next(h.address for h in emu.hosts if h.name == host)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((address, 22), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @pytest.mark.parametrize("fault", ["kill", "stop", "link"])
 def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_hosts, emu, fault):
     """2,000 distinct frames; edge02 lost at a random frame (killed, frozen, or its link down):
@@ -505,6 +522,7 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
                 assert len(list(s.map(iter(xs[:5])))) == 5
                 subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0",
                                 "up"], check=True)
+                _answers(emu, "edge02")
             s.rebalance()
             again = list(s.map(iter(xs[:20])))
             assert s.stats()["incidents"][-1]["rebalanced"] == ["edge02"]
