@@ -119,10 +119,10 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
         if not images:
             raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
         recipe = recipe or ImageRecipe()
-        channels = shape[1] if recipe.layout == "nchw" else shape[-1]
-        for key in ("mean", "std"):
+        channels = (shape[1] if recipe.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
+        for key in ("mean", "std"):  # an input that is no image: each frame says so
             values = getattr(recipe, key)
-            if len(shape) == 4 and len(values) not in (1, channels):
+            if channels and len(values) not in (1, channels):
                 raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
                                     f"one value, or one per channel of the input ({channels})")
         return len(images), _image_frames(images, shape, dtype, recipe)
