@@ -11,10 +11,10 @@ one stage time of filling the pipeline counts against neither side.
 Every configuration of a model runs once per round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios and the
 1-rank program's against the plain loop are paired: taken within each round, their median
-reported. A round starts with what P4 compares,
-back to back (two whole-model processes, 2x1, its stages meeting and free, 1x2): this VM's
-phases last seconds, and runs ten seconds apart often fell in different ones. All on this
-machine's first two cores, full ncnn build (the one `make demo` uses).
+reported. A round starts with what P4 compares, back to back (two whole-model processes, 2x1,
+its stages meeting and free, 1x2): this VM's phases last seconds, and runs ten seconds apart
+often fell in different ones. All on this machine's first two cores, full ncnn build (the one
+`make demo` uses).
 
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of the
 plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the ncnn
@@ -288,6 +288,13 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
                 {f: r[f] / frames for f in ("compute_s", "recv_wait_s", "send_wait_s")}
                 for r in res.stats["ranks"]]})
 
+    def plain_loop(k: str) -> None:
+        """One run of the whole model in the plain ncnn loop: ``alone``, or ``alone pools``."""
+        f, m, _ = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames,
+                             pools=k == "alone pools")
+        fps[k].append(f)
+        rss[k].append(m)
+
     for r in range(rounds):
         # What P4 pairs runs back to back, so a phase of the VM (seconds) more often holds both.
         f, _, each = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames, cores=(0, 1))
@@ -306,16 +313,10 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
         # The 1-rank program and the plain loop back to back, which first alternating by round,
         # and their ratio taken within the round: a few percent apart is the goal, and this VM
         # drifts by more than that from one minute to the next.
-        for k in ("alone", "1x1") if r % 2 == 0 else ("1x1", "alone"):
-            if k == "1x1":
-                program("1x1")
-            else:
-                f, m, _ = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames)
-                fps[k].append(f)
-                rss[k].append(m)
-        f, m, _ = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames, pools=True)
-        fps["alone pools"].append(f)
-        rss["alone pools"].append(m)
+        pair = [lambda: plain_loop("alone"), lambda: program("1x1")]
+        for step in pair if r % 2 == 0 else pair[::-1]:
+            step()
+        plain_loop("alone pools")
         program("2x1 flops")
         fps["2x1 frame"].append(run(outs["2x1"], feeds, frames, pipeline=False).stats["fps"])
         print(f"  {name} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in fps.items())
