@@ -1,5 +1,6 @@
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -26,6 +27,19 @@ def vulkan_available() -> bool:
 requires_vulkan = pytest.mark.skipif(
     not vulkan_available(),
     reason="no Vulkan loader and driver (as root, `make test` installs Mesa's lavapipe)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_tempdir():
+    """Every temporary folder autodice makes in this process goes under one short folder of the
+    run's, removed at its end: a session whose job failed keeps its folder (its log is named in
+    the error), and the tests that make jobs fail on purpose left dozens in /tmp a run. Short:
+    the ssh master sockets live under it too, and a socket path has 108 bytes."""
+    mine = tempfile.mkdtemp(prefix="adt-")
+    before, tempfile.tempdir = tempfile.tempdir, mine
+    yield
+    tempfile.tempdir = before
+    shutil.rmtree(mine, ignore_errors=True)
 
 
 @pytest.fixture
