@@ -30,11 +30,12 @@ requires_vulkan = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _own_tempdir():
+def _own_tempdir(tmp_path_factory):
     """Every temporary folder autodice makes in this process goes under one short folder of the
     run's, removed at its end: a session whose job failed keeps its folder (its log is named in
     the error), and the tests that make jobs fail on purpose left dozens in /tmp a run. Short:
     the ssh master sockets live under it too, and a socket path has 108 bytes."""
+    tmp_path_factory.getbasetemp()  # pytest's own stays where it was, beside the runs before
     mine = tempfile.mkdtemp(prefix="adt-")
     before, tempfile.tempdir = tempfile.tempdir, mine
     yield
