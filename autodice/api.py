@@ -36,13 +36,19 @@ def plan(model, mapping, platform, input_shapes=None):
     Returns:
         :class:`~autodice.core.plan.Plan`.
     """
+    return _partition(model, mapping, platform, input_shapes).plan
+
+
+def _partition(model, mapping, platform, input_shapes=None):
+    """The model as the mapping rewrites it (layers split across keys) and its plan."""
     from .core.model import load_model
     from .core.spec import mapping_json, parse_mapping, parse_mapping_text, parse_platform
-    from .frontend.split import plan_mapping
+    from .frontend.split import partition_mapping
 
     spec = (parse_mapping_text(mapping_json(dict(mapping)), "mapping")
             if isinstance(mapping, Mapping) else parse_mapping(mapping))
-    return plan_mapping(load_model(model, input_shapes), spec, parse_platform(platform))
+    return partition_mapping(load_model(model, input_shapes), spec, parse_platform(platform),
+                             Path("."))
 
 
 def split(model, mapping, platform, out, input_shapes=None):
@@ -154,7 +160,6 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None):
     (path or dict) and a ``platform``, scored without writing anything. ``profile`` is a
     profile.json path, a Profile, or ``{host: either}`` (key None: every other host).
     """
-    from .core.model import load_model
     from .dse.cost import plan_cost
     from .dse.cost import predict as predict_out
     from .dse.timing import make_timing
@@ -163,9 +168,8 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None):
         return predict_out(out_or_model, profile, power)
     if platform is None:
         raise AutodiceError("predict: a mapping needs its platform too")
-    the_plan = plan(out_or_model, mapping, platform)
-    return plan_cost(the_plan, make_timing(platform, profile, power),
-                     load_model(out_or_model))
+    parts = _partition(out_or_model, mapping, platform)  # layer names of split layers' parts
+    return plan_cost(parts.plan, make_timing(platform, profile, power), parts.graph)
 
 
 def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput", "energy",

@@ -240,6 +240,31 @@ def test_measure_reruns_front_points(tmp_path):
                                                  rel=1e-3)
 
 
+@pytest.mark.cpp
+def test_measure_prices_a_point_that_splits_a_layer_as_dse_did(tmp_path):
+    """A front point with a layer split across keys is priced with the model as the split
+    rewrote it (the parts' names): priced with the model as given, it was a KeyError after the
+    point was built."""
+    import autodice
+    from autodice.dse.measure import measure
+
+    onnx.save(figure2(), tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("here, x86, slots=0-1\n")
+    profile = fixture_profile(load_model(tmp_path / "model.onnx"))
+    rows = {"layer": "Conv1", "split": "rows"}
+    mapping = {"here_x860": ["MaxPool1", rows, "Add1", "Relu1", "FC1"], "here_x861": [rows]}
+    front = tmp_path / "front"
+    autodice.search(tmp_path / "model.onnx", tmp_path / "platform.txt", profile, pop=8, gens=2,
+                    out=front)
+    fastest = json.loads((front / "pareto.json").read_text())["points"][0]["point"]
+    (front / "mappings" / f"{fastest}.json").write_text(json.dumps(mapping))  # as if proposed
+    (m,) = measure(front, tmp_path / "model.onnx", tmp_path / "platform.txt", profile, 1,
+                   frames=5, rounds=1)
+    want = autodice.predict(tmp_path / "model.onnx", profile, mapping, tmp_path / "platform.txt")
+    assert m.predicted_fps == pytest.approx(want.throughput) and m.measured_fps > 0
+    assert len(want.ranks) == 2
+
+
 def test_a_recovery_takes_the_fastest_front_point_on_the_hosts_left(squeeze_out):
     """After losing a host, a session started with ``recover=FRONT`` deploys the front's
     fastest point that uses only the hosts left and keeps the input where it was."""

@@ -103,7 +103,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     Raises:
         AutodiceError: no front in ``out``, or a step failed (its message).
     """
-    from ..frontend.split import split
+    from ..frontend.split import plan_graph, split
 
     if rounds < 1 or frames < 1:
         raise AutodiceError(f"--rounds {rounds} --frames {frames}: need at least 1 of each")
@@ -123,7 +123,8 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         say(step, len(names), f"{name}: split, gen, build")
         work = out / "measure" / name
         plan = split(model, out / "mappings" / f"{name}.json", platform, work)
-        points.append(_Run(name, work, plan, plan_cost(plan, timing, graph), inventory))
+        cost = plan_cost(plan, timing, plan_graph(work, plan, model))  # split layers' parts
+        points.append(_Run(name, work, plan, cost, inventory))
     probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say) \
         if pace else []
     every = points + probes
