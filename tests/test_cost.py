@@ -299,6 +299,20 @@ def test_a_pair_without_link_figures_gets_gigabit_ethernet_and_a_note():
                                "--inventory`")
 
 
+def test_each_host_moves_its_own_ranks_tensors_at_its_own_memorys_speed():
+    """Ranks on one host pass tensors through that host's memory: a Pi's shm figure is not a
+    PC's, and the first profile's used to stand for every host's."""
+    slow = replace(CHAIN_PROFILE, links={"shm": Link(1e8, 5e-5)})
+    timing = Timing(parse_platform_text("pc, x86, slots=0-1\npi, arm, slots=0-1\n"),
+                    {"pc": CHAIN_PROFILE, "pi": slow})
+    assert timing.links["pc", "pc"] == (CHAIN_PROFILE.links["shm"].bandwidth,
+                                        CHAIN_PROFILE.links["shm"].latency)
+    assert timing.links["pi", "pi"] == (1e8, 5e-5)
+    with pytest.raises(AutodiceError, match='profile of pi: no "shm" link'):
+        Timing(parse_platform_text("pc, x86, slots=0-1\npi, arm, slots=0-1\n"),
+               {"pc": CHAIN_PROFILE, "pi": replace(CHAIN_PROFILE, links={})})
+
+
 def test_missing_inputs_are_named():
     platform = parse_platform_text("a, arm, slots=0\nb, arm, slots=0\n")
     with pytest.raises(AutodiceError, match="platform.txt: no profile for b "):

@@ -161,7 +161,8 @@ class Timing:
                               f"their energy counts 0 W")
 
     def _links(self, problems: Problems) -> dict[tuple[str, str], tuple[float, float]]:
-        """(bandwidth bytes/s, latency s) for every ordered host pair, ``shm`` on the diagonal."""
+        """(bandwidth bytes/s, latency s) for every ordered host pair; on the diagonal the host's
+        own profile's ``shm`` (a board's memory is its own: another board's would be wrong)."""
         merged = {}
         for p in self.profiles.values():
             for k, v in p.links.items():
@@ -169,12 +170,14 @@ class Timing:
         hosts = list(self.platform.devices)
         links = {}
         assumed: list[str] = []
-        shm = merged.get("shm")
-        if shm is None:
-            problems.add("profile: no \"shm\" link (ranks on one host); profile again")
+        no_shm = [h for h in hosts if "shm" not in self.profiles[h].links]
+        if no_shm:
+            problems.add(f"profile of {', '.join(no_shm)}: no \"shm\" link (ranks on one host); "
+                         "profile again")
         for a in hosts:
             for b in hosts:
                 if a == b:
+                    shm = self.profiles[a].links.get("shm")
                     if shm is not None:
                         links[a, b] = (shm.bandwidth, shm.latency)
                     continue
