@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from graphs import symbolic_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -127,3 +128,13 @@ def test_cli_measures_here_when_no_profile_is_given(zoo_model):
     assert all(mapping.values())
     times = [float(t.split()[1]) for t in r.stderr.split(": ", 1)[1].split(", ")]
     assert max(times) < 1.6 * min(times), r.stderr
+
+
+@pytest.mark.cpp
+def test_cli_measures_a_model_of_symbolic_size_at_the_given_input_shape(tmp_path):
+    """--input-shape reaches the measuring, as it reaches the listing (it was dropped there)."""
+    onnx.save(symbolic_model(), tmp_path / "m.onnx")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "m.onnx"), "--input-shape",
+                                  "x=1x4x32x32", "--balance", "e1_x860,e1_x861"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"e1_x860": ["relu1"], "e1_x861": ["relu2"]}

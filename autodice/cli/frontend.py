@@ -85,7 +85,8 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
     from ..frontend.layers import layer_table
     from ..frontend.suggest import balanced_mapping
 
-    graph = load_model(model, parse_input_shapes(input_shapes))
+    shapes = parse_input_shapes(input_shapes)
+    graph = load_model(model, shapes)
     if balance:
         keys = balance.split(",")
         if by == "flops":
@@ -95,7 +96,7 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
             from ..dse.profile import load_profile
 
             given = load_profile(profile_path) if profile_path else None
-            done = by_time(graph, model, keys, given, console=console)
+            done = by_time(graph, model, keys, given, console=console, input_shapes=shapes)
             where = f"by {profile_path}" if profile_path else "measured on this machine's CPU"
             console.print("predicted compute per frame, " + where + ": " + ", ".join(
                 f"{k} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))

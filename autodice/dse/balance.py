@@ -114,11 +114,12 @@ class Balanced:
 
 
 def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile | None = None,
-            console=None) -> Balanced:
+            console=None, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Balanced:
     """The mapping of ``graph``'s layers onto ``keys`` whose slowest stage is fastest by
     measured time; ``profile`` None: measure the model's layers on this machine's CPU first
     (cached by the model's bytes; a GPU key then counts as one core: profile on the board and
-    pass the profile for its GPU).
+    pass the profile for its GPU). ``input_shapes``: those ``graph`` was loaded with (inputs of
+    symbolic size), for the measuring.
 
     Raises:
         AutodiceError: bad keys, or a profile that cannot be made or does not fit the model.
@@ -130,7 +131,7 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
         cores = os.cpu_count() or 1
         threads = {1} | {min(len(parse_key(k).cores), cores) for k in keys
                          if parse_key(k).kind == "cpu"}
-        profile = run_profile(model, key_platform(keys), tuple(sorted(threads)),
+        profile = run_profile(model, key_platform(keys), tuple(sorted(threads)), input_shapes,
                               console=console, gpu=False).profile
     notes: list[str] = []
     try:
