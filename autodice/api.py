@@ -194,9 +194,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         with the compiler's own passes.
     """
     from .core.model import load_model
-    from .core.spec import parse_bytes, parse_platform
-    from .dse.search import Settings, dse, explore, only_hosts, verify_point
-    from .dse.timing import make_timing
+    from .core.spec import parse_bytes
+    from .dse.search import Settings, dse, explore, search_timing, verify_point
 
     if isinstance(max_memory, str):
         try:
@@ -210,10 +209,9 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
     if out is not None:
         return dse(model, platform, profile, out, settings, progress, hosts=hosts)
     settings.check()
-    spec = only_hosts(parse_platform(platform), hosts)
+    timing = search_timing(platform, hosts, profile)
     graph = load_model(model)
-    timing = make_timing(spec, profile)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
-        verify_point(graph, spec, timing, p)
+        verify_point(graph, timing.platform, timing, p)
     return front

@@ -159,9 +159,15 @@ def test_profile_per_host(squeeze, tmp_path):
                "--profile", f"edge03={d / 'profile.json'}", "-o", tmp_path / "out", "--pop", 8,
                "--gens", 2)
     assert r.exit_code == 0, r.output
+    # A board left out of the search may keep its profile on the command line.
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json",
+               "--profile", f"edge03={d / 'profile.json'}", "--hosts", "edge01,edge02", "-o",
+               tmp_path / "out2", "--pop", 8, "--gens", 2)
+    assert r.exit_code == 0, r.output
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--seed", "-1"], "--seed -1: a seed is 0 or more"),
     (["--encoding", "spiral"], '--encoding "spiral": one of layer, segment'),
     (["--pop", "2"], "--pop 2: needs at least 4"),
     (["--mutation", "1.5"], "--mutation 1.5: a probability, 0..1"),

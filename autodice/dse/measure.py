@@ -26,12 +26,11 @@ from ..core.model import load_model
 from ..core.names import file_slug
 from ..core.outdir import claim
 from ..core.plan import Plan
-from ..core.spec import mapping_json, parse_platform
+from ..core.spec import mapping_json
 from .cost import Cost, plan_cost
 from .profile import six_digits
-from .search import only_hosts
+from .search import search_timing
 from .slots import cpu_key
-from .timing import make_timing
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         raise AutodiceError(f"{out}/pareto.json: no front here; run `autodice dse` first") from None
     names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
     claim(out, "measure/", "measure.json")
-    timing = make_timing(only_hosts(parse_platform(platform), hosts), profile, power)
+    timing = search_timing(platform, hosts, profile, power)
     graph = load_model(model)
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)

@@ -19,7 +19,7 @@ plan-based cost must equal the fast path's, so the files in ``OUT/mappings/`` ar
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,17 @@ def only_hosts(platform: Platform, hosts) -> Platform:
     return Platform(platform.path, {h: d for h, d in platform.devices.items() if h in hosts})
 
 
+def search_timing(platform: str | Path, hosts, profile, power=None) -> Timing:
+    """The timing of a search restricted to ``hosts`` (:func:`only_hosts`): a per-host profile
+    of a board of the platform left out of the search is not needed, and not an error."""
+    full = parse_platform(platform)
+    spec = only_hosts(full, hosts)
+    if isinstance(profile, Mapping):
+        profile = {h: p for h, p in profile.items()
+                   if h in (None, "*") or h in spec.devices or h not in full.devices}
+    return make_timing(spec, profile, power)
+
+
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
         settings: Settings = Settings(), progress=None, power=None, hosts=None) -> Front:
     """Search, verify every front point with the split passes, write ``out``.
@@ -66,12 +77,11 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
     """
     settings.check()
     check_replaceable(Path(out))  # before the search, not after it
-    platform_spec = only_hosts(parse_platform(platform), hosts)
+    timing = search_timing(platform, hosts, profile, power)
     graph = load_model(model)
-    timing = make_timing(platform_spec, profile, power)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
-        verify_point(graph, platform_spec, timing, p)
+        verify_point(graph, timing.platform, timing, p)
     write_front(front, Path(out), str(model), str(platform))
     return front
 

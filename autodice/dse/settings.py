@@ -54,6 +54,8 @@ class Settings:
         for name, p in (("crossover", self.crossover), ("mutation", self.mutation)):
             if not 0 <= p <= 1:
                 bad.append(f"--{name} {p}: a probability, 0..1")
+        if self.seed < 0:
+            bad.append(f"--seed {self.seed}: a seed is 0 or more")
         if self.segments is not None and self.segments < 1:
             bad.append(f"--segments {self.segments}: needs at least 1")
         unknown = [o for o in self.objectives if o not in OBJECTIVES]
