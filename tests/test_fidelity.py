@@ -40,7 +40,7 @@ from autodice.backend.gen import gen
 from autodice.backend.run import run
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
-from autodice.frontend.check import session
+from autodice.frontend.check import check, session
 from autodice.frontend.split import split
 
 HERE = Path(__file__).parent
@@ -154,6 +154,31 @@ def test_dynamo_gelu_becomes_one_ncnn_layer(tmp_path):
     layers = [line.split()[0] for line in
               (tmp_path / "out" / "ncnn" / "edge01_x860.ncnn.param").read_text().splitlines()[2:]]
     assert layers.count("GELU") == 2 and "Erf" not in layers
+
+
+def test_gelus_half_sent_to_another_rank_is_left_as_it_is(tmp_path):
+    """The reorder for pnnx changes what GELU's inner Mul computes: not where another rank (or
+    the caller) reads that tensor too. The check used to find the outputs before they were
+    listed, so the rank reading it got x * (erf + 1), twice its value."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in ("y", "z")]
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n)
+              for n, v in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("Mul", ["a", "half"], ["m"], name="half"),
+             helper.make_node("Mul", ["x", "m"], ["y"], name="gelu"),
+             helper.make_node("Relu", ["m"], ["z"], name="relu")]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], outs, consts),
+                                opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "m.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1\n")
+    (tmp_path / "mapping.json").write_text(json.dumps({
+        "edge01_x860": ["div", "erf", "add", "half", "gelu"], "edge01_x861": ["relu"]}))
+    split(tmp_path / "m.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+          tmp_path / "out")
+    assert all(d.rel < 1e-6 for d in check(tmp_path / "out")), check(tmp_path / "out")
 
 
 @pytest.mark.cpp
