@@ -364,6 +364,21 @@ def test_deploy_run_streams_a_batch_from_the_cli(fig2_three_hosts, emu):
                                atol=1e-6)
 
 
+def test_deploy_run_streams_frames_from_stdin_and_loses_none(fig2_three_hosts, emu):
+    """``--input -`` in a real process: the deploy's ssh commands run while the frames wait in
+    the pipe, and one that read stdin took them (the stream came up short)."""
+    d = fig2_three_hosts
+    xs = np.random.default_rng(9).standard_normal((40, 1, 4, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(str(d / "model.onnx"))
+    want = np.stack([ref.run(None, {"input": x})[0] for x in xs])
+    r = subprocess.run([sys.executable, "-m", "autodice", "deploy", str(d / "out"), "-i",
+                        str(d / "inventory.toml"), "--run", "--input", "-"],
+                       input=xs.tobytes(), capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    np.testing.assert_allclose(np.load(d / "out" / "results" / "output.npy"), want,
+                               rtol=1e-5, atol=1e-6)
+
+
 def _no_leftovers(wait_s: float = 5) -> dict:
     """What of a job is still running on the hosts after ``wait_s`` seconds (their sshd aside)."""
     deadline = time.monotonic() + wait_s

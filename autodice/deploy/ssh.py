@@ -101,8 +101,10 @@ class Ssh:
         return " ".join(shlex.quote(w) for w in ["ssh", *self.opts])
 
     def cmd(self, t: Target, *argv: str) -> list[str]:
-        """``ssh host -- argv``; the remote shell sees each argument quoted."""
-        return ["ssh", *self.opts, t.host, "--", " ".join(shlex.quote(a) for a in argv)]
+        """``ssh -n host -- argv``; the remote shell sees each argument quoted. ``-n``: ssh
+        would read our stdin while the command runs, and a stream fed on it (``--input -``)
+        lost the frames waiting there to each command the deploy ran meanwhile."""
+        return ["ssh", *self.opts, "-n", t.host, "--", " ".join(shlex.quote(a) for a in argv)]
 
     def script(self, t: Target, script: str, *args: str) -> list[str]:
         return self.cmd(t, "sh", "-c", script, "sh", *args)
@@ -272,7 +274,8 @@ def must(cmd: list[str], what: str, timeout: float | None = None) -> subprocess.
     Raises:
         AutodiceError: the command failed.
     """
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # not the caller's: see Ssh.cmd
     if proc.returncode != 0:
         said = (proc.stderr or proc.stdout).strip().splitlines()
         raise AutodiceError(f"{what}: {said[-1] if said else f'exit {proc.returncode}'}")
