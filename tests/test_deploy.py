@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -313,6 +314,25 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     assert r.exit_code == 2
     assert "error: " in r.output and "host edge04 of the plan has no [hosts.edge04]" in r.output
     assert 'did you mean "edge05"?' in r.output
+
+
+def test_cli_deploy_refuses_a_bad_window_or_front_before_the_network(fig2_plan, tmp_path):
+    """Said before anything is deployed: --window 0 used to mean the default, -1 a traceback
+    once the job ran; a --front that is no dse output was found out at the first lost host."""
+    d, _ = fig2_plan
+    np.save(d / "batch.npy", np.zeros((3, 1, 4, 8, 8), np.float32))
+    run = ["deploy", str(d / "out"), "-i", str(d / "inventory.toml"), "--run", "--input",
+           str(d / "batch.npy")]
+    (tmp_path / "front").mkdir()
+    (tmp_path / "front" / "pareto.json").write_text('{"points": [{"point": "p0"}]}')
+    for extra, said in ((["--window", "0"], "error: --window 0: at least 1 frame in flight"),
+                        (["--window", "-1"], "error: --window -1: at least 1 frame in flight"),
+                        (["--recover", "--front", str(tmp_path)], "pareto.json: not a dse output"),
+                        (["--recover", "--front", str(tmp_path / "front")],
+                         "front/pareto.json: not a dse output (KeyError: 'throughput_fps')")):
+        r = CliRunner().invoke(main, [*run, *extra])
+        assert r.exit_code == 2 and said in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
 
 
 def _under_wrapper(marker: Path) -> tuple[subprocess.Popen, int]:

@@ -38,7 +38,13 @@ from .figures import Figures, per_frame
 from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
 from .job import Job, Recovery, Restart, SessionError
 
-__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError"]
+__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError", "check_window"]
+
+
+def check_window(window: int | None) -> None:
+    """Raises AutodiceError unless ``window`` is None (the default) or at least 1 frame."""
+    if window is not None and window < 1:
+        raise AutodiceError(f"--window {window}: at least 1 frame in flight")
 
 
 @dataclass
@@ -64,6 +70,7 @@ class Session:
         Raises:
             AutodiceError: the job failed to start (the rank named) or did not start in time.
         """
+        check_window(window)
         self.plan = plan
         self.window = window or 2 * len(plan.ranks) + 2
         self._tmp = Path(tempfile.mkdtemp(prefix="autodice-session-"))

@@ -115,12 +115,14 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
 
     from ..backend.frames import ImageRecipe, frames_from
     from ..backend.run import open_session as open_local
+    from ..backend.session import check_window
     from ..backend.stream import finish, read_labels, stream, top_k
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
     if frames is not None and frames < 1:
         raise AutodiceError(f"--frames {frames}: need at least 1 frame")
+    check_window(window)
     if len(plan.model_inputs) != 1:
         raise AutodiceError("a stream feeds a model with one input; this one has "
                             f"{', '.join(t.name for t in plan.model_inputs)}")

@@ -271,19 +271,41 @@ def _answering(s: Shipped) -> dict[str, bool]:
     return answers
 
 
+def read_front(front: Path) -> list[tuple[str, float, dict]]:
+    """A ``dse`` output's points, fastest first: (name, predicted frames/s, mapping). Read when
+    the session opens, so a bad ``--front`` is said before anything is deployed, not at the loss
+    it was meant for.
+
+    Raises:
+        AutodiceError: not a dse output, or a point or its mapping file is unreadable.
+    """
+    where = front / "pareto.json"
+    try:
+        doc = json.loads(where.read_text())
+        points = [(str(p["point"]), float(p["throughput_fps"]), front / p["mapping"])
+                  for p in doc["points"]]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise AutodiceError(f"{where}: not a dse output ({type(e).__name__}: {e})") from None
+    read = []
+    for name, fps, path in sorted(points, key=lambda p: -p[1]):
+        try:
+            mapping = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise AutodiceError(f"{path}: point {name}'s mapping is unreadable ({e})") from None
+        if not isinstance(mapping, dict):
+            raise AutodiceError(f"{path}: point {name}'s mapping is not a JSON object")
+        read.append((name, fps, mapping))
+    return read
+
+
 def front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | None:
     """The fastest point of a ``dse`` output whose keys are all on ``left`` with rank 0 on
     ``head`` (the input and the gateway stay where they are)."""
-    try:
-        doc = json.loads((front / "pareto.json").read_text())
-    except (OSError, ValueError) as e:
-        raise AutodiceError(f"{front}/pareto.json: not a dse output ({e})") from None
-    for p in sorted(doc["points"], key=lambda p: -float(p["throughput_fps"])):
-        mapping = json.loads((front / p["mapping"]).read_text())
+    for name, fps, mapping in read_front(front):
         hosts = [parse_key(k).host for k in mapping]
         if hosts and hosts[0] == head and set(hosts) <= left:
             return mapping, f"the DSE front's fastest point on {', '.join(sorted(left))} " \
-                            f"({p['point']}, {float(p['throughput_fps']):.1f} frames/s predicted)"
+                            f"({name}, {fps:.1f} frames/s predicted)"
     return None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..backend.session import Session
+from ..backend.session import Session, check_window
 from .deploy import ship
 from .launch import check_launchable
 from .remote_job import RemoteJob
@@ -36,6 +36,12 @@ def open_deployed(out_dir: str | Path, inventory: str | Path, window: int | None
         AutodiceError: as ``deploy`` (before anything runs), or the job failed to start (the
             rank and host named).
     """
+    check_window(window)
+    front = Path(recover) if isinstance(recover, (str, Path)) else None
+    if front is not None:
+        from .recover import read_front
+
+        read_front(front)
     shipped = ship(out_dir, inventory, progress, keep_connections_s,
                    lambda plan, inv: check_launchable(inv))
     if progress is not None:
@@ -45,7 +51,6 @@ def open_deployed(out_dir: str | Path, inventory: str | Path, window: int | None
         if recover:
             from .recover import DeployedRecovery
 
-            front = None if recover is True else Path(recover)
             recovery = DeployedRecovery(shipped, gpu_fallback, front, ahead, progress)
         return Session(shipped.plan, lambda path: RemoteJob(shipped, path, gpu_fallback), window,
                        recovery=recovery)
