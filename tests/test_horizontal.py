@@ -193,6 +193,47 @@ def test_rows_through_a_residual_block_a_tensor_read_twice(tmp_path, whole):
         assert not any(n.startswith("a0/gather") for n in made)
 
 
+def pool(op: str, h: int, w: int, **attrs) -> onnx.ModelProto:
+    """x (1x2xHxW) -> p: ``op`` 3x3 stride 2 with ``attrs`` -> y."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, h, w])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node(op, ["x"], ["y"], name="p", kernel_shape=[3, 3], strides=[2, 2],
+                            **attrs)
+    return onnx.shape_inference.infer_shapes(model([node], [x], [y], []))
+
+
+@pytest.mark.parametrize("op, h, w, attrs", [
+    ("MaxPool", 8, 8, {"ceil_mode": 1}),  # GoogLeNet's pools: the last column a part window
+    ("MaxPool", 9, 10, {"ceil_mode": 1, "pads": [1, 0, 0, 1]}),
+    ("AveragePool", 8, 7, {"ceil_mode": 1, "pads": [1, 1, 1, 1]}),
+    ("AveragePool", 9, 9, {"ceil_mode": 1, "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+])
+def test_pools_in_ceil_mode_by_rows_like_onnxruntime(tmp_path, op, h, w, attrs):
+    """The part windows at the bottom and the right, rows and columns alike (the columns' was
+    dropped: the parts came out a column short)."""
+    rows = {"layer": "p", "split": "rows"}
+    split_and_check(tmp_path, pool(op, h, w, **attrs), {"e1_x860": [rows], "e2_x860": [rows]})
+
+
+def test_an_average_pool_whose_part_windows_count_padding_is_not_split_by_rows(tmp_path):
+    """onnxruntime divides a part window by the window up to the padding's edge; a band's
+    explicit pads would count the rows past it too (it split, 24 % off)."""
+    rows = {"layer": "p", "split": "rows"}
+    write(tmp_path, pool("AveragePool", 8, 7, ceil_mode=1, pads=[1, 1, 1, 1],
+                         count_include_pad=1), {"e1_x860": [rows], "e2_x860": [rows]})
+    with pytest.raises(AutodiceError, match="AveragePool in ceil_mode that counts padding"):
+        split(tmp_path / "m.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+              tmp_path / "out")
+
+
+@pytest.mark.parametrize("attrs", [{"count_include_pad": 0}, {"count_include_pad": 1}])
+def test_an_average_pool_padded_one_side_in_ceil_mode_like_onnxruntime(tmp_path, attrs):
+    """Inception-v1's pool padded bottom and right only, spelled for pnnx: the window past the
+    padding in ceil mode too (it was dropped: a smaller output, an invalid sub-model)."""
+    split_and_check(tmp_path, pool("AveragePool", 7, 7, ceil_mode=1, pads=[0, 0, 1, 1], **attrs),
+                    one_key(["p"]))
+
+
 @pytest.mark.parametrize("mapping, problem", [
     ({"e1_x860": ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"],
       "e1_x861": [{"layer": "fl", "split": "rows"}]}, 'layer "fl" cannot be split'),

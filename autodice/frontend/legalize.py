@@ -64,15 +64,18 @@ def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
 def _explicit_pads(graph: Graph, node: onnx.NodeProto, pads: list[int]) -> list[onnx.NodeProto]:
     """AveragePool with asymmetric pads (Inception-v1's last pool pads only bottom and right),
     which pnnx leaves as an op ncnn does not have, spelled as zero padding + unpadded
-    AveragePool, times the window size over the count of real elements per window
-    (count_include_pad=0) or not."""
+    AveragePool, times the window size over what onnxruntime divides each window by: its real
+    elements (count_include_pad=0), else the window up to the padding's edge (smaller than the
+    window only where ceil_mode's part windows reach past the padding: zeros there too)."""
     name, x, y = node.name or node.output[0], node.input[0], node.output[0]
     (kh, kw), (sh, sw) = _ints(node, "kernel_shape"), _ints(node, "strides") or [1, 1]
     _, _, h, w = graph.types[x].shape
     _, _, oh, ow = graph.types[y].shape
+    past = [max(0, (oh - 1) * sh + kh - (h + pads[0] + pads[2])),  # ceil_mode's part windows
+            max(0, (ow - 1) * sw + kw - (w + pads[1] + pads[3]))]
     # Zeros concatenated on each padded side: pnnx converts Concat, not opset-9 Pad.
     c, pad, cur, size = graph.types[x].shape[1], [], x, [h, w]
-    for axis, before, after in ((2, pads[0], pads[2]), (3, pads[1], pads[3])):
+    for axis, before, after in ((2, pads[0], pads[2] + past[0]), (3, pads[1], pads[3] + past[1])):
         parts = []
         for side, n in (("before", before), ("after", after)):
             if n:
@@ -93,9 +96,15 @@ def _explicit_pads(graph: Graph, node: onnx.NodeProto, pads: list[int]) -> list[
     pool = helper.make_node("AveragePool", [cur], [y], name=name,
                             kernel_shape=[kh, kw], strides=[sh, sw])
     if next((a.i for a in node.attribute if a.name == "count_include_pad"), 0):
-        return [*pad, pool]
-    rows = np.array([min(i * sh - pads[0] + kh, h) - max(i * sh - pads[0], 0) for i in range(oh)])
-    cols = np.array([min(j * sw - pads[1] + kw, w) - max(j * sw - pads[1], 0) for j in range(ow)])
+        if not any(past):
+            return [*pad, pool]
+        rows = np.array([min(i * sh + kh, h + pads[0] + pads[2]) - i * sh for i in range(oh)])
+        cols = np.array([min(j * sw + kw, w + pads[1] + pads[3]) - j * sw for j in range(ow)])
+    else:
+        rows = np.array([min(i * sh - pads[0] + kh, h) - max(i * sh - pads[0], 0)
+                         for i in range(oh)])
+        cols = np.array([min(j * sw - pads[1] + kw, w) - max(j * sw - pads[1], 0)
+                         for j in range(ow)])
     scale = (kh * kw / np.outer(rows, cols)).astype(np.float32).reshape(1, 1, oh, ow)
     pool.output[0] = f"{name}/sum"
     return [*pad, pool,

@@ -36,6 +36,9 @@ def split_rows(st: State, name: str, node: onnx.NodeProto,
     got = _bands_of(st, x)
     made: list[onnx.NodeProto] = [] if got else st.gather_inputs(node, keys[0])
     window = _window(st, node)
+    if op == "AveragePool" and _counts_part_windows(node, xs, ys, window):
+        return st.fail(name, keys[0], "an AveragePool in ceil_mode that counts padding has no "
+                       "row split: its part windows divide by less than the padding they cross")
     parts = []
     for k, (a, e) in enumerate(bands):
         lo, hi, top, bottom = _rows_needed(node, a, e, xs, ys, window)
@@ -138,11 +141,13 @@ def _row_part(st: State, node: onnx.NodeProto, x: str, out: str, base: str, key:
     before it: pnnx 20261020 turns such a MaxPool into ncnn's Padding *and* a Pooling that pads
     again, on every side (ResNet-50's stem pool came out 2 columns wide)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    pads = _explicit_pads(node, st.shape(node.input[0]), st.shape(node.output[0]), window)
+    xs, ys = st.shape(node.input[0]), st.shape(node.output[0])
+    pads = _explicit_pads(node, xs, ys, window)
     attrs.pop("auto_pad", None)
-    attrs["pads"] = [top, pads[1], bottom, pads[3]]
-    if "ceil_mode" in attrs:  # the bottom pad now makes the last window explicit
+    if attrs.get("ceil_mode"):  # the pads make the part windows explicit: bottom and right
         attrs["ceil_mode"] = 0
+        pads[3] = max(pads[3], _reach(node, ys[3], window, 1) - xs[3] - pads[1])
+    attrs["pads"] = [top, pads[1], bottom, pads[3]]
     made = []
     if node.op_type == "MaxPool" and top != bottom:
         x = _pad_rows(st, x, st.shape(node.input[0]), top, bottom, key, origin, made)
@@ -176,6 +181,19 @@ def _axis(node: onnx.NodeProto) -> int:
     return axis + 4 if axis < 0 else axis
 
 
+def _counts_part_windows(node: onnx.NodeProto, xs: tuple[int, ...], ys: tuple[int, ...],
+                         kernel: list[int]) -> bool:
+    """An average pool whose ceil_mode windows reach past its padding while it counts padding:
+    onnxruntime divides those by the window up to the padding's edge, which explicit pads (as a
+    band's are) cannot say."""
+    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    if not (attrs.get("ceil_mode") and attrs.get("count_include_pad")):
+        return False
+    pads = _explicit_pads(node, xs, ys, kernel)
+    return any(_reach(node, ys[2 + ax], kernel, ax) > xs[2 + ax] + pads[ax] + pads[ax + 2]
+               for ax in (0, 1))
+
+
 def _window(st: State, node: onnx.NodeProto) -> list[int]:
     """A Conv's or pool's window size: its kernel_shape, else (a Conv) its weights' spatial
     dimensions."""
@@ -207,6 +225,15 @@ def _explicit_pads(node: onnx.NodeProto, xs: tuple[int, ...], ys: tuple[int, ...
     elif auto == "VALID":
         pads = [0, 0, 0, 0]
     return pads
+
+
+def _reach(node: onnx.NodeProto, out: int, kernel: list[int], axis: int) -> int:
+    """How far into the padded map (0 = its first padding row or column) ``out`` windows of
+    ``node`` along ``axis`` (0 rows, 1 columns) reach."""
+    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    s = list(attrs.get("strides", [1, 1]))[axis]
+    d = list(attrs.get("dilations", [1, 1]))[axis]
+    return (out - 1) * s + (kernel[axis] - 1) * d + 1
 
 
 def _rows_needed(node: onnx.NodeProto, a: int, e: int, xs: tuple[int, ...],
