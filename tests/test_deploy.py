@@ -195,6 +195,13 @@ def test_master_connections_are_shared_only_by_deploys_that_check_the_host_alike
     # Another known key for the host (or another identity, port, user...): another connection.
     (d / "known_hosts").write_text("10.77.0.11 ssh-ed25519 AAAA\n")
     assert connection_key(a) != key
+    # The deploy closes the masters it opened, under the names they got when it began.
+    once = Ssh(inv, d, keep_s=0)
+    stale = once.sockets[a.host]
+    stale.write_text("")  # no master answers there: -O stop fails, and the socket goes
+    (d / "known_hosts").write_text("10.77.0.11 ssh-ed25519 BBBB\n")  # ssh learnt a key meanwhile
+    once.close([a])
+    assert not stale.exists()
 
 
 STAMP = STAMPS + r"""

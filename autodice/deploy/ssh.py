@@ -130,7 +130,7 @@ class Ssh:
         reused = self.sockets[t.host].exists()
         proc = run()
         if proc.returncode == 255 and reused:
-            close_connections([t], now=True)
+            close_connections([t], now=True, sockets=self.sockets)
             proc = run()
         return proc
 
@@ -138,21 +138,25 @@ class Ssh:
         """End of a deploy: with ``keep_s=0`` close the masters, else leave them to their idle
         timeout."""
         if self.keep_s <= 0:
-            close_connections(targets)
+            close_connections(targets, sockets=self.sockets)
 
 
-def close_connections(targets, now: bool = False) -> list[str]:
+def close_connections(targets, now: bool = False,
+                      sockets: dict[str, Path] | None = None) -> list[str]:
     """Close the master connections deploys keep open to ``targets`` (each also ends by itself
     once idle for the ``keep_s`` of the deploy that opened it, or when its host goes away).
 
     Deploys to the same hosts share masters, so a master stops taking new sessions and ends
     with its last one (``-O stop``): another deploy's rsync or mpirun through it goes on.
     ``now``: end it at once, sessions and all (``-O exit``; for a master whose connection died).
+    ``sockets``: the masters' sockets by host as a deploy named them when it began (the names
+    hash known_hosts, which ssh may have added to since).
 
     Returns:
         The hosts whose connection was open.
     """
-    open_ = [(t, control_dir() / connection_key(t)) for t in targets]
+    open_ = [(t, sockets[t.host] if sockets else control_dir() / connection_key(t))
+             for t in targets]
     open_ = [(t, sock) for t, sock in open_ if sock.exists()]
 
     def close(item) -> None:
