@@ -302,7 +302,7 @@ class HeadJob(ProcessJob):
                  build: Build = PROGRAM, ssh_options: tuple[str, ...] = (), ranks: int = 0):
         self.ssh, self.hosts, self.build, self.ranks = ssh, hosts, build, ranks
         self._outcome: int | None = None
-        head = hosts[0]
+        head = self._head = hosts[0]
         self.folder = f"{build.root(head)}/launch"  # in every rank's command line: names mpirun
         job = f"{build.root(head)}/job"
         self.pid_file = f"{job}/mpirun.pid"
@@ -347,15 +347,20 @@ class HeadJob(ProcessJob):
         """End the job now if it still runs; then make sure nothing of it is left anywhere."""
         if self._ended is not None:
             return
+        # A lost head takes its mpirun along; the pid file and folder named here are the head's,
+        # so another host (head of a job of its own, say) gets neither.
+        head_here = bool(self.hosts) and self.hosts[0] is self._head
         if self.proc.poll() is None:
-            subprocess.run(self.ssh.script(self.hosts[0].target, _STOP, self.pid_file,
-                                           f"{self.folder}/"), capture_output=True, timeout=30)
+            if head_here:
+                subprocess.run(self.ssh.script(self._head.target, _STOP, self.pid_file,
+                                               f"{self.folder}/"), capture_output=True,
+                               timeout=30)
             if self.wait(self._patience_s) is None:
                 self.proc.kill()
                 self.proc.wait()
         self._ended = time.monotonic()
-        if self.proc.returncode != 0:  # a clean exit means mpirun already ended everything
-            reap(self.ssh, self.hosts, self.pid_file, self.build)
+        if self.proc.returncode != 0 and self.hosts:  # a clean exit: mpirun ended everything
+            reap(self.ssh, self.hosts, self.pid_file if head_here else "", self.build)
 
 
 def reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> None:
