@@ -30,8 +30,9 @@ try:
     from pymoo.optimize import minimize
     from pymoo.util import default_random_state
     from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
-except ImportError:
-    raise AutodiceError("dse needs pymoo 0.6: pip install 'autodice[dse]'") from None
+except ImportError as e:
+    raise AutodiceError(f"dse needs pymoo >= 0.6.1.6 ({e}): pip install 'pymoo>=0.6.1.6,<0.7'"
+                        ) from None
 
 if TYPE_CHECKING:
     from .settings import Settings
