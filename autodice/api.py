@@ -153,7 +153,7 @@ def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 
     return run_profile(model, platform, threads, runs=runs, links=links, gpu=gpu).profile
 
 
-def predict(out_or_model, profile, mapping=None, platform=None, power=None):
+def predict(out_or_model, profile, mapping=None, platform=None, power=None, input_shapes=None):
     """Predicted throughput, memory and energy of a mapping (``Cost``), from the cost model.
 
     Either a split output directory (its plan and platform), or a model with a ``mapping``
@@ -168,7 +168,7 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None):
         return predict_out(out_or_model, profile, power)
     if platform is None:
         raise AutodiceError("predict: a mapping needs its platform too")
-    parts = _partition(out_or_model, mapping, platform)  # layer names of split layers' parts
+    parts = _partition(out_or_model, mapping, platform, input_shapes)  # split layers' parts
     return plan_cost(parts.plan, make_timing(platform, profile, power), parts.graph)
 
 
@@ -176,7 +176,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
                                                                       "memory"),
            max_memory: float | str | None = None, min_throughput: float | None = None,
            hosts: Iterable[str] | None = None, parallel: Iterable[str] = (), pop: int = 100,
-           gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None):
+           gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None,
+           input_shapes=None):
     """NSGA-II over mappings: the Pareto front of the chosen objectives under the constraints.
 
     Args:
@@ -188,6 +189,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         parallel: also propose stage copies (``data``) and layers split across resources
             (``horizontal``) on top of the searched vertical mappings.
         out: also write the front there (pareto.csv/json/png, one mapping file per point).
+        input_shapes: ``{input: shape}`` for inputs of symbolic size.
 
     Returns:
         :class:`~autodice.dse.front.Front`; its points sorted fastest first, each checked
@@ -207,10 +209,11 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
                         min_throughput=min_throughput, parallel=tuple(parallel))
     hosts = list(hosts) if hosts is not None else None
     if out is not None:
-        return dse(model, platform, profile, out, settings, progress, hosts=hosts)
+        return dse(model, platform, profile, out, settings, progress, hosts=hosts,
+                   input_shapes=input_shapes)
     settings.check()
     timing = search_timing(platform, hosts, profile)
-    graph = load_model(model)
+    graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
         verify_point(graph, timing.platform, timing, p)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from graphs import figure2
+from graphs import figure2, symbolic_model
 from test_cost import fixture_profile
 
 from autodice.cli import main
@@ -164,6 +164,27 @@ def test_profile_per_host(squeeze, tmp_path):
                "--profile", f"edge03={d / 'profile.json'}", "--hosts", "edge01,edge02", "-o",
                tmp_path / "out2", "--pop", 8, "--gens", 2)
     assert r.exit_code == 0, r.output
+
+
+def test_a_model_of_symbolic_size_is_searched_at_the_given_input_shape(tmp_path):
+    """--input-shape as split takes it: without it every cut tensor of such a model has no
+    size, and the front held one-rank mappings only."""
+    onnx.save(symbolic_model(), tmp_path / "m.onnx")
+    shape = {"x": (1, 4, 64, 64)}
+    save_profile(fixture_profile(load_model(tmp_path / "m.onnx", shape), gflops=0.01),
+                 tmp_path / "p.json")  # each Relu 1.6 ms: two boards make twice the frames
+    (tmp_path / "platform.txt").write_text("a, x86, slots=0, bandwidth=10gbit\n"
+                                           "b, x86, slots=0, bandwidth=10gbit\n")
+    r = invoke("dse", tmp_path / "m.onnx", "-p", tmp_path / "platform.txt", "--profile",
+               tmp_path / "p.json", "--input-shape", "x=1x4x64x64", "-o", tmp_path / "out",
+               "--pop", 8, "--gens", 4, "--objectives", "throughput,memory")
+    assert r.exit_code == 0, r.output
+    mappings = [json.loads(p.read_text()) for p in (tmp_path / "out" / "mappings").iterdir()]
+    assert any(len(m) == 2 for m in mappings), mappings  # the layers spread over both boards
+    for m in mappings:
+        (tmp_path / "m.json").write_text(json.dumps(m))
+        split(tmp_path / "m.onnx", tmp_path / "m.json", tmp_path / "platform.txt",
+              tmp_path / "split", shape)
 
 
 @pytest.mark.parametrize("args, message", [

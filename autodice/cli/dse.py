@@ -165,12 +165,14 @@ def _links_table(links, inventory) -> None:
 @click.option("--parallel", default="", metavar="data,horizontal",
               help="Also propose stage copies (data) and layers split across resources "
                    "(horizontal) on top of the searched mappings.")
+@input_shape_option
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
         segments, measure_k, frames, rounds, inventory, pace, objectives, max_memory, min_fps,
-        hosts, parallel):
+        hosts, parallel, input_shapes):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.table import Table
 
+    from ..core.shapes import parse_input_shapes
     from ..core.spec import parse_bytes
     from ..dse.front import table_rows
     from ..dse.measure import measure
@@ -188,12 +190,13 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     if measure_k < 0 or frames < 1 or rounds < 1:
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
                             f"--measure >= 0, --frames >= 1 and --rounds >= 1")
-    profile = profile_arg(profiles, model, platform)
+    shapes = parse_input_shapes(input_shapes)
+    profile = profile_arg(profiles, model, platform, shapes)
     with progress() as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
         front = run_dse(model, platform, profile, output, settings,
                         progress=lambda g, n: bar.update(task, completed=g),
-                        hosts=hosts.split(",") if hosts else None)
+                        hosts=hosts.split(",") if hosts else None, input_shapes=shapes)
     table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
                         f"in {front.seconds:.1f} s -> {output}")
     for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",
@@ -215,6 +218,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
             task = bar.add_task("measuring", total=None)
             results = measure(output, model, platform, profile, measure_k, frames, rounds,
                               inventory, hosts=hosts.split(",") if hosts else None, pace=pace,
+                              input_shapes=shapes,
                               progress=lambda k, n, what: bar.update(task, completed=k, total=n,
                                                                       description=what))
         where = f"on the hosts of {inventory}" if inventory else "on this machine"

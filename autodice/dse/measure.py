@@ -80,7 +80,8 @@ def pick_points(n: int, k: int) -> list[int]:
 
 def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k: int,
             frames: int = 100, rounds: int = 5, inventory: str | Path | None = None,
-            progress=None, power=None, hosts=None, pace: bool = False) -> list[Measurement]:
+            progress=None, power=None, hosts=None, pace: bool = False,
+            input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[Measurement]:
     """Re-run ``k`` front points of ``out`` for real: split -> gen -> build -> run, ``rounds``
     times each.
 
@@ -97,7 +98,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     the module docstring).
 
     ``hosts``: the boards the search was restricted to (``dse --hosts``): the profiles cover
-    those only.
+    those only. ``input_shapes``: as the search had them (inputs of symbolic size).
 
     Raises:
         AutodiceError: no front in ``out``, or a step failed (its message).
@@ -114,18 +115,18 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
     claim(out, "measure/", "measure.json")
     timing = search_timing(platform, hosts, profile, power)
-    graph = load_model(model)
+    graph = load_model(model, input_shapes)
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)
     points = []
     for step, name in enumerate(names):
         say(step, len(names), f"{name}: split, gen, build")
         work = out / "measure" / name
-        plan = split(model, out / "mappings" / f"{name}.json", platform, work)
+        plan = split(model, out / "mappings" / f"{name}.json", platform, work, input_shapes)
         cost = plan_cost(plan, timing, plan_graph(work, plan, model))  # split layers' parts
         points.append(_Run(name, work, plan, cost, inventory))
-    probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say) \
-        if pace else []
+    probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say,
+                        input_shapes) if pace else []
     every = points + probes
     for rnd in range(rounds):
         for j, run in enumerate(every):
@@ -169,7 +170,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
 
 
 def _pace_runs(out: Path, model, platform, timing, graph, points: list[_Run], inventory,
-               say) -> list[_Run]:
+               say, input_shapes=None) -> list[_Run]:
     """The whole model alone on one core of each host ``points`` use (the profile's own
     setting), built to run: ``out/measure/pace/<host>.json`` and ``<host>/``."""
     from ..frontend.split import split
@@ -184,7 +185,7 @@ def _pace_runs(out: Path, model, platform, timing, graph, points: list[_Run], in
             mapping = work.parent / f"{file_slug(host)}.json"
             mapping.write_text(mapping_json({cpu_key(host, dev.arch, dev.slots[:1]):
                                              graph.layer_names}))
-            plan = split(model, mapping, platform, work)
+            plan = split(model, mapping, platform, work, input_shapes)
             runs.append(_Run(host, work, plan, plan_cost(plan, timing, graph), inventory))
     return runs
 

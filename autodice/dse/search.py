@@ -66,19 +66,21 @@ def search_timing(platform: str | Path, hosts, profile, power=None) -> Timing:
 
 
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
-        settings: Settings = Settings(), progress=None, power=None, hosts=None) -> Front:
+        settings: Settings = Settings(), progress=None, power=None, hosts=None,
+        input_shapes: dict[str, tuple[int, ...]] | None = None) -> Front:
     """Search, verify every front point with the split passes, write ``out``.
 
     Args:
         profile: a profile.json path or Profile, or ``{host: ...}`` (key None: the default).
         hosts: the boards the search may use (default: all of the platform's).
+        input_shapes: static shapes for inputs of symbolic size (``split --input-shape``).
     Raises:
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
     check_replaceable(Path(out))  # before the search, not after it
     timing = search_timing(platform, hosts, profile, power)
-    graph = load_model(model)
+    graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
         verify_point(graph, timing.platform, timing, p)
@@ -199,7 +201,7 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
                             f"({slow.throughput:.6g} fps, {slow.max_memory} B) disagree")
 
 
-def profile_arg(specs, model, platform):
+def profile_arg(specs, model, platform, input_shapes=None):
     """``--profile`` values -> what :func:`autodice.dse.timing.make_timing` takes.
 
     ``FILE`` is the profile of every host, ``HOST=FILE`` of one host (a path that exists is
@@ -210,7 +212,7 @@ def profile_arg(specs, model, platform):
         AutodiceError: unreadable profiles, or none given and no profiler to make one.
     """
     if not specs:
-        return measure_profile(model, platform)
+        return measure_profile(model, platform, input_shapes)
     out: dict = {}
     for spec in specs:
         host, eq, path = spec.partition("=")
@@ -223,9 +225,9 @@ def profile_arg(specs, model, platform):
     return out
 
 
-def measure_profile(model, platform):
+def measure_profile(model, platform, input_shapes=None):
     """Profile ``model`` on this machine for ``platform`` (what ``dse`` does when given no
     profile)."""
     from .profiler import profile_model
 
-    return profile_model(model, platform)
+    return profile_model(model, platform, input_shapes=input_shapes)
