@@ -221,6 +221,31 @@ def test_a_host_keeps_the_runtime_library_and_the_next_plan_compiles_alone(fig2_
                          "autodice_stream.cpp.o", "program.cpp.o"], ["program.cpp.o"]]
 
 
+def test_ctrl_c_during_a_remote_build_ends_the_build_on_the_host(fig2_three_hosts, emu):
+    """sshd leaves a command without a terminal running when its client goes: an interrupted
+    deploy's build went on, and would have built beside the next deploy's in the same folder."""
+    d = fig2_three_hosts
+    kept = Path(emu.state_dir) / "hosts" / "edge01" / "home" / ".cache" / "autodice" / "runtime"
+    shutil.rmtree(kept, ignore_errors=True)  # the runtime compiles too: seconds to interrupt in
+    for host in ("edge01", "edge02", "edge04"):
+        shutil.rmtree(remote(emu, host))
+        remote(emu, host).mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "autodice", "deploy", str(d / "out"), "-i",
+                             str(d / "inventory.toml")], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(b"cc1plus" in _read(Path(f"/proc/{p}/cmdline"))
+                  for p in cluster.netns_pids("adc-edge01")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no compiler ran"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    proc.wait(60)
+    close_connections(load_inventory(d / "inventory.toml").targets.values())
+    assert _no_leftovers(wait_s=15) == {}
+    again = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
+    assert again.hosts["edge01"].compiled and again.run is not None
+
+
 def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
     d = fig2_three_hosts
     for host in ("edge01", "edge02", "edge04"):

@@ -16,6 +16,7 @@ program.cpp.
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import subprocess
 from collections.abc import Callable
@@ -26,6 +27,32 @@ from ..core.errors import AutodiceError
 from .head_build import HERE, HeadBuilds
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 
+# A build that outlives the deploy's ssh (Ctrl-C, a timeout: sshd leaves a command without a
+# terminal running, and a shared master keeps the connection) would build on beside the next
+# deploy's, into the same folder. So the deploy holds a pipe on the command's stdin until the
+# command ends (``_run_held``): the build runs in the background, and a watcher reading that
+# stdin ends it and all it started at EOF, which comes only if the ssh went (stopped first, so
+# that make starts no compiler meanwhile). The watcher is the shell itself, no child of its own
+# holds the session's pipes: ssh returns as soon as the build is done.
+_GUARDED = r"""
+ppid_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d ' ' -f 2; }
+tree() {
+  echo "$1"
+  for p in /proc/[0-9]*; do [ "$(ppid_of "${p#/proc/}")" = "$1" ] && tree "${p#/proc/}"; done
+}
+guard() {
+  exec 3<&0
+  "$@" < /dev/null & job=$!
+  ( while read -r _; do :; done
+    [ "$(ppid_of "$job")" = "$$" ] || exit 0  # ended already (and reaped: not ours)
+    t=$(tree "$job"); kill -STOP $t; kill -KILL $t $(tree "$job") ) <&3 > /dev/null 2>&1 &
+  watcher=$!
+  exec 3<&-
+  wait "$job"; code=$?
+  kill "$watcher" 2>/dev/null
+  return $code
+}
+"""
 # Configure (unless done with these flags) and build; $3 names the sources and flags, and is
 # written with the binary's checksum only once the build succeeded; $4 is the executable. The
 # log stays on the host (its tail comes back). A build folder configured with other flags
@@ -34,7 +61,8 @@ from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 # $5 (empty for a package without one) hashes the runtime library's sources: with the flags,
 # the compiler, the machine and ncnn's platform.h it keys where the host keeps the library
 # (~/.cache/autodice/runtime), built by the first build that lacks it, linked by every later one.
-_BUILD = r"""
+_BUILD = _GUARDED + r"""
+build() {
 cd "$1" || exit 1
 jobs=$2; stamp=$3; exe=$4; runtime=$5; shift 5
 lib=; platform=
@@ -66,10 +94,13 @@ fi
 p=$(cksum < "build/$exe")
 printf '%s %s' "$stamp" "$p" > build/autodice-built
 echo "program=$p"
+}
+guard build "$@"
 """
 # Build the pinned ncnn from its source package once: $1 remote dir, $2 tarball, $3 cache key,
 # $4 jobs, then cmake flags. The install appears by rename, so a half build is never used.
-_BUILD_NCNN = r"""
+_BUILD_NCNN = _GUARDED + r"""
+build() {
 cd "$1/ncnn" || exit 1
 sdist=$2; key=$3; jobs=$4; shift 4
 [ -f "$key/install/lib/cmake/ncnn/ncnnConfig.cmake" ] && exit 0
@@ -78,6 +109,8 @@ src=$(dirname "$(ls tmp/*/CMakeLists.txt | head -n 1)")
 { cmake -S "$src" -B tmp/build "$@" && cmake --build tmp/build -j "$jobs" \
   && cmake --install tmp/build --prefix tmp/install; } > ncnn-build.log 2>&1 || exit 1
 rm -rf "$key" && mkdir "$key" && mv tmp/install "$key/install" && rm -rf tmp
+}
+guard build "$@"
 """
 
 
@@ -245,13 +278,23 @@ def remote_ncnn(h: Host, ncnn: dict[str, str]) -> str:
     return f"{h.dir}/ncnn/{cache_key(ncnn)}/install"
 
 
+def _run_held(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` (a ``_GUARDED`` script over ssh) with a pipe on its stdin that nothing writes and
+    this process holds open until the command ends: EOF there means its ssh went."""
+    r, w = os.pipe()
+    try:
+        return subprocess.run(cmd, stdin=r, capture_output=True, text=True, timeout=timeout)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def _build(ssh: Ssh, h: Host, flags: list[str], stamp: str, build: Build = PROGRAM,
            runtime: str = "") -> None:
     t = h.target
     root = build.root(h)
-    proc = subprocess.run(ssh.script(t, _BUILD, root, str(max(1, h.cpus)), stamp, build.exe,
-                                     runtime, *flags),
-                          capture_output=True, text=True, timeout=1800)
+    proc = _run_held(ssh.script(t, _BUILD, root, str(max(1, h.cpus)), stamp, build.exe,
+                                runtime, *flags, held=True), timeout=1800)
     if proc.returncode != 0:
         tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{root}/build.log"),
                               capture_output=True, text=True, timeout=60).stdout
@@ -276,9 +319,9 @@ def _build_ncnn(ssh: Ssh, h: Host, flags: dict[str, str]) -> None:
     must(ssh.cmd(t, "mkdir", "-p", f"{h.dir}/ncnn"), "cannot create the remote directory")
     must(["rsync", "-pc", "-e", ssh.rsh(), str(source), f"{t.host}:{h.dir}/ncnn/{source.name}"],
          "sending the ncnn source failed")
-    proc = subprocess.run(ssh.script(t, _BUILD_NCNN, h.dir, source.name, key, str(h.cpus),
-                                     *(f"-D{k}={v}" for k, v in sorted(flags.items()))),
-                          capture_output=True, text=True, timeout=3600)
+    proc = _run_held(ssh.script(t, _BUILD_NCNN, h.dir, source.name, key, str(h.cpus),
+                                *(f"-D{k}={v}" for k, v in sorted(flags.items())), held=True),
+                     timeout=3600)
     if proc.returncode != 0:
         tail = subprocess.run(ssh.cmd(t, "tail", "-n", "15", f"{h.dir}/ncnn/ncnn-build.log"),
                               capture_output=True, text=True, timeout=60).stdout

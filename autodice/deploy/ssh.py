@@ -100,14 +100,16 @@ class Ssh:
         """rsync's ``-e``: a command line rsync splits itself, so quote each word."""
         return " ".join(shlex.quote(w) for w in ["ssh", *self.opts])
 
-    def cmd(self, t: Target, *argv: str) -> list[str]:
+    def cmd(self, t: Target, *argv: str, held: bool = False) -> list[str]:
         """``ssh -n host -- argv``; the remote shell sees each argument quoted. ``-n``: ssh
         would read our stdin while the command runs, and a stream fed on it (``--input -``)
-        lost the frames waiting there to each command the deploy ran meanwhile."""
-        return ["ssh", *self.opts, "-n", t.host, "--", " ".join(shlex.quote(a) for a in argv)]
+        lost the frames waiting there to each command the deploy ran meanwhile. ``held``: no
+        ``-n``, the caller gives the command a stdin of its own (``remote_build._run_held``)."""
+        return ["ssh", *self.opts, *([] if held else ["-n"]), t.host, "--",
+                " ".join(shlex.quote(a) for a in argv)]
 
-    def script(self, t: Target, script: str, *args: str) -> list[str]:
-        return self.cmd(t, "sh", "-c", script, "sh", *args)
+    def script(self, t: Target, script: str, *args: str, held: bool = False) -> list[str]:
+        return self.cmd(t, "sh", "-c", script, "sh", *args, held=held)
 
     def open(self, t: Target, *argv: str) -> subprocess.CompletedProcess:
         """Run ``argv`` through the host's master connection, opening one if there is none
