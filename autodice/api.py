@@ -212,7 +212,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         return dse(model, platform, profile, out, settings, progress, hosts=hosts,
                    input_shapes=input_shapes)
     settings.check()
-    timing = search_timing(platform, hosts, profile)
+    timing = search_timing(model, platform, hosts, profile)
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:

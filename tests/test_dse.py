@@ -166,6 +166,24 @@ def test_profile_per_host(squeeze, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_a_profile_of_other_bytes_gets_a_note(squeeze, tmp_path):
+    """Every layer name of another export (other weights, another input size) can be there:
+    only the file's hash tells, and the search says so instead of pricing silently."""
+    from dataclasses import replace
+
+    from autodice.dse.profile import load_profile, model_sha256
+
+    model, d = squeeze
+    mine = replace(load_profile(d / "profile.json"), model_sha256=model_sha256(model))
+    other = replace(mine, model_sha256="0" * 64)
+    for profile, noted in ((mine, False), (other, True)):
+        save_profile(profile, tmp_path / "p.json")
+        r = invoke("dse", model, "-p", d / "platform.txt", "--profile", tmp_path / "p.json",
+                   "-o", tmp_path / "out", "--pop", 8, "--gens", 2)
+        assert r.exit_code == 0, r.output
+        assert ("was taken of another file than" in r.output) == noted, r.output
+
+
 def test_a_model_of_symbolic_size_is_searched_at_the_given_input_shape(tmp_path):
     """--input-shape as split takes it: without it every cut tensor of such a model has no
     size, and the front held one-rank mappings only."""

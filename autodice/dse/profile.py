@@ -51,6 +51,7 @@ of a one-thread rank that ran the whole model, minus what the cost model counts 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -298,3 +299,14 @@ def load_profile(path: str | Path) -> Profile:
     except json.JSONDecodeError as e:
         raise AutodiceError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
     return profile_from_json(d, str(path))
+
+
+def model_sha256(path: Path) -> str:
+    """sha256 of the model file, and of its external ``.data`` file when there is one."""
+    h = hashlib.sha256()
+    for p in (path, Path(f"{path}.data")):
+        if p.exists():
+            with open(p, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()

@@ -54,6 +54,7 @@ from .profile import (
     Link,
     Profile,
     fit_link,
+    model_sha256,
     profile_from_json,
     profile_to_json,
     six_digits,
@@ -224,17 +225,6 @@ def check_inputs(graph: Graph) -> None:
         elif t.dtype != "float32":
             problems.add(f'{graph.path}: input "{name}" is {t.dtype}; the profiler feeds float32')
     problems.raise_if_any()
-
-
-def model_sha256(path: Path) -> str:
-    """sha256 of the model file, and of its external ``.data`` file when there is one."""
-    h = hashlib.sha256()
-    for p in (path, Path(f"{path}.data")):
-        if p.exists():
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    h.update(chunk)
-    return h.hexdigest()
 
 
 def cache_key(digest: str, tool: str, threads, input_shapes, warmup: int, runs: int,

@@ -33,7 +33,7 @@ from .cost import plan_cost
 from .cost_model import CostModel
 from .front import Front, Point, write_front
 from .genes import Genes
-from .profile import load_profile, six_digits
+from .profile import load_profile, model_sha256, six_digits
 from .settings import OBJECTIVES, Settings
 from .timing import Timing, make_timing
 
@@ -54,15 +54,25 @@ def only_hosts(platform: Platform, hosts) -> Platform:
     return Platform(platform.path, {h: d for h, d in platform.devices.items() if h in hosts})
 
 
-def search_timing(platform: str | Path, hosts, profile, power=None) -> Timing:
-    """The timing of a search restricted to ``hosts`` (:func:`only_hosts`): a per-host profile
-    of a board of the platform left out of the search is not needed, and not an error."""
+def search_timing(model: str | Path, platform: str | Path, hosts, profile,
+                  power=None) -> Timing:
+    """The timing of a search of ``model`` restricted to ``hosts`` (:func:`only_hosts`): a
+    per-host profile of a board left out of the search is not needed, and not an error. A
+    profile taken of other bytes than ``model`` gets a note: its layer names may all be there
+    (another export, other weights, another input size) while its times are another model's."""
     full = parse_platform(platform)
     spec = only_hosts(full, hosts)
     if isinstance(profile, Mapping):
         profile = {h: p for h, p in profile.items()
                    if h in (None, "*") or h in spec.devices or h not in full.devices}
-    return make_timing(spec, profile, power)
+    timing = make_timing(spec, profile, power)
+    digest = model_sha256(Path(model))
+    for p in {id(p): p for p in timing.profiles.values()}.values():
+        if p.model_sha256 != digest and len(p.model_sha256) == 64:  # (a fixture has none)
+            timing.notes.append(f"the profile of {p.model} was taken of another file than "
+                                f"{model}: its times are that file's; `autodice profile "
+                                f"{model}` measures this one")
+    return timing
 
 
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
@@ -79,7 +89,7 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
     """
     settings.check()
     check_replaceable(Path(out))  # before the search, not after it
-    timing = search_timing(platform, hosts, profile, power)
+    timing = search_timing(model, platform, hosts, profile, power)
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
