@@ -234,6 +234,21 @@ def test_an_average_pool_padded_one_side_in_ceil_mode_like_onnxruntime(tmp_path,
                     one_key(["p"]))
 
 
+def test_layers_of_one_name_keep_their_names_when_one_is_split(tmp_path):
+    """An unnamed Conv writing "h" and a Relu named "h" are layers h and h_1 (a layer is named
+    by its node, else its output); splitting h made h_1 "not in the model": the names were
+    counted again without it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["y"], name="h")]
+    plan = split_and_check(tmp_path, model(nodes, [x], [y], [w]),
+                           {"e1_x860": ["h"], "e2_x860": ["h", "h_1"]})
+    assert "h_1" in plan.ranks[1].layers
+
+
 @pytest.mark.parametrize("mapping, problem", [
     ({"e1_x860": ["c1", "r1", "c2", "bn", "r2", "p", "g", "dw", "fl", "fc"],
       "e1_x861": [{"layer": "fl", "split": "rows"}]}, 'layer "fl" cannot be split'),

@@ -60,6 +60,18 @@ def default_kind(op: str) -> str:
     return "channels" if op in CHANNEL_LAYERS else "rows"
 
 
+def _named(node: onnx.NodeProto, name: str) -> onnx.NodeProto:
+    """``node`` under its layer name where that is not its own (a repeated name got ``_1``...):
+    the rewritten model's names are made again from its nodes', and the repeats are counted
+    anew there, so with a split layer gone the next one's ``_1`` would go to another layer."""
+    if (node.name or (node.output[0] if node.output else node.op_type)) == name:
+        return node
+    renamed = onnx.NodeProto()
+    renamed.CopyFrom(node)
+    renamed.name = name
+    return renamed
+
+
 def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work: Path | None,
                  where: str = "mapping.json") -> Rewrite:
     """Rewrite ``graph``'s model so each split layer becomes its parts.
@@ -84,7 +96,7 @@ def split_layers(graph: Graph, splits: list[Split], key_of: dict[str, str], work
             split = by_layer.get(name)
             if split is None:
                 out_nodes.extend(state.gather_inputs(node, key_of.get(name)))
-                out_nodes.append(node)
+                out_nodes.append(_named(node, name))
                 continue
             kind = split.kind or state.follows(node, split) or default_kind(node.op_type)
             rule = {"channels": split_channels, "rows": split_rows}[kind]
