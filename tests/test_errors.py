@@ -35,6 +35,18 @@ def unsupported_model():
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
 
 
+def argmax_model(cast: bool):
+    """x (1x3x4) -> am: ArgMax over channels (int64) [-> y: Cast to float]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])
+    nodes = [helper.make_node("ArgMax", ["x"], ["am"], name="argmax", axis=1, keepdims=1)]
+    if cast:
+        nodes.append(helper.make_node("Cast", ["am"], ["y"], name="cast", to=TensorProto.FLOAT))
+    y = helper.make_tensor_value_info("y" if cast else "am",
+                                      TensorProto.FLOAT if cast else TensorProto.INT64, [1, 1, 4])
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                             opset_imports=[helper.make_opsetid("", 13)])
+
+
 def dangling_model():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     w = numpy_helper.from_array(np.ones((1, 4), np.float32), "w")
@@ -109,6 +121,12 @@ CASES = [
      'key "edge01_arm2" (rank 1): layer "loop" is a Loop'),
     ("symbolic-cut", {"model.onnx": symbolic_model(), "mapping.json":
      '{"edge01_arm1": ["relu1"], "edge01_arm2": ["relu2"]}'}, [], 'tensor "r" from key'),
+    # The program moves float32 only: said at split, not when a rank aborts.
+    ("int64-cut", {"model.onnx": argmax_model(cast=True), "mapping.json":
+     '{"edge01_arm1": ["argmax"], "edge01_arm2": ["cast"]}'}, [],
+     'tensor "am" (int64) would go from rank 0 (edge01_arm1) to another'),
+    ("int64-output", {"model.onnx": argmax_model(cast=False), "mapping.json":
+     '{"edge01_arm1": ["argmax"]}'}, [], 'output "am" is int64'),
     ("input-shape-unknown", {}, ["--input-shape", "image=1x4x8x8"],
      '--input-shape image: the model has no input "image"'),
     ("input-shape-malformed", {}, ["--input-shape", "input=1,4,8,8"], "expected NAME=DxDx"),

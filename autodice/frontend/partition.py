@@ -195,3 +195,24 @@ def static_memory(graph: Graph, nodes: list[int], sub_in: tuple[str, ...], kept:
                 live -= size.pop(t)
     return Memory(params, peak, sum(e.nbytes for e in recvs),
                   sum(e.nbytes * len(e.dst) for e in sends))
+
+
+def float32_only(plan: Plan, model: Path) -> None:
+    """Raises AutodiceError naming every model input, model output and cut tensor that is not
+    float32: ncnn computes in float32, and the program reads, sends and writes float32 Mats
+    only, so such a plan would split and then fail at ``gen`` or when it runs."""
+    problems = Problems()
+    for t in plan.model_inputs:
+        if t.dtype != "float32":
+            problems.add(f'{model}: input "{t.name}" is {t.dtype}; the program feeds float32 '
+                         "inputs only (export the model with a float32 input)")
+    for t in plan.model_outputs:
+        if t.dtype != "float32":
+            problems.add(f'{model}: output "{t.name}" is {t.dtype}; the program returns '
+                         "float32 outputs only (end the model before the layer that makes it)")
+    for e in plan.edges:
+        if e.kind == "activation" and e.dtype != "float32":
+            problems.add(f'{model}: tensor "{e.tensor}" ({e.dtype}) would go from rank {e.src} '
+                         f"({plan.ranks[e.src].key}) to another: ranks exchange float32 only; "
+                         "map the layers on both sides of it to one key")
+    problems.raise_if_any()

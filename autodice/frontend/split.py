@@ -20,7 +20,7 @@ from ..core.spec import (Mapping, Platform, parse_mapping, parse_mapping_text, p
                          parse_platform_text)
 from .extract import write_submodels
 from .horizontal import Split, split_layers
-from .partition import build_plan, find_edges
+from .partition import build_plan, find_edges, float32_only
 from .place import assign_ranks, bind_slots, check_resources
 from .replicas import add_replicas, without_replicas
 from .tables import write_tables
@@ -94,6 +94,7 @@ def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_di
     placement = assign_ranks(graph, vertical, own, platform)
     edges = find_edges(graph, placement, mapping.path)
     plan = build_plan(graph, placement, edges, out_dir, graph.path)
+    float32_only(plan, graph.path)
     plan = add_replicas(plan, mapping, resources, bind_slots(resources, platform))
     plan = replace(plan, derived=derived)
     check_plan(plan)
