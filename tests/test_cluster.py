@@ -583,6 +583,44 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
 
 
 
+def test_a_second_host_lost_finds_its_job_prepared_too(fig2, emu):
+    """Four hosts, two lost one after the other (their links down): after the first recovery
+    the jobs for each next loss are prepared ahead as well (the second used to be a cold split,
+    gen and build while the stream waited); every frame arrives, equal to onnxruntime."""
+    (fig2 / "mapping.json").write_text(mapping_json({
+        "edge01_arm123": ["Conv1", "MaxPool1"], "edge02_arm1": ["Add1"],
+        "edge03_arm1": ["Relu1"], "edge04_x860": ["FC1"]}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    write_inventory(emu, fig2, HOSTS)
+    xs = np.random.default_rng(5).standard_normal((600, 1, 4, 8, 8)).astype(np.float32)
+    ref = ort.InferenceSession(str(fig2 / "model.onnx"))
+    got = []
+    try:
+        with autodice.open(fig2 / "out", inventory=fig2 / "inventory.toml", recover=True) as s:
+            assert s.recovery.wait_ready()
+            for i, y in enumerate(s.map(iter(xs))):
+                got.append(y)
+                if i in (100, 350):
+                    if i == 350:
+                        assert s.recovery.wait_ready()  # the next losses' jobs, shipped
+                    _fault(emu, "edge02" if i == 100 else "edge03", "link")
+            first, second = s.stats()["incidents"]
+    finally:
+        for host in ("edge02", "edge03"):
+            subprocess.run(["ip", "netns", "exec", f"adc-{host}", "ip", "link", "set", "eth0",
+                            "up"])
+    assert (first["lost"], second["lost"]) == (["edge02"], ["edge03"])
+    assert first["prepared_ahead"] and second["prepared_ahead"]
+    assert {k.split("_")[0] for k in second["mapping"]} <= {"edge01", "edge04"}
+    assert len(got) == len(xs)
+    for i, (x, g) in enumerate(zip(xs, got)):
+        np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"frame {i}")
+    for host in ("edge02", "edge03"):
+        _answers(emu, host)
+
+
 def test_losing_the_head_is_a_clear_error_even_with_recover(fig2_three_hosts, emu):
     d = fig2_three_hosts
     x = np.load(d / "x.npy")

@@ -14,9 +14,10 @@ a :class:`DeployedRecovery`. When the job dies it:
    those hosts with the layers cut into balanced runs (``layers --balance``, by FLOPs).
 3. **splits, generates and deploys it**: into ``OUT/recovery/without-HOSTS/``, shipped into
    ``<remote_dir>/without-HOSTS/`` on each host left (the original deployment stays as it is,
-   for :meth:`rebalance`), with the ncnn the first deploy used. A fallback for every single
-   host's loss is prepared and shipped ahead, in the background, while the stream runs, so
-   recovery from the first loss is a quick re-check and a restart, not a compile.
+   for :meth:`rebalance`), with the ncnn the first deploy used. A fallback for the loss of each
+   host still running is prepared and shipped ahead, in the background, while the stream runs
+   (again after each recovery and rebalance), so recovery from a loss, the first or a later
+   one, is a quick re-check and a restart, not a compile.
 
 The session then starts the new job and sends again every frame whose result had not come back.
 ``rebalance()`` moves back to the original mapping on every host once the lost ones answer
@@ -83,10 +84,20 @@ class DeployedRecovery:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autodice-fallback")
         self._ready: dict[frozenset[str], Future] = {}
         self._lock = threading.Lock()  # one split/gen/ship of a fallback at a time
-        if ahead:
-            for host in shipped.plan.hosts()[1:]:
-                lost = frozenset({host})
-                self._ready[lost] = self._pool.submit(self._prepare, lost)
+        self.ahead = ahead
+        self._prepare_ahead()
+
+    def _prepare_ahead(self) -> None:
+        """With ``ahead``: in the background, the job for the loss of each host still running
+        (the head aside) on top of those lost already, so the next loss, the second one too,
+        finds its job shipped."""
+        if not self.ahead:
+            return
+        for host in self.plan.hosts()[1:]:
+            if host not in self.lost:
+                key = frozenset(self.lost | {host})
+                if key not in self._ready or self._ready[key].cancelled():
+                    self._ready[key] = self._pool.submit(self._prepare, key)
 
     def _start(self, shipped: Shipped) -> Restart:
         return Restart(shipped.plan, lambda path: RemoteJob(shipped, path, self.gpu_fallback))
@@ -132,6 +143,7 @@ class DeployedRecovery:
             "mapping_from": fallback.source, "prepared_ahead": ready,
             "out": str(fallback.out), "detect_s": round(detected - t0, 3),
             "plan_s": round(planned - detected, 3), "deploy_s": round(shipped_at - planned, 3)})
+        self._prepare_ahead()
         return restart
 
     def rebalance(self) -> Restart | None:
@@ -151,11 +163,14 @@ class DeployedRecovery:
         restart = self._start(shipped)
         restart.incident.update({"rebalanced": back, "mapping": _mapping_of(self.out_dir),
                                  "mapping_from": "the original", "out": str(self.out_dir)})
+        self._prepare_ahead()
         return restart
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every fallback prepared ahead is shipped (or failed); whether all were."""
         for future in list(self._ready.values()):
+            if future.cancelled():  # not needed since (another loss came first)
+                continue
             try:
                 future.result(timeout)
             except Exception:  # noqa: BLE001 - a recovery prepares it again and says why
