@@ -129,6 +129,15 @@ def test_typos_are_still_caught(line, problem):
     assert any(problem in p for p in e.value.problems), e.value.problems
 
 
+def test_host_address_lines_of_an_early_autodice():
+    """An early version of the original tool wrote "tx01:192.168.178.66" lines."""
+    spec = parse_platform_text("tx01:192.168.178.66\ntx02:192.168.178.206\nnx01\n")
+    assert [(d.name, d.arch, d.slots) for d in spec.devices.values()] == [
+        ("tx01", "cpu", None), ("tx02", "cpu", None), ("nx01", "cpu", None)]
+    with pytest.raises(AutodiceError, match='device "tx01" is defined twice'):
+        parse_platform_text("tx01:10.0.0.1\ntx01\n")
+
+
 def test_uname_spellings_and_no_gpu():
     spec = parse_platform_text("a, aarch64, slots=0-3, gpu=none (none)\nb, x86_64, slots=0\n")
     assert [(d.arch, d.gpu, d.gpu_api) for d in spec.devices.values()] == [

@@ -32,6 +32,9 @@ _ARCH_SPELLINGS = {"aarch64": "arm", "arm64": "arm", "armv7l": "arm", "x86_64": 
 # Host names: what platform.txt accepts, and all that plan.json, rankfiles and ssh may carry.
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
+# A line of AutoDiCE's own platform.txt: "nx01", or "tx01:192.168.178.66" in an early version.
+_BARE_HOST = re.compile(rf"({HOST_NAME.pattern})(?::[A-Za-z0-9_.:-]+)?")
+
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
@@ -168,11 +171,15 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             continue
         where = f"{path}:{lineno}"
         parts = _split_fields(line)
-        if len(parts) == 1 and HOST_NAME.fullmatch(line):
-            if line in devices:  # AutoDiCE's own platform.txt: one host name per line
-                problems.add(f'{where}: device "{line}" is defined twice')
+        # AutoDiCE's own platform.txt: one host name per line (an early version added
+        # ":address", which is inventory.toml's business here)
+        bare = _BARE_HOST.fullmatch(line) if len(parts) == 1 else None
+        if bare:
+            host = bare.group(1)
+            if host in devices:
+                problems.add(f'{where}: device "{host}" is defined twice')
             else:
-                devices[line] = Device(line, "cpu", None)
+                devices[host] = Device(host, "cpu", None)
             continue
         if len(parts) < 3:
             problems.add(f'{where}: expected "name, arch, slots=..." but got "{line}"')
