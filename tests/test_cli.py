@@ -121,3 +121,16 @@ def test_input_names_and_paths_may_hold_an_equals_sign(tmp_path):
     for p, spec in ((plan("a", "b"), "c=f.npy"), (plan("data"), "dta=f.npy")):
         with pytest.raises(AutodiceError, match="name one of the model inputs"):
             model_inputs(p, [spec])
+
+
+@pytest.mark.cpp
+def test_gen_precision_flags(fig2):
+    """--fp16 is --precision fp16, and plain gen is auto (click 8.1 let an unused --fp16 that
+    shared --precision's destination clear it: every gen failed there)."""
+    assert split_fig2(fig2).exit_code == 0
+    for args, want in (([], "auto"), (["--fp16"], "fp16")):
+        r = invoke("gen", fig2 / "out", *args)
+        assert r.exit_code == 0, r.output
+        assert (fig2 / "out" / "packages" / ".precision").read_text().strip() == want
+    r = invoke("gen", fig2 / "out", "--fp16", "--precision", "fp32")
+    assert r.exit_code == 2 and r.output == "error: --fp16 and --precision fp32: one or the other\n"

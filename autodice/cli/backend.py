@@ -17,13 +17,18 @@ from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, pro
               show_default=True,
               help="auto: fp16 on GPU ranks (ncnn's default there), fp32 on CPU ranks; fp32 or "
                    "fp16 on every rank (fp16: fp16 weights too).")
-@click.option("--fp16", "precision", flag_value="fp16", help="Same as --precision fp16.")
+@click.option("--fp16", is_flag=True, help="Same as --precision fp16.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
-def gen(output, precision, verify):
+def gen(output, precision, fp16, verify):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from ..backend.gen import gen as run_gen
     from ..core.plan import load_plan
+
+    if fp16:  # its own flag: sharing --precision's destination, click 8.1 let it clear that
+        if precision not in ("auto", "fp16"):
+            raise AutodiceError(f"--fp16 and --precision {precision}: one or the other")
+        precision = "fp16"
 
     n = len(load_plan(output).ranks)
     with progress() as bar:
