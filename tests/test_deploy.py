@@ -323,6 +323,20 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     assert 'did you mean "edge05"?' in r.output
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--arch", "edge02"], "--arch edge02: expected HOST=MACHINE, e.g. edge02=aarch64"),
+    (["--arch", "edge03=aarch64"], '--arch edge03=aarch64: "edge03" is not one of --hosts'),
+    (["--arch", "edge02=sparc"], "--arch edge02=sparc: "),
+    (["--cores", "edge01"], "--cores edge01: expected HOST=CPUS, e.g. edge01=0-1"),
+])
+def test_cli_cluster_up_takes_boards_of_another_architecture(args, said):
+    """`cluster up --arch edge02=aarch64`, as the README says (the option was missing): its
+    values are checked before anything is made (and before root is asked for)."""
+    r = CliRunner().invoke(main, ["cluster", "up", "--hosts", "edge01,edge02", *args])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {said}"), r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
 def test_cli_deploy_refuses_a_bad_window_or_front_before_the_network(fig2_plan, tmp_path):
     """Said before anything is deployed: --window 0 used to mean the default, -1 a traceback
     once the job ran; a --front that is no dse output was found out at the first lost host."""

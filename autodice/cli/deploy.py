@@ -25,25 +25,31 @@ def cluster():
               help="Rate of each host's link, both ways (tbf), e.g. 100mbit; 'none': unshaped.")
 @click.option("--cores", multiple=True, metavar="HOST=CPUS",
               help="Run a host (its sshd, all it starts) on CPUs, e.g. edge01=0-1 (repeatable).")
+@click.option("--arch", "arches", multiple=True, metavar="HOST=MACHINE",
+              help="Make a host an emulated board of another architecture, e.g. "
+                   "edge02=aarch64 (qemu-user in the host's own user namespace; repeatable).")
 @click.option("--subnet", default="10.77.0.0/24", show_default=True,
               help="IPv4 subnet of the cluster; this machine gets its first address.")
 @click.option("--ncnn-dir", type=click.Path(file_okay=False), default=None,
               help="ncnn install the hosts build against (default: one already built here).")
 @click.option("--output", "-o", default="inventory.toml", show_default=True,
               type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
-def cluster_up(hosts, bandwidth, cores, subnet, ncnn_dir, output):
+def cluster_up(hosts, bandwidth, cores, arches, subnet, ncnn_dir, output):
     """Create (or repair) the emulated cluster and write its inventory."""
     from ..deploy import cluster as emu
 
-    pins = {}
-    for spec in cores:
-        host, eq, cpus = spec.partition("=")
-        if not eq:
-            raise AutodiceError(f"--cores {spec}: expected HOST=CPUS, e.g. edge01=0-1")
-        pins[host] = cpus
+    pins, machines = {}, {}
+    for option, specs, into, form in (("--cores", cores, pins, "HOST=CPUS, e.g. edge01=0-1"),
+                                      ("--arch", arches, machines,
+                                       "HOST=MACHINE, e.g. edge02=aarch64")):
+        for spec in specs:
+            host, eq, value = spec.partition("=")
+            if not eq:
+                raise AutodiceError(f"{option} {spec}: expected {form}")
+            into[host] = value
     with console.status("bringing the cluster up"):
         c = emu.up([h for h in hosts.split(",") if h], None if bandwidth == "none" else bandwidth,
-                   pins, subnet, output, ncnn_dir, console)
+                   pins, subnet, output, ncnn_dir, console, arch=machines)
     _cluster_table(c)
     out.print(f"wrote {output}")
 
