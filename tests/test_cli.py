@@ -134,3 +134,17 @@ def test_gen_precision_flags(fig2):
         assert (fig2 / "out" / "packages" / ".precision").read_text().strip() == want
     r = invoke("gen", fig2 / "out", "--fp16", "--precision", "fp32")
     assert r.exit_code == 2 and r.output == "error: --fp16 and --precision fp32: one or the other\n"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["zoo", "squeezenet", "-o", "z.onnx", "--seed", "-1"], "'--seed': -1 is not in the range"),
+    (["check", "out", "--rtol", "nan"], "'--rtol': nan is not a finite number above 0"),
+    (["run", "out", "--input", "x.npy", "--rtol", "0"], "'--rtol': 0 is not a finite number"),
+    (["run", "out", "--input", "x.npy", "--top-k", "0"], "'--top-k': 0 is not in the range"),
+])
+def test_numbers_out_of_range_are_one_line(tmp_path, args, said):
+    """Before: a traceback (--seed -1), or a whole run ending with every output "FAIL" (an
+    --rtol of NaN or 0), or every class but one printed (--top-k -1)."""
+    r = invoke(*args)
+    assert r.exit_code == 2 and r.output.startswith("error: Invalid value for ") \
+        and said in r.output and len(r.output.splitlines()) == 1, r.output

@@ -207,6 +207,9 @@ def test_a_model_of_symbolic_size_is_searched_at_the_given_input_shape(tmp_path)
 
 @pytest.mark.parametrize("args, message", [
     (["--seed", "-1"], "--seed -1: a seed is 0 or more"),
+    (["--min-fps", "nan"], "--min-fps nan: must be a finite number above 0"),
+    (["--objectives", "throughput,speed"], "--objectives throughput,speed: some of "
+                                           "throughput, energy, memory, each once"),
     (["--encoding", "spiral"], '--encoding "spiral": one of layer, segment'),
     (["--pop", "2"], "--pop 2: needs at least 4"),
     (["--mutation", "1.5"], "--mutation 1.5: a probability, 0..1"),

@@ -17,6 +17,21 @@ from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
 
 
+class PositiveFloat(click.ParamType):
+    """A finite number above 0 (click's FloatRange lets NaN through: every check then failed)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        v = click.FLOAT.convert(value, param, ctx)
+        if not (0 < v < float("inf")):
+            self.fail(f"{value} is not a finite number above 0", param, ctx)
+        return v
+
+
+POSITIVE = PositiveFloat()
+
+
 class LazyConsole:
     """A ``rich.console.Console`` made on first use, with these options. It stands for the
     console wherever one is passed (rich's progress bars enter it as a context manager)."""
@@ -152,7 +167,7 @@ def job_options(command):
             click.option("--no-pipeline", is_flag=True,
                          help="Frame by frame, as the AutoDiCE paper ran."),
             click.option("--check", is_flag=True, help="Compare the outputs with onnxruntime."),
-            click.option("--rtol", type=float, default=None,
+            click.option("--rtol", type=POSITIVE, default=None,
                          help="Tolerance for --check [default: 1e-4, or 1e-2 when a rank ran in "
                               "fp16]."),
             click.option("--gpu-fallback", type=click.Choice(["none", "cpu"]), default="none",
@@ -176,7 +191,7 @@ def stream_options(command):
                               "(nchw|nhwc), bgr (0|1)."),
             click.option("--labels", type=click.Path(dir_okay=False), default=None,
                          help="Class names, one a line: print each frame's top-k classes."),
-            click.option("--top-k", "top", default=5, show_default=True,
+            click.option("--top-k", "top", default=5, show_default=True, type=click.IntRange(1),
                          help="Classes printed per frame."),
             click.option("--window", type=int, default=None,
                          help="A stream: frames in flight at most [default: 2 x ranks + 2]."))):

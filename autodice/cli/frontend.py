@@ -9,8 +9,8 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import (console, input_shape_option, main, numpy_without_threads, out, report, text_table,
-                  visible)
+from .app import (POSITIVE, console, input_shape_option, main, numpy_without_threads, out, report,
+                  text_table, visible)
 
 
 @main.command()
@@ -56,7 +56,7 @@ def _check(output, samples, rtol, model) -> None:
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--samples", default=1, show_default=True, help="Number of random inputs.")
-@click.option("--rtol", default=1e-4, show_default=True,
+@click.option("--rtol", default=1e-4, show_default=True, type=POSITIVE,
               help="Fail above this max|diff| / max|reference| per output.")
 @click.option("--model", type=click.Path(dir_okay=False), default=None,
               help="The whole model, if it moved since the split.")
@@ -140,7 +140,8 @@ def view(output, image, model):
 @click.argument("name")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
               help="Where to write the .onnx file.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random weights.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0),
+              help="Seed of the random weights.")
 def zoo(name, output, seed):
     """Write the full-size ONNX-zoo model NAME with seeded weights (from the onnx wheel; resnet101
     is its ResNet-50 with the res4 stage grown to 23 blocks)."""

@@ -60,12 +60,12 @@ class Settings:
             bad.append(f"--segments {self.segments}: needs at least 1")
         unknown = [o for o in self.objectives if o not in OBJECTIVES]
         if unknown or not self.objectives or len(set(self.objectives)) < len(self.objectives):
-            bad.append(f"objectives {list(self.objectives)}: some of {', '.join(OBJECTIVES)}, "
-                       "each once")
+            bad.append(f"--objectives {','.join(self.objectives)}: some of "
+                       f"{', '.join(OBJECTIVES)}, each once")
         if set(self.parallel) - {"data", "horizontal"}:
             bad.append(f"--parallel {','.join(self.parallel)}: some of data, horizontal")
-        for name, v in (("max_memory", self.max_memory), ("min_throughput", self.min_throughput)):
-            if v is not None and not v > 0:
-                bad.append(f"{name} {v}: must be positive")
+        for name, v in (("--max-memory", self.max_memory), ("--min-fps", self.min_throughput)):
+            if v is not None and not 0 < v < float("inf"):
+                bad.append(f"{name} {v:g}: must be a finite number above 0")
         if bad:
             raise AutodiceError(*bad)
