@@ -148,3 +148,22 @@ def test_numbers_out_of_range_are_one_line(tmp_path, args, said):
     r = invoke(*args)
     assert r.exit_code == 2 and r.output.startswith("error: Invalid value for ") \
         and said in r.output and len(r.output.splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize("args, said", [
+    (["layers", "m.onnx", "--profile", "p.json"], "--profile: only with --balance"),
+    (["layers", "m.onnx", "--balance", "a_x860,b_x860", "--by", "flops", "--profile", "p.json"],
+     "--profile: only with --by time"),
+    (["split", "m.onnx", "-m", "m.json", "-p", "p.txt", "-o", "out", "--samples", "3"],
+     "--samples: only with --check"),
+    (["dse", "m.onnx", "-p", "p.txt", "-o", "out", "--pace"], "--pace: only with --measure"),
+    (["dse", "m.onnx", "-p", "p.txt", "-o", "out", "--rounds", "3"],
+     "--rounds: only with --measure"),
+    (["deploy", "out", "-i", "inv.toml", "--input", "x.npy"], "--input: only with --run"),
+    (["deploy", "out", "-i", "inv.toml", "--run", "--front", "."], "--front: only with --recover"),
+])
+def test_an_option_that_needs_another_is_refused_without_it(args, said):
+    """Before, it was ignored (a profile that did not exist, frames never sent) or, --front,
+    turned recovery on by itself."""
+    r = invoke(*args)
+    assert r.exit_code == 2 and r.output == f"error: {said}\n", r.output

@@ -221,6 +221,23 @@ def report(diffs, rtol) -> None:
         sys.exit(1)
 
 
+def only_with(needed: str, present: bool, *params: str) -> None:
+    """Options that mean something only with another one, given without it: an error naming
+    both, instead of a run that ignores what the user asked for. ``params``: the parameters'
+    names; given means on the command line (a default is no request).
+
+    Raises:
+        AutodiceError: one line, the first such option.
+    """
+    if present:
+        return
+    ctx = click.get_current_context()
+    for name in params:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            option = next(p for p in ctx.command.params if p.name == name)
+            raise AutodiceError(f"{option.opts[0]}: only with {needed}")
+
+
 def model_inputs(plan, specs) -> dict[str, Path]:
     """``--input [NAME=]FILE.npy`` options as model input name -> file. A name is one of the
     model's (names and paths may both hold "="); with one input, a path alone will do."""

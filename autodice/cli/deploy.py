@@ -8,8 +8,8 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, rate_line,
-                  report_run, stats_table, stream_options)
+from .app import (INPUT_HELP, console, job_options, main, model_inputs, only_with, out, progress,
+                  rate_line, report_run, stats_table, stream_options)
 from .backend import is_a_stream, run_stream
 
 
@@ -125,10 +125,13 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
     from ..deploy.deploy import deploy as run_deploy
     from ..frontend.check import compare_with_model
 
+    only_with("--run", run_job, "inputs", "frames", "preprocess", "labels", "top", "window",
+              "no_pipeline", "check", "rtol", "gpu_fallback", "timeout", "recover")
+    only_with("--recover", recover, "front")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     streaming = run_job and is_a_stream(plan, given, no_pipeline)
-    if (recover or front) and not streaming:
+    if recover and not streaming:
         raise AutodiceError("--recover and --front are for a stream: --run --input with a "
                             "folder of images, a batch .npy or -")
     if streaming:
@@ -137,7 +140,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
         def opener(status):
             return open_deployed(output, inventory, window, gpu_fallback == "cpu",
                                  lambda host, step: status(f"{host}: {step}"), keep_connections,
-                                 recover=front or recover)
+                                 recover=front or True)
 
         return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
                           check, rtol, gpu_fallback, open_session=opener)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..core.errors import AutodiceError
-from .app import console, input_shape_option, main, out, progress
+from .app import console, input_shape_option, main, only_with, out, progress
 
 
 def _thread_list(ctx, param, value):
@@ -54,22 +54,27 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     from ..core.shapes import parse_input_shapes
     from ..deploy.inventory import load_inventory
     from ..dse.profile import save_profile
-    from ..dse.profiler import op_summary, run_profile
-    from ..dse.remote_tools import on_host
+    from ..dse.profiler import check_profile_args, op_summary, run_profile
+    from ..dse.remote_tools import host_inventory, on_host
 
     check_writable_file(Path(output))
     if on and not inventory:
         raise AutodiceError(f"--on {on}: needs --inventory, the cluster {on} is a host of")
+    shapes = parse_input_shapes(input_shapes)
+    # Everything said before the network is used (links measured, a board given the tools).
+    check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu, bool(on))
+    cluster = load_inventory(inventory) if inventory else None
+    if on:
+        host_inventory(cluster, on)
     links = None
-    if inventory and not (on and len(load_inventory(inventory).targets) < 2):
+    if inventory and not (on and len(cluster.targets) < 2):
         from ..dse.links import probe_links
 
         links = probe_links(inventory, console=console, platform=platform)
         _links_table(links, inventory)
-    with on_host(inventory, on, console) if on else contextlib.nullcontext() as machine:
-        res = run_profile(model, platform, threads, parse_input_shapes(input_shapes), warmup,
-                          runs, console=console, use_cache=not no_cache, links=links, gpu=gpu,
-                          on=machine)
+    with on_host(cluster, on, console) if on else contextlib.nullcontext() as machine:
+        res = run_profile(model, platform, threads, shapes, warmup, runs, console=console,
+                          use_cache=not no_cache, links=links, gpu=gpu, on=machine)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
@@ -187,6 +192,8 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
                         tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
                         tuple(k.strip() for k in parallel.split(",") if k.strip()))
     settings.check()
+    only_with("--measure", measure_k > 0, "pace", "inventory", "frames", "rounds")
+    only_with("--encoding segment", encoding == "segment", "segments")
     if measure_k < 0 or frames < 1 or rounds < 1:
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
                             f"--measure >= 0, --frames >= 1 and --rounds >= 1")

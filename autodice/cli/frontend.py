@@ -9,8 +9,8 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import (POSITIVE, console, input_shape_option, main, numpy_without_threads, out, report,
-                  text_table, visible)
+from .app import (POSITIVE, console, input_shape_option, main, numpy_without_threads, only_with,
+                  out, report, text_table, visible)
 
 
 @main.command()
@@ -33,6 +33,7 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
     from ..core.shapes import parse_input_shapes
     from ..frontend.split import split as run_split
 
+    only_with("--check", check, "samples")
     plan = run_split(model, mapping, platform, output, parse_input_shapes(input_shapes))
     rows = [(str(r.rank), r.key, ",".join(map(str, r.slots)), str(len(r.layers)),
              human_bytes(r.memory.params), human_bytes(r.memory.peak_activations),
@@ -85,6 +86,9 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
     from ..frontend.layers import layer_table
     from ..frontend.suggest import balanced_mapping
 
+    only_with("--balance", bool(balance), "profile_path", "by")
+    only_with("--by time", by == "time", "profile_path")
+    only_with("a listing (no --balance: it prints a mapping)", not balance, "as_json")
     shapes = parse_input_shapes(input_shapes)
     graph = load_model(model, shapes)
     if balance:

@@ -124,16 +124,10 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
 
     console = console or Console(stderr=True)
     model = Path(model)
-    spec = platform if isinstance(platform, Platform) else parse_platform(platform)
+    spec, graph = check_profile_args(model, platform, threads, input_shapes, warmup, runs, gpu,
+                                     on is not None)
     threads = choose_threads(spec, threads, on.cores if on else os.cpu_count() or 1)
-    if warmup < 0 or runs < 1:
-        raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")
-    graph = load_model(model, input_shapes)
-    check_inputs(graph)
     digest = model_sha256(model)
-    if on and gpu:
-        raise AutodiceError("--gpu with --on: timing a board's GPU from here is not supported; "
-                            "run autodice profile --gpu on the board itself")
     ncnn = None if on else ensure_ncnn(console=console)
     wants_gpu = not on and (any(d.gpu for d in spec.devices.values()) if gpu is None else gpu)
     devices = vulkan_devices(build_tools(ncnn)) if wants_gpu else []
@@ -194,6 +188,28 @@ def engine_info() -> dict:
 
 
 # --- inputs and cache -----------------------------------------------------------------------
+
+
+def check_profile_args(model: Path, platform: str | Path | Platform, threads, input_shapes,
+                       warmup: int, runs: int, gpu: bool | None,
+                       on: bool) -> tuple[Platform, Graph]:
+    """The platform and the model, read, and the profiler's settings checked: what the CLI
+    calls first, before a cluster's links are measured or a board is given the tools.
+
+    Raises:
+        AutodiceError: an unreadable model or platform, bad counts or inputs.
+    """
+    spec = platform if isinstance(platform, Platform) else parse_platform(platform)
+    if not on:  # a board's cores are known once it is asked
+        choose_threads(spec, threads, os.cpu_count() or 1)
+    if warmup < 0 or runs < 1:
+        raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")
+    if on and gpu:
+        raise AutodiceError("--gpu with --on: timing a board's GPU from here is not supported; "
+                            "run autodice profile --gpu on the board itself")
+    graph = load_model(model, input_shapes)
+    check_inputs(graph)
+    return spec, graph
 
 
 def choose_threads(spec: Platform, threads: tuple[int, ...] | None,

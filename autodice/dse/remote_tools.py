@@ -98,6 +98,19 @@ class OnHost:
                 "cores": self.cores}
 
 
+def host_inventory(inventory: str | Path | Inventory, host: str) -> Inventory:
+    """The inventory of ``host`` alone.
+
+    Raises:
+        AutodiceError: the inventory does not name ``host`` (or cannot be read).
+    """
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    if host not in inv.targets:
+        raise AutodiceError(f"--on {host}: {inv.path} has no such host "
+                            f"(hosts: {', '.join(inv.targets)})")
+    return Inventory(inv.path, inv.network, {host: inv.targets[host]})
+
+
 @contextlib.contextmanager
 def on_host(inventory: str | Path | Inventory, host: str, console=None) -> Iterator[OnHost]:
     """The tools shipped to ``host`` of the inventory (built for it), ready to measure with.
@@ -109,11 +122,7 @@ def on_host(inventory: str | Path | Inventory, host: str, console=None) -> Itera
     from rich.console import Console
     from rich.progress import Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
-    if host not in inv.targets:
-        raise AutodiceError(f"--on {host}: {inv.path} has no such host "
-                            f"(hosts: {', '.join(inv.targets)})")
-    one = Inventory(inv.path, inv.network, {host: inv.targets[host]})
+    one = host_inventory(inventory, host)
     console = console or Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="autodice-on-") as tmp:
         work = Path(tmp)
