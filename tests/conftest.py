@@ -30,17 +30,19 @@ requires_vulkan = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _own_tempdir(tmp_path_factory):
+def _run_environment(tmp_path_factory):
     """Every temporary folder autodice makes, here and in the processes the tests start, goes
     under one short folder of the run's, removed at its end: a session whose job failed keeps
     its folder (its log is named in the error), and the tests that make jobs fail on purpose
     left dozens in /tmp a run. One folder: a test closes the ssh masters a deploy it started
-    opened. Short: a socket path has 108 bytes."""
+    opened. Short: a socket path has 108 bytes. And every C++ build treats warnings as errors
+    (a user's does not: see templates/CMakeLists.txt.j2)."""
     tmp_path_factory.getbasetemp()  # pytest's own stays where it was, beside the runs before
     mine = tempfile.mkdtemp(prefix="adt-")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tempfile, "tempdir", mine)
         mp.setenv("TMPDIR", mine)
+        mp.setenv("AUTODICE_WERROR", "1")  # every build here: a warning fails the test
         yield
     shutil.rmtree(mine, ignore_errors=True)
 

@@ -257,7 +257,14 @@ def cmake_args(ncnn_dir: Path | str) -> list[str]:
         f"-DMPI_HOME={mpi}",
         f"-DMPIEXEC_EXECUTABLE={mpi / 'bin' / 'mpiexec'}",
         f"-Dncnn_DIR={Path(ncnn_dir) / CONFIG.parent}",
+        *werror_flags(),
     ]
+
+
+def werror_flags() -> list[str]:
+    """Warnings as errors where ``AUTODICE_WERROR=1`` (autodice's own tests set it): not on a
+    user's board by default, whose newer compiler may warn where this one did not."""
+    return ["-DAUTODICE_WERROR=ON"] if os.environ.get("AUTODICE_WERROR") == "1" else []
 
 
 # --- building -------------------------------------------------------------------------------

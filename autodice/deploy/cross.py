@@ -174,7 +174,7 @@ def program_flags(tc: Toolchain, ncnn: Path, board_mpi_prefix: str | None) -> li
     """cmake flags that build the program for ``tc`` here: the cross compiler, the wheel's
     ``mpi.h`` and ``libmpi`` (its ``mpicxx`` is an aarch64 program: CMake is told the paths
     instead of asking it), and a run path to the board's Open MPI."""
-    from ..backend.engine import CONFIG
+    from ..backend.engine import CONFIG, werror_flags
 
     mpi = openmpi_for(tc)
     flags = [f"-DCMAKE_TOOLCHAIN_FILE={toolchain_file(tc)}", "-DCMAKE_BUILD_TYPE=Release",
@@ -187,7 +187,8 @@ def program_flags(tc: Toolchain, ncnn: Path, board_mpi_prefix: str | None) -> li
     link = [f"-Wl,-rpath-link,{mpi}/lib:{mpi}/lib/openmpi", "-Wl,--allow-shlib-undefined"]
     if board_mpi_prefix:
         link.append(f"-Wl,-rpath,{board_mpi_prefix}/lib")
-    return [*flags, "-DCMAKE_SKIP_BUILD_RPATH=ON", f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(link)}"]
+    return [*flags, "-DCMAKE_SKIP_BUILD_RPATH=ON", f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(link)}",
+            *werror_flags()]
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..backend.build import RUNTIME_FILES, files_digest
+from ..backend.engine import werror_flags
 from ..core.errors import AutodiceError
 from .head_build import HERE, HeadBuilds
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
@@ -257,7 +258,8 @@ def build_flags(b: Host, ncnn: dict[str, str]) -> list[str]:
     if t.mpi_prefix:
         flags += [f"-DMPI_HOME={t.mpi_prefix}",
                   f"-DMPIEXEC_EXECUTABLE={t.mpi_prefix}/bin/mpiexec"]
-    return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, ncnn)}/lib/cmake/ncnn"]
+    return [*flags, f"-Dncnn_DIR={t.ncnn_dir or remote_ncnn(b, ncnn)}/lib/cmake/ncnn",
+            *werror_flags()]
 
 
 def ncnn_prefixes(hosts: list[Host], gpu_hosts: frozenset[str]) -> dict[str, str]:
