@@ -145,6 +145,29 @@ def test_cli_run_check(fig2_built):
     assert "once the pipeline is full" in r.output  # 3 frames: a steady rate after the first
 
 
+@pytest.mark.cpp
+def test_a_run_keeps_to_the_cores_it_was_given(fig2):
+    """Under ``taskset -c 0`` (or a container's cpuset) the ranks stay on core 0: the rankfile
+    used to bind rank 1 to core 1 because the machine has one, outside what the user allowed."""
+    import subprocess
+    import sys
+
+    (fig2 / "platform.txt").write_text("here, x86, slots=0-1\n")
+    (fig2 / "mapping.json").write_text(json.dumps({"here_x860": ["Conv1", "Relu1", "MaxPool1"],
+                                                   "here_x861": ["Add1", "FC1"]}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    gen(fig2 / "out")
+    build(fig2 / "out")
+    np.save(fig2 / "x.npy", np.random.default_rng(0).standard_normal((1, 4, 8, 8))
+            .astype(np.float32))
+    r = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "autodice", "run",
+                        str(fig2 / "out"), "--input", str(fig2 / "x.npy"), "--check"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stats = json.loads((fig2 / "out" / "results" / "stats.json").read_text())
+    assert [rank["cpus"] for rank in stats["ranks"]] == [[0], [0]]
+
+
 def test_wrong_input_shape_is_refused_before_running(fig2_built):
     np.save(fig2_built / "bad.npy", np.zeros((1, 4, 8), np.float32))
     with pytest.raises(AutodiceError,

@@ -49,11 +49,13 @@ def binding_problems(plan: Plan, stats: dict) -> list[str]:
     return problems
 
 
-def local_binding(plan: Plan, n_cpus: int) -> list[str] | None:
-    """Rankfile lines for this machine, or None when the plan's cores cannot be honoured here."""
+def local_binding(plan: Plan, cpus: set[int]) -> list[str] | None:
+    """Rankfile lines for this machine, or None when the plan's cores cannot be honoured here:
+    one it may not use (``cpus``: its affinity, which a container's cpuset or taskset narrows
+    below the machine's count), or one two ranks share."""
     used: set[int] = set()
     for r in plan.ranks:
-        if any(c >= n_cpus or c in used for c in r.slots):
+        if any(c not in cpus or c in used for c in r.slots):
             return None
         used.update(r.slots)
     return [f"rank {r.rank}=localhost slots={','.join(map(str, r.slots))}" for r in plan.ranks]
@@ -168,9 +170,9 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
     """The mpirun command and environment that run every rank of ``plan`` here (the rankfile,
     when the plan's cores exist here, written into ``folder``), plus a stream's gateway as the
     last rank when ``gateway``: it shares rank 0's first core, where it mostly sleeps."""
-    n_cpus = os.cpu_count() or 1
+    cpus = os.sched_getaffinity(0)
     cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", str(len(plan.ranks) + gateway)]
-    lines = local_binding(plan, n_cpus)
+    lines = local_binding(plan, cpus)
     if lines is None:
         cmd += ["--oversubscribe", "--bind-to", "none"]
     else:
@@ -181,7 +183,7 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
         cmd += ["--rankfile", str(folder / "rankfile.local")]
     cmd += [str(program.resolve()), *args]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               **omp_wait_policy(plan, n_cpus))
+               **omp_wait_policy(plan, len(cpus)))
     return cmd, env
 
 
