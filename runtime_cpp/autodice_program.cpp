@@ -130,6 +130,11 @@ void start_clock(Stats& st, const Timer& loading, int threads) {
   st.start = MPI_Wtime();
 }
 
+// Whether rank ``r`` computes in fp16 on the device it got.
+bool computes_fp16(const RankPlan& r, bool gpu) {
+  return r.device == Device::Gpu && !gpu ? r.cpu_fp16 : r.fp16;
+}
+
 void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   net.opt.num_threads = r.threads;
   // Light mode frees each blob once its last consumer ran, also across a rank's steps: a blob a
@@ -137,7 +142,7 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
   // output). Without it a ping-pong rank held every blob of the frame: DenseNet-121 277 MB.
   net.opt.lightmode = true;
   allocate_activations(net.opt);
-  if (!r.fp16) compute_in_fp32(net.opt);  // fp32 end to end, so outputs match onnxruntime
+  if (!computes_fp16(r, gpu)) compute_in_fp32(net.opt);  // end to end: equal to onnxruntime
 #if NCNN_VULKAN
   if (gpu) {
     net.opt.use_vulkan_compute = true;
@@ -516,8 +521,9 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   } else {
     const RankPlan& r = plan.ranks[rank];
     device = choose_device(r, args.gpu_fallback_cpu);
-    run_rank(plan, r, args, device.rfind("vulkan:", 0) == 0, st);
-    st.fp16 = r.fp16 ? 1 : 0;
+    const bool gpu = device.rfind("vulkan:", 0) == 0;
+    run_rank(plan, r, args, gpu, st);
+    st.fp16 = computes_fp16(r, gpu) ? 1 : 0;
   }
   barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;

@@ -79,6 +79,8 @@ struct RankPlan {
   int gpu_index;     // Vulkan device on GPU ranks
   int threads;       // OpenMP threads on CPU ranks
   bool fp16;         // fp16 storage and arithmetic where the device has them (else fp32)
+  bool cpu_fp16;     // the same for a GPU rank computing on the CPU (--gpu-fallback cpu): a CPU
+                     // rank's precision (fp32 unless gen --precision fp16), not its GPU's
   int replica;       // this rank takes frames f with f % replicas == replica
   int replicas;
   std::vector<TensorSpec> tensors;

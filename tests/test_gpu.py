@@ -86,3 +86,9 @@ def test_a_gpu_rank_without_a_vulkan_device_is_one_clear_error(fig2, monkeypatch
     res = run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2, gpu_fallback=True)
     assert [r["device"] for r in res.stats["ranks"]] == ["cpu", "cpu (no Vulkan device)",
                                                           "cpu (no Vulkan device)"]
+    # On the CPU a GPU rank computes as a CPU rank does (fp32 under auto), not in its GPU's
+    # fp16: it said fp16 (and computed so on ARMv8.2 CPUs), and the check's tolerance widened.
+    assert [r["precision"] for r in res.stats["ranks"]] == ["fp32"] * 3
+    want = ort.InferenceSession(str(fig2 / "model.onnx")).run(
+        None, {"input": np.ones((1, 4, 8, 8), np.float32)})[0]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-5)

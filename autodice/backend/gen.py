@@ -75,6 +75,7 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "a
         "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
         "gpu_index": r.gpu_index, "threads": r.threads,
         "fp16": Escaped("true" if rank_fp16(r, precision) else "false"),
+        "cpu_fp16": Escaped("true" if precision == "fp16" else "false"),
         "replica": r.turns().index(r.rank), "replicas": len(r.turns()),
         "n_layers": len(layers),
         "layers_note": cpp_comment(summary),
