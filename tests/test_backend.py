@@ -137,6 +137,25 @@ def test_the_runtime_is_compiled_once_then_linked(tmp_path, zoo_model, monkeypat
     assert len(list((tmp_path / "cache" / "runtime").glob("*/libautodice_runtime.a"))) == 1
 
 
+def test_the_kept_runtimes_key_follows_the_compiler_and_its_flags(fig2_built, monkeypatch):
+    """CXX may hold a launcher (ccache g++: it was run as one file name, a traceback), and
+    CXXFLAGS reach the objects (-D_GLIBCXX_DEBUG changes the containers' layout: a library
+    kept without it must not be linked with it)."""
+    package = fig2_built / "out" / "packages" / "edge01"
+    flags = ["-DCMAKE_BUILD_TYPE=Release"]
+    monkeypatch.delenv("CXXFLAGS", raising=False)
+    monkeypatch.setenv("CXX", "c++")
+    plain = build_module.kept_runtime(package, flags)
+    monkeypatch.setenv("CXX", "env c++")  # a launcher and the compiler
+    launched = build_module.kept_runtime(package, flags)
+    monkeypatch.setenv("CXXFLAGS", "-D_GLIBCXX_DEBUG")
+    debug = build_module.kept_runtime(package, flags)
+    assert len({plain, launched, debug}) == 3
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(AutodiceError, match="CXX=no-such-compiler: cannot run the C"):
+        build_module.kept_runtime(package, flags)
+
+
 def test_cli_run_check(fig2_built):
     r = CliRunner().invoke(main, ["run", str(fig2_built / "out"), "--input",
                                   str(fig2_built / "x.npy"), "--frames", "3", "--check"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,15 +38,25 @@ def kept_runtime(package: Path, flags: list[str], cxx: str = "") -> Path:
     compiler is kept (it may not be there yet: :func:`keep_runtime` puts it there).
 
     The key is everything the objects depend on: the runtime's sources and compile options, the
-    flags (build type, MPI, ncnn, a cross toolchain), the compiler's version, and ncnn's
+    flags (build type, MPI, ncnn, a cross toolchain), the compiler's version and ``CXXFLAGS``
+    (cmake adds them: ``-D_GLIBCXX_DEBUG`` changes the containers' layout), and ncnn's
     ``platform.h`` (its version and configuration), so an ncnn rebuilt in place gets a new one.
+
+    Raises:
+        AutodiceError: the compiler (``CXX``, which may hold a launcher: ``ccache g++``) does
+            not run.
     """
     cxx = cxx or os.environ.get("CXX") or "c++"
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    try:
+        version = subprocess.run([*shlex.split(cxx), "--version"], capture_output=True,
+                                 text=True).stdout
+    except (OSError, ValueError) as e:
+        raise AutodiceError(f"CXX={cxx}: cannot run the C++ compiler ({e})") from None
     ncnn = next((f.partition("=")[2] for f in flags if f.startswith("-Dncnn_DIR=")), "")
     platform_h = Path(ncnn).parent.parent.parent / "include" / "ncnn" / "platform.h"
     digest = hashlib.sha256()
     for part in (files_digest(package, RUNTIME_FILES), *flags, cxx, version,
+                 os.environ.get("CXXFLAGS", ""),
                  platform_h.read_text(errors="replace") if platform_h.is_file() else ""):
         digest.update(part.encode() + b"\0")
     return cache_root() / "runtime" / digest.hexdigest()[:16] / RUNTIME_LIB

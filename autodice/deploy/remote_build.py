@@ -71,7 +71,7 @@ if [ -n "$runtime" ]; then
   for f in "$@"; do
     case $f in -Dncnn_DIR=*) platform="${f#-Dncnn_DIR=}/../../../include/ncnn/platform.h";; esac
   done
-  id=$({ printf '%s\n' "$*"; ${CXX:-c++} --version 2>&1 | head -n 1; uname -m
+  id=$({ printf '%s\n' "$*" "$CXXFLAGS"; ${CXX:-c++} --version 2>&1 | head -n 1; uname -m
          cat "$platform" 2>/dev/null; } | cksum | cut -d ' ' -f 1)
   lib="${XDG_CACHE_HOME:-$HOME/.cache}/autodice/runtime/$runtime-$id/libautodice_runtime.a"
   set -- "$@" "-DAUTODICE_RUNTIME_LIB=$lib"
