@@ -156,6 +156,17 @@ def test_the_kept_runtimes_key_follows_the_compiler_and_its_flags(fig2_built, mo
         build_module.kept_runtime(package, flags)
 
 
+def test_a_run_stopped_for_time_leaves_no_rank_running(fig2_built):
+    """Past its time the job is stopped as a whole: mpirun alone got SIGKILL, and its ranks,
+    orphaned, went on computing until their watchdog noticed."""
+    from test_session import programs
+
+    out = fig2_built / "out"
+    with pytest.raises(AutodiceError, match=r"the job ran past 2 s and was stopped \(log: "):
+        run(out, {"input": fig2_built / "x.npy"}, frames=100_000_000, timeout_s=2)
+    assert programs(out) == []
+
+
 def test_cli_run_check(fig2_built):
     r = CliRunner().invoke(main, ["run", str(fig2_built / "out"), "--input",
                                   str(fig2_built / "x.npy"), "--frames", "3", "--check"])

@@ -224,10 +224,12 @@ def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = 
 
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
         results: str | Path | None = None, pipeline: bool = True,
-        timeout_s: float = 600, gpu_fallback: bool = False) -> RunResult:
+        timeout_s: float | None = None, gpu_fallback: bool = False) -> RunResult:
     """Run the built program with all ranks on this machine.
 
     Args:
+        timeout_s: stop the job after this long (None: it runs until done; a rank that waits
+            in vain for a peer ends it anyway, by its watchdog).
         gpu_fallback: a GPU rank on a host without a Vulkan device computes on its CPU (and
             says so in stats.json) instead of failing.
 
@@ -258,16 +260,16 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
                              str(results / "inputs"), "--results", str(results),
                              *program_flags(frames, pipeline, gpu_fallback)])
     (results / "stats.json").unlink(missing_ok=True)
+    job = LocalJob(cmd, env, results / "job.log", plan)  # its own process group
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise AutodiceError(f"the job ran past {timeout_s:.0f} s and was stopped") from None
-    if proc.returncode != 0 or not (results / "stats.json").exists():
-        said = proc.stderr + proc.stdout
-        ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
-        raise AutodiceError(f"the job failed (exit {proc.returncode}):",
-                            *explain_failure(plan, said),
-                            *(ranks_said[-5:] or said.strip().splitlines()[-8:]))
+        code = job.wait(timeout_s)
+    finally:
+        job.stop()  # past the time, or Ctrl-C: mpirun ends its ranks, in order
+    if code is None:
+        raise AutodiceError(f"the job ran past {timeout_s:.0f} s and was stopped "
+                            f"(log: {job.log})")
+    if code != 0 or not (results / "stats.json").exists():
+        raise AutodiceError(*job.failure(code))
     stats = json.loads((results / "stats.json").read_text())
     files = tensor_files(plan)
     outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
