@@ -121,6 +121,8 @@ def test_input_names_and_paths_may_hold_an_equals_sign(tmp_path):
     for p, spec in ((plan("a", "b"), "c=f.npy"), (plan("data"), "dta=f.npy")):
         with pytest.raises(AutodiceError, match="name one of the model inputs"):
             model_inputs(p, [spec])
+    with pytest.raises(AutodiceError, match='--input data=g.npy: input "data" is given twice'):
+        model_inputs(plan("data"), ["data=f.npy", "data=g.npy"])  # (the last one won)
 
 
 @pytest.mark.cpp

@@ -252,6 +252,8 @@ def model_inputs(plan, specs) -> dict[str, Path]:
         else:
             raise AutodiceError(f'--input {spec}: name one of the model inputs '
                                 f'({", ".join(names)}) as NAME=FILE.npy')
+        if name in given:
+            raise AutodiceError(f'--input {spec}: input "{name}" is given twice')
         given[name] = Path(path)
     return given
 
