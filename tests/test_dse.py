@@ -207,6 +207,8 @@ def test_a_model_of_symbolic_size_is_searched_at_the_given_input_shape(tmp_path)
 
 @pytest.mark.parametrize("args, message", [
     (["--seed", "-1"], "--seed -1: a seed is 0 or more"),
+    (["--measure", "1", "-i", "no-such-inventory.toml"],
+     "no-such-inventory.toml: cannot read (No such file or directory)"),
     (["--min-fps", "nan"], "--min-fps nan: must be a finite number above 0"),
     (["--objectives", "throughput,speed"], "--objectives throughput,speed: some of "
                                            "throughput, energy, memory, each once"),

@@ -197,6 +197,10 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     if measure_k < 0 or frames < 1 or rounds < 1:
         raise AutodiceError(f"--measure {measure_k} --frames {frames} --rounds {rounds}: need "
                             f"--measure >= 0, --frames >= 1 and --rounds >= 1")
+    if inventory:  # read now: a typo there is said before the search, not after it
+        from ..deploy.inventory import load_inventory
+
+        load_inventory(inventory)
     shapes = parse_input_shapes(input_shapes)
     profile = profile_arg(profiles, model, platform, shapes)
     with progress() as bar:
