@@ -166,6 +166,21 @@ def test_every_offender_is_listed_at_once(fig2):
     assert len(lines) == 2 and "edge09" in lines[0] and "tpu" in lines[1]
 
 
+def test_every_files_problems_are_said_at_once(fig2):
+    """The platform, the mapping and the model are read one after another: each one's problems
+    are said, not only the first file's."""
+    (fig2 / "platform.txt").write_text("edge01, arm, slots=x\n")
+    (fig2 / "mapping.json").write_text("{not json")
+    (fig2 / "model.onnx").unlink()
+    result = CliRunner().invoke(main, ["split", str(fig2 / "model.onnx"), "-m",
+                                       str(fig2 / "mapping.json"), "-p",
+                                       str(fig2 / "platform.txt"), "-o", str(fig2 / "out")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 3 and "platform.txt:1" in lines[0] and "mapping.json: not valid JSON" \
+        in lines[1] and "model.onnx: no such file" in lines[2], lines
+
+
 def test_refuses_to_replace_a_foreign_directory(fig2):
     (fig2 / "out").mkdir()
     (fig2 / "out" / "thesis.tex").write_text("years of work")

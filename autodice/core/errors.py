@@ -59,6 +59,15 @@ class Problems:
                 out.append(after[i])
         return out
 
+    def attempt(self, fn, *args):
+        """``fn(*args)``, or None with its AutodiceError's lines kept here: several files read
+        one after another, each one's problems said, not only the first file's."""
+        try:
+            return fn(*args)
+        except AutodiceError as e:
+            self.items.extend(e.problems)
+            return None
+
     def raise_if_any(self) -> None:
         if self.items:
             raise AutodiceError(*self.lines())

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.errors import AutodiceError, read_text
+from ..core.errors import AutodiceError, Problems, read_text
 from ..core.model import Graph, build_graph, load_model
 from ..core.outdir import staged
 from ..core.plan import Plan, check_plan
@@ -38,10 +38,14 @@ def split(model: str | Path, mapping: str | Path, platform: str | Path, out: str
     model, out = Path(model), Path(out)
     # Each read once, and the text read is what the output keeps: a pipe (`-m <(...)`) reads
     # only once, and a file edited meanwhile must not leave a copy the plan disagrees with.
-    platform_text, mapping_text = read_text(platform), read_text(mapping)
-    platform_spec = parse_platform_text(platform_text, str(platform))
-    mapping_spec = parse_mapping_text(mapping_text, str(mapping))
-    graph = load_model(model, input_shapes)
+    problems = Problems()
+    platform_text, mapping_text = (problems.attempt(read_text, p) for p in (platform, mapping))
+    if platform_text is not None:
+        platform_spec = problems.attempt(parse_platform_text, platform_text, str(platform))
+    if mapping_text is not None:
+        mapping_spec = problems.attempt(parse_mapping_text, mapping_text, str(mapping))
+    graph = problems.attempt(load_model, model, input_shapes)
+    problems.raise_if_any()  # every file's, at once
     with tempfile.TemporaryDirectory(prefix="autodice-split-") as work:
         done = partition_mapping(graph, mapping_spec, platform_spec, out, Path(work))
         with staged(out) as tmp:
