@@ -240,7 +240,8 @@ def test_ctrl_c_during_a_remote_build_ends_the_build_on_the_host(fig2_three_host
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     proc.wait(60)
-    close_connections(load_inventory(d / "inventory.toml").targets.values())
+    # Every host's masters (earlier tests' too: edge03 is not in this one's inventory).
+    close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
     assert _no_leftovers(wait_s=15) == {}
     again = deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
     assert again.hosts["edge01"].compiled and again.run is not None
