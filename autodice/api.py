@@ -197,7 +197,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
     """
     from .core.model import load_model
     from .core.spec import parse_bytes
-    from .dse.search import Settings, dse, explore, search_timing, verify_point
+    from .dse.search import (Settings, dse, explore, note_other_files, search_timing,
+                              verify_point)
 
     if isinstance(max_memory, str):
         try:
@@ -212,7 +213,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         return dse(model, platform, profile, out, settings, progress, hosts=hosts,
                    input_shapes=input_shapes)
     settings.check()
-    timing = search_timing(model, platform, hosts, profile)
+    timing = search_timing(platform, hosts, profile)
+    note_other_files(timing, model)
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:

@@ -61,11 +61,11 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     if on and not inventory:
         raise AutodiceError(f"--on {on}: needs --inventory, the cluster {on} is a host of")
     shapes = parse_input_shapes(input_shapes)
-    # Everything said before the network is used (links measured, a board given the tools).
-    check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu, bool(on))
     cluster = load_inventory(inventory) if inventory else None
-    if on:
-        host_inventory(cluster, on)
+    if cluster:  # everything said before the network is used (links measured, tools shipped)
+        check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu, bool(on))
+        if on:
+            host_inventory(cluster, on)
     links = None
     if inventory and not (on and len(cluster.targets) < 2):
         from ..dse.links import probe_links

@@ -114,7 +114,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         raise AutodiceError(f"{out}/pareto.json: no front here; run `autodice dse` first") from None
     names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
     claim(out, "measure/", "measure.json")
-    timing = search_timing(model, platform, hosts, profile, power)
+    timing = search_timing(platform, hosts, profile, power)
     graph = load_model(model, input_shapes)
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)

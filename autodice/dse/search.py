@@ -54,25 +54,27 @@ def only_hosts(platform: Platform, hosts) -> Platform:
     return Platform(platform.path, {h: d for h, d in platform.devices.items() if h in hosts})
 
 
-def search_timing(model: str | Path, platform: str | Path, hosts, profile,
-                  power=None) -> Timing:
-    """The timing of a search of ``model`` restricted to ``hosts`` (:func:`only_hosts`): a
-    per-host profile of a board left out of the search is not needed, and not an error. A
-    profile taken of other bytes than ``model`` gets a note: its layer names may all be there
-    (another export, other weights, another input size) while its times are another model's."""
+def search_timing(platform: str | Path, hosts, profile, power=None) -> Timing:
+    """The timing of a search restricted to ``hosts`` (:func:`only_hosts`): a per-host profile
+    of a board left out of the search is not needed, and not an error."""
     full = parse_platform(platform)
     spec = only_hosts(full, hosts)
     if isinstance(profile, Mapping):
         profile = {h: p for h, p in profile.items()
                    if h in (None, "*") or h in spec.devices or h not in full.devices}
-    timing = make_timing(spec, profile, power)
+    return make_timing(spec, profile, power)
+
+
+def note_other_files(timing: Timing, model: str | Path) -> None:
+    """A note in ``timing`` for each profile taken of other bytes than ``model``: its layer
+    names may all be there (another export, other weights, another input size) while its times
+    are another model's. Once per search: it hashes the model."""
     digest = model_sha256(Path(model))
     for p in {id(p): p for p in timing.profiles.values()}.values():
         if p.model_sha256 != digest and len(p.model_sha256) == 64:  # (a fixture has none)
             timing.notes.append(f"the profile of {p.model} was taken of another file than "
                                 f"{model}: its times are that file's; `autodice profile "
                                 f"{model}` measures this one")
-    return timing
 
 
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
@@ -89,7 +91,8 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
     """
     settings.check()
     check_replaceable(Path(out))  # before the search, not after it
-    timing = search_timing(model, platform, hosts, profile, power)
+    timing = search_timing(platform, hosts, profile, power)
+    note_other_files(timing, model)
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
