@@ -18,6 +18,7 @@ import shutil
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -310,6 +311,42 @@ def test_cli_streams_a_batch_a_folder_of_images_and_stdin(built, tmp_path):
         1e-5 * np.abs(want).max()
 
 
+def test_cli_one_image_or_one_frame_takes_labels(built, tmp_path):
+    """One image is a stream of one frame (its recipe applied); one .npy frame is classified
+    too; a recipe for a source of no images is an error, not ignored."""
+    from PIL import Image
+
+    out = built / "out"
+    x = frames(1, seed=7)[0]
+    want = reference(built / "model.onnx", [x])[0].reshape(-1)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"class{i}" for i in range(want.size)))
+    np.save(tmp_path / "one.npy", x)
+    r = CliRunner().invoke(main, ["run", str(out), "--input", str(tmp_path / "one.npy"),
+                                  "--results", str(tmp_path / "r1"), "--labels", str(labels),
+                                  "--top-k", "2", "--frames", "3"])
+    assert r.exit_code == 0, r.output
+    best = np.argsort(-want, kind="stable")[:2]
+    assert f"one.npy: class{best[0]} ({want[best[0]]:.3g}), class{best[1]} " in r.output
+
+    pixels = (np.random.default_rng(8).random((8, 8, 4)) * 255).astype(np.uint8)
+    Image.fromarray(pixels, "RGBA").save(tmp_path / "one.png")
+    r = CliRunner().invoke(main, ["run", str(out), "--input", str(tmp_path / "one.png"),
+                                  "--results", str(tmp_path / "r2"), "--labels", str(labels),
+                                  "--preprocess", "resize=1,scale=1,mean=0,std=1"])
+    assert r.exit_code == 0, r.output
+    frame = pixels.astype(np.float32).transpose(2, 0, 1)[None]
+    scores = reference(built / "model.onnx", [frame])[0].reshape(-1)
+    assert f"one.png: class{int(np.argmax(scores))} (" in r.output and "1 frames in" in r.output
+    got = np.load(tmp_path / "r2" / "output.npy")
+    assert np.abs(got.reshape(-1) - scores).max() <= 1e-5 * np.abs(scores).max()
+
+    for source in (tmp_path / "one.npy", "-"):
+        r = CliRunner().invoke(main, ["run", str(out), "--input", str(source),
+                                      "--preprocess", "resize=1"], input=b"")
+        assert r.exit_code == 2 and "holds no images" in r.output, r.output
+
+
 def test_a_job_that_cannot_start_is_one_error(built, tmp_path):
     broken = tmp_path / "out"
     shutil.copytree(built / "out", broken, symlinks=True)
@@ -320,6 +357,8 @@ def test_a_job_that_cannot_start_is_one_error(built, tmp_path):
 
 
 def test_image_recipe_and_sources_say_what_is_wrong(tmp_path):
+    from PIL import Image
+
     with pytest.raises(autodice.AutodiceError, match="keys are resize"):
         ImageRecipe.parse("size=3")
     with pytest.raises(autodice.AutodiceError, match="not a number"):
@@ -336,6 +375,16 @@ def test_image_recipe_and_sources_say_what_is_wrong(tmp_path):
                     ImageRecipe.parse("mean=1/2"))
     assert ImageRecipe.parse("std=0.5, bgr=True,mean=0") == ImageRecipe(std=(0.5,), bgr=True,
                                                                        mean=(0.0,))
+    pixels = (np.random.default_rng(9).random((8, 8, 4)) * 255).astype(np.uint8)
+    Image.fromarray(pixels, "RGBA").save(tmp_path / "rgba.png")
+    plain = ImageRecipe(resize=1, scale=1, mean=(0,), std=(1,))
+    for recipe, channels, want in ((plain, 4, pixels), (replace(plain, bgr=True), 4,
+                                                        pixels[..., [2, 1, 0, 3]]),
+                                   (replace(plain, bgr=True), 3, pixels[..., [2, 1, 0]])):
+        got = recipe.apply(tmp_path / "rgba.png", (1, channels, 8, 8), np.float32)
+        assert np.array_equal(got[0], want.transpose(2, 0, 1).astype(np.float32))
+    with pytest.raises(ValueError, match="2 channels: an image gives 1"):
+        plain.apply(tmp_path / "rgba.png", (1, 2, 8, 8), np.float32)
     np.save(tmp_path / "odd.npy", np.zeros((5, 3, 8, 8), np.float32))
     with pytest.raises(autodice.AutodiceError, match="neither one frame nor a batch"):
         frames_from(str(tmp_path / "odd.npy"), (1, 4, 8, 8), np.float32)

@@ -83,17 +83,21 @@ class ImageRecipe:
             raise ValueError(f"the input is {'x'.join(map(str, shape))}, not one image")
         h, w = (shape[2], shape[3]) if self.layout == "nchw" else (shape[1], shape[2])
         channels = shape[1] if self.layout == "nchw" else shape[3]
+        mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(channels)
+        if mode is None:
+            raise ValueError(f"the input has {channels} channels: an image gives 1 (grey), "
+                             "3 (RGB) or 4 (RGBA)")
         with Image.open(path) as img:
-            img = img.convert("RGB" if channels == 3 else "L")
+            img = img.convert(mode)
             short = min(img.size)
             k = self.resize * min(h, w) / short
             img = img.resize((max(w, round(img.size[0] * k)), max(h, round(img.size[1] * k))),
                              Image.BILINEAR)
             left, top = (img.size[0] - w) // 2, (img.size[1] - h) // 2
             a = np.asarray(img.crop((left, top, left + w, top + h)), dtype=np.float32)
-        a = a.reshape(h, w, -1) / self.scale
-        if self.bgr:
-            a = a[..., ::-1]
+        a = a.reshape(h, w, channels) / self.scale
+        if self.bgr and channels > 1:  # BGR, BGRA
+            a = a[..., [2, 1, 0, 3][:channels]]
         a = (a - np.array(self.mean[:channels], np.float32)) / np.array(self.std[:channels],
                                                                         np.float32)
         if self.layout == "nchw":
@@ -104,36 +108,52 @@ class ImageRecipe:
 def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
                 recipe: ImageRecipe | None = None) -> tuple[int | None, Iterator]:
     """(number of frames if known, the ``(label, frame)`` pairs) of ``source``: a ``.npy``
-    holding a batch ``(N, ...)`` of frames (or one frame), a folder of images, or ``-`` for
-    frames of ``shape`` and ``dtype`` as raw bytes on stdin, one after another.
+    holding a batch ``(N, ...)`` of frames (or one frame), a folder of images, one image, or
+    ``-`` for frames of ``shape`` and ``dtype`` as raw bytes on stdin, one after another.
+    ``recipe`` (``--preprocess``) is for images: with any other source it is an error, not a
+    recipe silently left unused.
 
     Raises:
-        AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, or a
-            folder without images; all before any frame is read.
+        AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, a
+            folder without images, or a recipe for a source of no images; all before any frame
+            is read.
     """
-    if source == "-":
-        return None, _stdin_frames(shape, dtype)
     path = Path(source)
-    if path.is_dir():
-        images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if source != "-" and path.is_dir():
+        images = sorted(p for p in path.iterdir() if is_image(p))
         if not images:
             raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
-        recipe = recipe or ImageRecipe()
-        channels = (shape[1] if recipe.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
-        for key in ("mean", "std"):  # an input that is no image: each frame says so
-            values = getattr(recipe, key)
-            if channels and len(values) not in (1, channels):
-                raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
-                                    f"one value, or one per channel of the input ({channels})")
-        return len(images), _image_frames(images, shape, dtype, recipe)
-    batch = _load_batch(path, shape)
-    return len(batch), ((str(i), batch[i]) for i in range(len(batch)))
+    elif source != "-" and is_image(path):
+        if not path.is_file():
+            raise AutodiceError(f"{path}: no such image")
+        images = [path]
+    else:
+        if recipe is not None:
+            raise AutodiceError(f"--preprocess: {'stdin' if source == '-' else path} holds no "
+                                "images, its frames are fed as they are")
+        if source == "-":
+            return None, _stdin_frames(shape, dtype)
+        batch = _load_batch(path, shape)
+        return len(batch), ((str(i), batch[i]) for i in range(len(batch)))
+    recipe = recipe or ImageRecipe()
+    channels = (shape[1] if recipe.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
+    for key in ("mean", "std"):  # an input that is no image: each frame says so
+        values = getattr(recipe, key)
+        if channels and len(values) not in (1, channels):
+            raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
+                                f"one value, or one per channel of the input ({channels})")
+    return len(images), _image_frames(images, shape, dtype, recipe)
+
+
+def is_image(path: Path) -> bool:
+    """Whether ``path`` names an image (by its suffix, as a folder's images are found)."""
+    return path.suffix.lower() in IMAGE_SUFFIXES
 
 
 def is_stream(source: str, shape: tuple[int, ...]) -> bool:
-    """Whether ``source`` holds a stream of frames rather than the one frame ``run --frames``
-    repeats (a ``.npy`` that is neither is left to run's own checks, which name what is wrong)."""
-    if source == "-" or Path(source).is_dir():
+    """Whether ``source`` holds a stream of frames (one image is a stream of one) rather than
+    the one frame ``run --frames`` repeats (a ``.npy`` that is neither is left to run's own checks, which name what is wrong)."""
+    if source == "-" or Path(source).is_dir() or is_image(Path(source)):
         return True
     try:
         a = np.load(source, mmap_mode="r", allow_pickle=False)

@@ -200,8 +200,8 @@ def stream_options(command):
 
 
 INPUT_HELP = ("Model input: FILE.npy holding one frame (repeated --frames times) or a batch "
-              "(N, ...) of frames, a folder of images, or - for raw frames on stdin (NAME= "
-              "needed when the model has several inputs).")
+              "(N, ...) of frames, a folder of images, one image, or - for raw frames on stdin "
+              "(NAME= needed when the model has several inputs).")
 
 
 input_shape_option = click.option(

@@ -68,8 +68,11 @@ def run(output, inputs, results, frames, preprocess, labels, top, window, no_pip
     if is_a_stream(plan, given, no_pipeline):
         return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
                           check, rtol, gpu_fallback)
-    run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline, check,
-                 rtol, gpu_fallback)
+    names = one_frame_labels(given, preprocess, labels)
+    res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
+                       check, rtol, gpu_fallback)
+    if names is not None:
+        show_top_k(plan, given, res.outputs, names, top)
 
 
 def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
@@ -86,7 +89,8 @@ def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
 
 
 def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol, gpu_fallback):
-    """One frame from a .npy, streamed ``frames`` times by the program itself."""
+    """One frame from a .npy, streamed ``frames`` times by the program itself; the run's
+    result."""
     import numpy as np
     from rich.text import Text
 
@@ -105,6 +109,31 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
         report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
+    return res
+
+
+def one_frame_labels(given: dict, preprocess, labels) -> list[str] | None:
+    """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` is refused
+    there, as it is for any source of no images."""
+    from ..backend.stream import read_labels
+
+    if preprocess:
+        raise AutodiceError(f"--preprocess: {', '.join(map(str, given.values()))} holds no "
+                            "images, its frame is fed as it is")
+    return read_labels(labels) if labels else None
+
+
+def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int) -> None:
+    """The one frame's ``k`` best classes by its first output, labelled with its file."""
+    label = Path(next(iter(given.values()))).name
+    print_top_k(label, outputs[plan.model_outputs[0].name], names, k)
+
+
+def print_top_k(label: str, scores, names: list[str], k: int, console=out) -> None:
+    """One frame's ``k`` best classes on one line (``--labels``)."""
+    from ..backend.stream import top_k
+
+    console.print(f"{label}: " + ", ".join(f"{n} ({v:.3g})" for n, v in top_k(scores, names, k)))
 
 
 def run_stream(output, plan, given, frames, results, preprocess, labels, top, window, check,
@@ -121,7 +150,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     from ..backend.frames import ImageRecipe, frames_from
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
-    from ..backend.stream import finish, read_labels, stream, top_k
+    from ..backend.stream import finish, read_labels, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
@@ -133,7 +162,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
                             f"{', '.join(t.name for t in plan.model_inputs)}")
     t = plan.model_inputs[0]
     count, source = frames_from(str(given[t.name]), t.shape, t.dtype,
-                                ImageRecipe.parse(preprocess))
+                                ImageRecipe.parse(preprocess) if preprocess else None)
     if frames is not None:
         count = min(count, frames) if count is not None else frames
         source = islice(source, frames)
@@ -155,8 +184,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
                     console.print(Text.assemble(("error:", "red"), f" {result}"))
                 elif names is not None:
                     scores = result if not isinstance(result, dict) else next(iter(result.values()))
-                    best = top_k(scores, names, top)
-                    bar.console.print(f"{label}: " + ", ".join(f"{n} ({v:.3g})" for n, v in best))
+                    print_top_k(label, scores, names, top, bar.console)
 
             res = stream(session, plan, source, count, Path(results), whole, shown)
         res = finish(session, res)

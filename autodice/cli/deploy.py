@@ -10,7 +10,7 @@ from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
 from .app import (INPUT_HELP, console, job_options, main, model_inputs, only_with, out, progress,
                   rate_line, report_run, stats_table, stream_options)
-from .backend import is_a_stream, run_stream
+from .backend import is_a_stream, one_frame_labels, run_stream, show_top_k
 
 
 @main.group()
@@ -145,6 +145,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
         return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
                           check, rtol, gpu_fallback, open_session=opener)
     frames = 1 if frames is None else frames
+    names = one_frame_labels(given, preprocess, labels) if run_job else None
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
                   TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}
@@ -161,6 +162,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
         if check:
             feeds = {n: np.load(p) for n, p in given.items()}
             report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
+        if names is not None:
+            show_top_k(plan, given, res.run.outputs, names, top)
 
 
 def _deploy_table(hosts, seconds) -> None:
