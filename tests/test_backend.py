@@ -386,3 +386,33 @@ def test_zoo_models_run_distributed_like_onnxruntime(tmp_path, zoo_model, name, 
     got = res.outputs[plan.model_outputs[0].name]
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
     assert got.argmax() == want.argmax()
+
+
+def test_a_conversion_interrupted_leaves_nothing_in_the_cache(fig2, tmp_path, monkeypatch):
+    """Ctrl-C between pnnx's two files moving into the shared cache leaves no half entry and
+    no staging directory there; the next conversion converts."""
+    import shutil
+
+    from autodice.backend import convert as convert_module
+
+    monkeypatch.setattr(convert_module, "cache_root", lambda: tmp_path / "cache")
+    plan = split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
+    rank = plan.ranks[0]
+    sub = fig2 / "out" / rank.submodel
+    moved, move = [], shutil.move
+
+    def interrupted(src, dst):
+        moved.append(dst)
+        if len(moved) == 2:
+            raise KeyboardInterrupt
+        return move(src, dst)
+
+    monkeypatch.setattr(convert_module.shutil, "move", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert_module.convert(sub, tmp_path / "r0", rank)
+    assert len(moved) == 2 and list((tmp_path / "cache" / "pnnx").iterdir()) == []
+    monkeypatch.setattr(convert_module.shutil, "move", move)
+    convert_module.convert(sub, tmp_path / "r0", rank)
+    assert [p.name for p in (tmp_path / "cache" / "pnnx").iterdir()] == [
+        convert_module._digest(sub, False)]
+    assert (tmp_path / "r0.param").read_text().startswith("7767517")

@@ -85,12 +85,15 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                     f"pnnx could not convert {onnx_path.name}"
                                     + (f" ({why})" if why else "") + f": {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
-            for suffix in ("param", "bin"):
-                shutil.move(work / f"out.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
-                (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
             try:
-                staging.rename(entry)
-            except OSError:  # another process cached it first
+                for suffix in ("param", "bin"):
+                    shutil.move(work / f"out.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
+                    (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
+                try:
+                    staging.rename(entry)
+                except OSError:  # another process cached it first
+                    pass
+            finally:  # renamed, or half moved when Ctrl-C came: nothing left in the cache
                 shutil.rmtree(staging, ignore_errors=True)
     param = _keep_inputs((entry / "model.ncnn.param").read_text())
     _check_interface(param, rank)
