@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +171,20 @@ def test_an_option_that_needs_another_is_refused_without_it(args, said):
     turned recovery on by itself."""
     r = invoke(*args)
     assert r.exit_code == 2 and r.output == f"error: {said}\n", r.output
+
+
+def test_errors_go_to_stderr_and_stdout_stays_clean(fig2):
+    """A real process, as a shell sees it: `layers --balance > mapping.json` must not write an
+    error into the mapping. Exit 2, nothing on stdout, one `error:` line on stderr."""
+    (fig2 / "mapping.json").write_text('{"edge01_arm123": ["Conv1"], "bogus": ["FC1"]}')
+    for named, argv in (
+            ("missing.onnx", ["layers", fig2 / "missing.onnx", "--balance",
+                              "edge01_x860,edge01_x861"]),
+            ('mapping.json: key "bogus"', ["split", fig2 / "model.onnx", "-m",
+                                           fig2 / "mapping.json", "-p", fig2 / "platform.txt",
+                                           "-o", fig2 / "out"])):
+        p = subprocess.run([sys.executable, "-m", "autodice", *map(str, argv)],
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and p.stdout == "", (argv, p.stdout, p.stderr)
+        assert p.stderr.startswith("error: ") and named in p.stderr, p.stderr
+    assert not (fig2 / "out").exists()

@@ -573,6 +573,7 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
     for i, (x, g) in enumerate(zip(xs, got)):
         np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6,
                                    err_msg=f"frame {i}")
+    assert len(again) == 20
     for x, g in zip(xs, again):
         np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
     assert incident["lost"] == ["edge02"]

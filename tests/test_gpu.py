@@ -16,7 +16,7 @@ from conftest import requires_vulkan
 
 from autodice.backend.build import build
 from autodice.backend.gen import gen
-from autodice.backend.run import FP16_RTOL, check_tolerance, run
+from autodice.backend.run import check_tolerance, run
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
 from autodice.frontend.layers import layer_table
@@ -47,12 +47,12 @@ def test_a_gpu_stage_between_two_cpu_stages_matches_onnxruntime(tmp_path, zoo_mo
     res = run(tmp_path / "out", {plan_input: tmp_path / "x.npy"}, frames=2)
     devices = [(r["device"].split(":")[0], r["precision"]) for r in res.stats["ranks"]]
     assert devices == [("cpu", "fp32"), ("vulkan", "fp16"), ("cpu", "fp32")]
-    assert check_tolerance(res.stats) == (FP16_RTOL, "fp16 on rank 1")
+    assert check_tolerance(res.stats) == (1e-2, "fp16 on rank 1")  # the README's figure
     (name_out,) = res.outputs
     want = ort.InferenceSession(str(path)).run(None, {plan_input: x})[0]
     got = res.outputs[name_out]
     rel = np.abs(got - want).max() / np.abs(want).max()
-    assert rel < FP16_RTOL, rel
+    assert rel < 1e-2, rel
     assert got.argmax() == want.argmax()
 
 

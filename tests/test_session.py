@@ -147,6 +147,7 @@ def test_a_caller_that_stops_early_leaves_the_session_in_step(built):
             if i == 2:
                 break
         again = list(s.map(xs[10:20]))
+    assert len(again) == 10
     for g, w in zip(again, want[10:20]):
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
 
@@ -168,6 +169,7 @@ def test_frames_that_raise_come_after_the_results_before_them(built):
                 got.append(y)
         assert len(got) == 5
         again = list(s.map(xs[6:]))  # in step: the next stream's results are its own
+    assert len(again) == len(xs) - 6
     for g, w in zip(got + again, want[:5] + want[6:]):
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
 
@@ -404,3 +406,26 @@ def test_sessions_do_not_share_a_stream(built):
         it.close()
         assert len(list(s.map(frames(3)))) == 3
     assert threading.active_count() < 10
+
+
+def test_run_check_fails_when_the_outputs_differ(built, tmp_path):
+    """`run --check` exits 1 with FAIL when a rank computes something else (a weight changed,
+    its size kept), for one frame repeated and for a stream alike: `make demo`'s check can fail."""
+    bad = tmp_path / "out"
+    shutil.copytree(built / "out", bad, symlinks=True)
+    shutil.copy(built / "model.onnx", tmp_path)  # what --check compares with
+    weights = max((bad / "ncnn").glob("*.ncnn.bin"), key=lambda p: p.stat().st_size)
+    data = bytearray(weights.read_bytes())
+    tail = np.frombuffer(data, np.float32, 8, len(data) - 32) + np.arange(1, 9, dtype=np.float32)
+    data[-32:] = tail.tobytes()  # the last layer's bias, unevenly: no softmax hides it
+    weights.write_bytes(bytes(data))
+    xs = frames(3, seed=11)
+    np.save(tmp_path / "one.npy", xs[0])
+    np.save(tmp_path / "batch.npy", np.concatenate(xs))
+    for source in ("one.npy", "batch.npy"):
+        r = CliRunner().invoke(main, ["run", str(bad), "--input", str(tmp_path / source),
+                                      "--results", str(tmp_path / source[:-4]), "--check"])
+        assert r.exit_code == 1 and "FAIL" in r.output, (source, r.output)
+    r = CliRunner().invoke(main, ["run", str(built / "out"), "--input", str(tmp_path / "one.npy"),
+                                  "--results", str(tmp_path / "good"), "--check"])
+    assert r.exit_code == 0 and "FAIL" not in r.output and " ok" in r.output, r.output
