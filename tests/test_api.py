@@ -18,10 +18,13 @@ CPU_MAPPING = {"edge01_arm1": ["MaxPool1", "FC1"], "edge04_x861": ["Conv1", "Add
 
 
 def test_import_is_cheap_and_lists_the_api():
-    code = "import time; t = time.perf_counter(); import autodice; print(time.perf_counter() - t)"
-    seconds = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                   check=True).stdout)
-    assert seconds < 0.3, seconds
+    """`import autodice` loads nothing but itself (onnx, numpy and the rest load when a call
+    needs them); asserted by the modules loaded, not by a clock on a noisy machine."""
+    code = ("import sys; before = set(sys.modules); import autodice; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "['autodice']", loaded
     assert {"plan", "split", "gen", "build", "run", "profile", "predict", "search"} <= set(
         dir(autodice))
 
