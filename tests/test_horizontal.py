@@ -130,9 +130,11 @@ def test_matmul_and_gemm_without_transpose_split_their_columns(tmp_path):
              helper.make_node("Gemm", ["hr", "w2", "c"], ["y"], name="gemm")]
     proto = model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12])],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 9])], [w, w2, c])
-    split_and_check(tmp_path, proto, {"e1_x860": ["mm", "relu", "gemm"],
-                                      "e1_x861": ["mm", "relu", "gemm"],
-                                      "e2_x862": ["gemm"]})
+    plan = split_and_check(tmp_path, proto, {"e1_x860": ["mm", "relu", "gemm"],
+                                             "e1_x861": ["mm", "relu", "gemm"],
+                                             "e2_x862": ["gemm"]})
+    made = [sorted(n for n in r.layers if n.startswith(("mm/", "gemm/"))) for r in plan.ranks]
+    assert made == [["gemm/0", "mm/0"], ["gemm/1", "mm/1"], ["gemm/2"]], made
 
 
 def residual_block(h: int = 11, seed: int = 2) -> onnx.ModelProto:
@@ -212,7 +214,9 @@ def test_pools_in_ceil_mode_by_rows_like_onnxruntime(tmp_path, op, h, w, attrs):
     """The part windows at the bottom and the right, rows and columns alike (the columns' was
     dropped: the parts came out a column short)."""
     rows = {"layer": "p", "split": "rows"}
-    split_and_check(tmp_path, pool(op, h, w, **attrs), {"e1_x860": [rows], "e2_x860": [rows]})
+    plan = split_and_check(tmp_path, pool(op, h, w, **attrs),
+                           {"e1_x860": [rows], "e2_x860": [rows]})
+    assert [[n for n in r.layers if n.startswith("p")] for r in plan.ranks] == [["p/0"], ["p/1"]]
 
 
 def test_an_average_pool_whose_part_windows_count_padding_is_not_split_by_rows(tmp_path):
