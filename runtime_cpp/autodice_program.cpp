@@ -117,8 +117,9 @@ std::string json_string(const std::string& s) {
 }
 
 // Loading a large sub-model on a small board takes a while: the start waits longer than a
-// tensor, unless waits are unbounded (<= 0).
-double start_timeout() { return wait_timeout() > 0 ? std::max(60.0, wait_timeout()) : 0; }
+// tensor, unless waits are unbounded (<= 0); as long as a session waits for the job to start
+// (START_TIMEOUT_S in autodice/backend/gateway.py), so neither gives up before the other.
+double start_timeout() { return wait_timeout() > 0 ? std::max(120.0, wait_timeout()) : 0; }
 
 // Called by every rank once its model and inputs are loaded: the clock starts together, so
 // frames/s counts frames, not loading. Also records where the rank's threads may and do run.
@@ -245,7 +246,8 @@ class FrameSource {
 
   // The frame after the last one taken, waiting for the gateway's word if need be.
   int64_t take() {
-    if (peek() == kUnknown) {
+    waited_ = peek() == kUnknown;
+    if (waited_) {
       control_->wait(0);
       arrived();
     }
@@ -253,6 +255,11 @@ class FrameSource {
     known_ = kUnknown;
     return last_;
   }
+
+  // Whether the last frame taken had to be waited for: a stream that went idle (a caller's
+  // infer(), a camera slower than the pipeline), so every stage before this rank lies between
+  // the gateway's word and this rank's inputs, as for a first frame.
+  bool waited() const { return waited_; }
 
  private:
   void post() {
@@ -268,7 +275,7 @@ class FrameSource {
   const RankPlan& r_;
   int64_t frames_;
   int gateway_, tag_;
-  bool streamed_;
+  bool streamed_, waited_ = false;
   int64_t last_ = -1, known_ = kUnknown, value_ = 0;
   std::optional<Transfer> control_;
 };
@@ -356,8 +363,10 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   while (f != FrameSource::kEnd) {
     if (!args.pipeline) meet_until(f);  // other replicas' frames
     const int s = local % 2;
-    // A first frame waits for every stage before this one; so does each in lockstep.
-    const double recv_timeout_s = local == 0 || !args.pipeline ? frame_timeout(plan) : -1;
+    // A first frame waits for every stage before this one; so does each in lockstep, and a
+    // streamed frame that came after the stream went idle.
+    const double recv_timeout_s =
+        local == 0 || !args.pipeline || frames.waited() ? frame_timeout(plan) : -1;
     timed_wait_all(sends[s], st.send_wait_s);  // this rank's frame before last is sent
     int64_t next = args.pipeline ? frames.peek() : FrameSource::kUnknown;
     const bool early = next >= 0;
@@ -512,18 +521,23 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   std::string device = "gateway";
   std::optional<Gateway> gateway;
   int64_t frames = args.frames;
-  if (rank == n) {  // the stream's gateway: the session's frames in, results out
-    gateway.emplace(plan, args.stream);
-    barrier(MPI_COMM_WORLD, start_timeout(), "the start");
-    st.start = MPI_Wtime();
-    gateway->hello();
-    frames = gateway->serve();
-  } else {
-    const RankPlan& r = plan.ranks[rank];
-    device = choose_device(r, args.gpu_fallback_cpu);
-    const bool gpu = device.rfind("vulkan:", 0) == 0;
-    run_rank(plan, r, args, gpu, st);
-    st.fp16 = computes_fp16(r, gpu) ? 1 : 0;
+  try {  // a tensor the runtime cannot hold (a size past int) is this rank's named error,
+         // not a SIGABRT that `run` would take for a dead board
+    if (rank == n) {  // the stream's gateway: the session's frames in, results out
+      gateway.emplace(plan, args.stream);
+      barrier(MPI_COMM_WORLD, start_timeout(), "the start");
+      st.start = MPI_Wtime();
+      gateway->hello();
+      frames = gateway->serve();
+    } else {
+      const RankPlan& r = plan.ranks[rank];
+      device = choose_device(r, args.gpu_fallback_cpu);
+      const bool gpu = device.rfind("vulkan:", 0) == 0;
+      run_rank(plan, r, args, gpu, st);
+      st.fp16 = computes_fp16(r, gpu) ? 1 : 0;
+    }
+  } catch (const std::exception& e) {
+    abort_run(e.what());
   }
   barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;

@@ -142,8 +142,11 @@ int64_t Gateway::serve() {
     abort_run("no rank takes frame " + std::to_string(f) + " of \"" + t.spec.name + "\"");
   };
   // A frame whose results are this late means a rank is stuck that no peer waits on (the last
-  // stage): every stage has had a full wait_timeout() for its part.
+  // stage): every stage has had a full wait_timeout() for its part. Late counts from when the
+  // frame came or the result before it went, whichever is later: frames queued behind others
+  // (a window of 64 on a slow board) wait their turn, and that is no rank's fault.
   const double late_s = wait_timeout() > 0 ? wait_timeout() * (n + 1) : 0;
+  double previous_result_s = 0;
 
   std::deque<InFlight> flight;
   int64_t frames = 0;
@@ -156,7 +159,7 @@ int64_t Gateway::serve() {
       bool done = true;
       for (Transfer& t : front.recvs) done = t.test() && done;
       if (!done) {
-        if (late_s > 0 && MPI_Wtime() - front.since > late_s)
+        if (late_s > 0 && MPI_Wtime() - std::max(front.since, previous_result_s) > late_s)
           for (Transfer& t : front.recvs)
             if (!t.done())
               abort_run("frame " + std::to_string(front.frame) + ": no result after " +
@@ -172,6 +175,7 @@ int64_t Gateway::serve() {
                         !write_all(fd_, front.out.data(), front.out.size());
       }
       flight.pop_front();
+      previous_result_s = MPI_Wtime();
       moved = true;
     }
     stopping = stopping || session_gone_;
@@ -203,14 +207,14 @@ int64_t Gateway::serve() {
         flight.emplace_back();
         InFlight& x = flight.back();
         x.id = h.value;
-        x.frame = frames++;
         x.in.resize(in_bytes);
         x.out.resize(out_bytes);
-        if (!read_all(fd_, x.in.data(), x.in.size())) {
+        if (!read_all(fd_, x.in.data(), x.in.size())) {  // hung up mid-frame: not a frame
           flight.pop_back();
           stopping = true;
           continue;
         }
+        x.frame = frames++;
         x.since = MPI_Wtime();
         for (int r = 0; r < n; ++r)  // the ranks taking this frame hear of it first
           if (takes(plan_.ranks[r], x.frame))

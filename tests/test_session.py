@@ -25,8 +25,9 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from onnx import helper
 from conftest import SPECS
-from graphs import figure2, input_skip, wide_chain
+from graphs import conv_chain, figure2, input_skip, wide_chain
 
 import autodice
 from autodice.backend import figures
@@ -429,3 +430,74 @@ def test_run_check_fails_when_the_outputs_differ(built, tmp_path):
     r = CliRunner().invoke(main, ["run", str(built / "out"), "--input", str(tmp_path / "one.npy"),
                                   "--results", str(tmp_path / "good"), "--check"])
     assert r.exit_code == 0 and "FAIL" not in r.output and " ok" in r.output, r.output
+
+
+def test_run_frame_by_frame_and_its_refusal_for_a_stream(built, tmp_path):
+    """`--no-pipeline` runs one frame through every rank at a time (as the paper ran), equal to
+    onnxruntime; a stream is always pipelined, so there it is an error, before anything runs."""
+    xs = frames(2, seed=12)
+    np.save(tmp_path / "one.npy", xs[0])
+    np.save(tmp_path / "batch.npy", np.concatenate(xs))
+    r = CliRunner().invoke(main, ["run", str(built / "out"), "--input", str(tmp_path / "one.npy"),
+                                  "--results", str(tmp_path / "r"), "--frames", "3",
+                                  "--no-pipeline", "--check"])
+    assert r.exit_code == 0 and "(frame by frame)" in r.output and " ok" in r.output, r.output
+    assert json.loads((tmp_path / "r" / "stats.json").read_text())["pipeline"] is False
+    r = CliRunner().invoke(main, ["run", str(built / "out"), "--input",
+                                  str(tmp_path / "batch.npy"), "--no-pipeline"])
+    assert r.exit_code == 2 and "--no-pipeline: a stream is pipelined" in r.output, r.output
+
+
+def test_watchdogs_count_a_stage_s_own_time_not_a_queue_or_an_idle_pipeline(tmp_path,
+                                                                             monkeypatch):
+    """The watchdogs allow each stage AUTODICE_TIMEOUT_S (T). Two things are no stage's fault:
+    frames queued in the window behind others (the gateway counted their whole wait against the
+    frame: 64 queued frames of a 0.1 s stage is 6.4 s), and, after a stream went idle, a later
+    rank's wait for every stage before it (it had T, as if the pipeline were full). Both ended
+    healthy jobs on slow boards; here with a stage made slower than T would allow."""
+    heavy = conv_chain(4, channels=64, side=128)  # rank 0's stage; then tiny ones
+    g = heavy.graph
+    g.node[-1].output[0] = "Buff4"
+    tiny = [f"Relu{k}" for k in range(1, 5)]  # four tiny stages: a first frame has 6 T
+    g.node.extend([helper.make_node("GlobalAveragePool", ["Buff4"], ["Buff5"], name="Pool"),
+                   *(helper.make_node("Relu", [f"Buff{k + 4}"],
+                                      [f"Buff{k + 5}" if k < 4 else "output"], name=f"Relu{k}")
+                     for k in range(1, 5))])
+    g.output[0].type.tensor_type.shape.dim[2].dim_value = 1
+    g.output[0].type.tensor_type.shape.dim[3].dim_value = 1
+    onnx.save(heavy, tmp_path / "m.onnx")
+    (tmp_path / "platform.txt").write_text("".join(f"edge0{h}, x86, slots=0-1\n"
+                                                   for h in (1, 2, 3)))
+    keys = ["edge01_x861", "edge02_x860", "edge02_x861", "edge03_x860"]
+    (tmp_path / "mapping.json").write_text(json.dumps(
+        {"edge01_x860": ["Conv1", "Conv2", "Conv3", "Conv4", "Pool"],
+         **{k: [layer] for k, layer in zip(keys, tiny)}}))
+    out = tmp_path / "out"
+    autodice.split(tmp_path / "m.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt", out)
+    autodice.gen(out)
+    autodice.build(out)
+    xs = [np.random.default_rng(k).standard_normal((1, 64, 128, 128)).astype(np.float32)
+          for k in range(3)]
+    want = reference(tmp_path / "m.onnx", xs)
+    np.save(tmp_path / "x.npy", xs[0])
+    st = autodice.run(out, {"input": tmp_path / "x.npy"}, frames=4, pipeline=False).stats
+    stage_s = st["ranks"][0]["compute_s"] / st["frames"]  # rank 0's convolutions, a frame
+    assert stage_s > 20 * max(r["compute_s"] for r in st["ranks"][1:]) / st["frames"]
+
+    # A full window of 64 frames: each result comes a stage after the last, within T = 4
+    # stages; the last frame came 64 stages before its result (the gateway allowed 6 T).
+    monkeypatch.setenv("AUTODICE_TIMEOUT_S", f"{4 * stage_s:.3f}")
+    with autodice.open(out, window=64) as s:
+        got = list(s.map([xs[k % 3] for k in range(64)]))
+    assert len(got) == 64
+    for k, y in enumerate(got):
+        assert np.abs(y - want[k % 3]).max() <= 1e-4 * np.abs(want[k % 3]).max()
+
+    # One frame at a time: the later ranks wait for the convolutions each frame. T = half a
+    # stage, but a frame after an idle pause has 6 T, as a first frame has.
+    monkeypatch.setenv("AUTODICE_TIMEOUT_S", f"{stage_s / 2:.3f}")
+    with autodice.open(out) as s:
+        for k in range(3):
+            time.sleep(0.2)
+            y = s.infer(xs[k])
+            assert np.abs(y - want[k]).max() <= 1e-4 * np.abs(want[k]).max()
