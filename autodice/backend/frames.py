@@ -152,7 +152,8 @@ def is_image(path: Path) -> bool:
 
 def is_stream(source: str, shape: tuple[int, ...]) -> bool:
     """Whether ``source`` holds a stream of frames (one image is a stream of one) rather than
-    the one frame ``run --frames`` repeats (a ``.npy`` that is neither is left to run's own checks, which name what is wrong)."""
+    the one frame ``run --frames`` repeats (a ``.npy`` that is neither is left to run's own
+    checks, which name what is wrong)."""
     if source == "-" or Path(source).is_dir() or is_image(Path(source)):
         return True
     try:
