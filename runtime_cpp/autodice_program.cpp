@@ -246,8 +246,7 @@ class FrameSource {
 
   // The frame after the last one taken, waiting for the gateway's word if need be.
   int64_t take() {
-    waited_ = peek() == kUnknown;
-    if (waited_) {
+    if (peek() == kUnknown) {
       control_->wait(0);
       arrived();
     }
@@ -255,11 +254,6 @@ class FrameSource {
     known_ = kUnknown;
     return last_;
   }
-
-  // Whether the last frame taken had to be waited for: a stream that went idle (a caller's
-  // infer(), a camera slower than the pipeline), so every stage before this rank lies between
-  // the gateway's word and this rank's inputs, as for a first frame.
-  bool waited() const { return waited_; }
 
  private:
   void post() {
@@ -275,7 +269,7 @@ class FrameSource {
   const RankPlan& r_;
   int64_t frames_;
   int gateway_, tag_;
-  bool streamed_, waited_ = false;
+  bool streamed_;
   int64_t last_ = -1, known_ = kUnknown, value_ = 0;
   std::optional<Transfer> control_;
 };
@@ -363,10 +357,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   while (f != FrameSource::kEnd) {
     if (!args.pipeline) meet_until(f);  // other replicas' frames
     const int s = local % 2;
-    // A first frame waits for every stage before this one; so does each in lockstep, and a
-    // streamed frame that came after the stream went idle.
-    const double recv_timeout_s =
-        local == 0 || !args.pipeline || frames.waited() ? frame_timeout(plan) : -1;
+    // A first frame waits for every stage before this one; so does each in lockstep.
+    const double recv_timeout_s = local == 0 || !args.pipeline ? frame_timeout(plan) : -1;
     timed_wait_all(sends[s], st.send_wait_s);  // this rank's frame before last is sent
     int64_t next = args.pipeline ? frames.peek() : FrameSource::kUnknown;
     const bool early = next >= 0;
