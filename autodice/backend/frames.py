@@ -119,15 +119,7 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
             is read.
     """
     path = Path(source)
-    if source != "-" and path.is_dir():
-        images = sorted(p for p in path.iterdir() if is_image(p))
-        if not images:
-            raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
-    elif source != "-" and is_image(path):
-        if not path.is_file():
-            raise AutodiceError(f"{path}: no such image")
-        images = [path]
-    else:
+    if source == "-" or not (path.is_dir() or is_image(path)):  # frames as they are
         if recipe is not None:
             raise AutodiceError(f"--preprocess: {'stdin' if source == '-' else path} holds no "
                                 "images, its frames are fed as they are")
@@ -135,6 +127,14 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
             return None, _stdin_frames(shape, dtype)
         batch = _load_batch(path, shape)
         return len(batch), ((str(i), batch[i]) for i in range(len(batch)))
+    if path.is_dir():
+        images = sorted(p for p in path.iterdir() if is_image(p))
+        if not images:
+            raise AutodiceError(f"{path}: no images there ({', '.join(IMAGE_SUFFIXES)})")
+    elif path.is_file():
+        images = [path]
+    else:
+        raise AutodiceError(f"{path}: no such image")
     recipe = recipe or ImageRecipe()
     channels = (shape[1] if recipe.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
     for key in ("mean", "std"):  # an input that is no image: each frame says so
