@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.model import Graph
+from ..frontend.check import every_value
 from ..frontend.layers import layer_flops
 
 # Fingerprints of one tensor from ncnn and onnxruntime agree to ~1e-5 relative; different tensors
@@ -36,25 +37,9 @@ def fingerprint(array: np.ndarray) -> tuple[int, float, float, float]:
 def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
                      mappable: list[int]) -> dict[str, tuple]:
     """Fingerprints of every mappable layer's outputs, computed by onnxruntime."""
-    import onnx
-    import onnxruntime as ort
-
-    model = onnx.load(str(path), load_external_data=False)
-    have = {o.name for o in model.graph.output}
-    wanted = [t for i in mappable for t in graph.nodes[i].output if t and t not in have]
-    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        # Weights past protobuf's 2 GB stay in model.onnx.data beside it: save next to them.
-        onnx.save(model, str(path.with_name("fingerprints.onnx")))
-        source = str(path.with_name("fingerprints.onnx"))
-    else:
-        source = model.SerializeToString()
-    session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    values = session.run(names, {n: np.load(p) for n, p in zip(graph.inputs, feeds)})
-    return {n: fingerprint(v) for n, v in zip(names, values)
+    wanted = [t for i in mappable for t in graph.nodes[i].output if t]
+    values = every_value(path, {n: np.load(p) for n, p in zip(graph.inputs, feeds)}, wanted)
+    return {n: fingerprint(v) for n, v in values.items()
             if np.asarray(v).dtype.kind == "f"}
 
 

@@ -10,6 +10,7 @@ meaningless next to zeros, and random-weight zoo models produce outputs of any m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,9 @@ class OutputDiff:
     rel: float
 
 
-def session(path: Path):
-    """An onnxruntime CPU session of the model at ``path``.
+def session(path: Path, also: Sequence[str] = ()):
+    """An onnxruntime CPU session of the model at ``path``; ``also``: inner tensors it returns
+    too (a session returns only graph outputs, so they become outputs of a copy).
 
     A model stamped with an IR version this onnxruntime does not read yet (onnx 1.23's
     make_model writes IR 14) is loaded with the lowest IR its opsets allow instead: the IR
@@ -38,27 +40,60 @@ def session(path: Path):
     Raises:
         AutodiceError: onnxruntime cannot load it (its first line of complaint).
     """
+    import onnx
+
+    model = None
+    if also:
+        model = onnx.load(str(path), load_external_data=False)
+        have = {o.name for o in model.graph.output}
+        model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in also if t not in have)
+    try:
+        return _open(path, model)
+    except Exception as e:  # onnxruntime raises its own exception types
+        said = str(e).splitlines()[0]
+        if "IR version" in said:
+            from .legalize import ir_version
+
+            model = model or onnx.load(str(path), load_external_data=False)
+            model.ir_version = ir_version(model)
+            try:
+                return _open(path, model)
+            except Exception:
+                pass
+        raise AutodiceError(f"{path}: onnxruntime cannot load it: {said}") from None
+
+
+def _open(path: Path, model=None):
+    """A CPU session of the file at ``path``, or of ``model``, an edited copy of it. A copy of a
+    model whose weights lie in a file beside it (past protobuf's 2 GB) is saved beside them for
+    as long as onnxruntime loads it."""
+    import tempfile
+
+    import onnx
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own exception types
-        said = str(e).splitlines()[0]
-        if "IR version" in said:
-            import onnx
+    cpu = ["CPUExecutionProvider"]
+    if model is None:
+        return ort.InferenceSession(str(path), opts, providers=cpu)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".copy-", suffix=".onnx") as f:
+            onnx.save(model, f.name)
+            return ort.InferenceSession(f.name, opts, providers=cpu)
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=cpu)
 
-            from .legalize import ir_version
 
-            model = onnx.load(str(path))
-            model.ir_version = ir_version(model)
-            try:
-                return ort.InferenceSession(model.SerializeToString(), opts,
-                                            providers=["CPUExecutionProvider"])
-            except Exception:
-                pass
-        raise AutodiceError(f"{path}: onnxruntime cannot load it: {said}") from None
+def every_value(path: Path, feeds: dict[str, np.ndarray],
+                tensors: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """What onnxruntime computes for ``tensors`` of the model at ``path`` (every node's outputs
+    when None), inner tensors included, fed ``feeds``."""
+    if tensors is None:
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+        tensors = [t for node in graph.node for t in node.output if t]
+    return dict(zip(tensors, session(path, tensors).run(list(tensors), feeds)))
 
 
 def random_inputs(plan: Plan, seed: int) -> dict[str, np.ndarray]:
