@@ -261,3 +261,20 @@ def window_attention(seed: int = 0) -> onnx.ModelProto:
     ]
     return _model(nodes, "window_attention", ("input", [1, 4, 8, 8]), ("output", [1, 4, 8, 8]),
                   inits, opset=17, ir=8)
+
+
+def past_fp16(seed: int = 0) -> onnx.ModelProto:
+    """Three 3x3 convolutions whose values grow past fp16's 65504 (Buff3 reaches ~2e5), then
+    one that scales them back to tens::
+
+        input (1x16x16x16) -> Conv1 -> Buff1 -> Conv2 -> Buff2 -> Conv3 -> Buff3 -> Conv4 -> output
+    """
+    rng = np.random.default_rng(seed)
+    scales = {1: 1.0, 2: 30.0, 3: 1.0, 4: 1e-4}
+    w = [numpy_helper.from_array((s * rng.standard_normal((16, 16, 3, 3))).astype(np.float32),
+                                 f"w{k}") for k, s in scales.items()]
+    names = ["input", "Buff1", "Buff2", "Buff3", "output"]
+    nodes = [helper.make_node("Conv", [names[k - 1], f"w{k}"], [names[k]], name=f"Conv{k}",
+                              kernel_shape=[3, 3], pads=[1, 1, 1, 1]) for k in scales]
+    shape = [1, 16, 16, 16]
+    return _model(nodes, "past_fp16", ("input", shape), ("output", shape), w, opset=13, ir=8)

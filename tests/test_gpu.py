@@ -6,19 +6,24 @@ on the CPU and reported so). lavapipe runs the GPU path's real code; its speed i
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import requires_vulkan
+from graphs import past_fp16
+from rich.console import Console
 
 from autodice.backend.build import build
-from autodice.backend.gen import gen
+from autodice.backend.gen import gen, render_program
 from autodice.backend.run import check_tolerance, run
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
+from autodice.core.plan import load_plan
 from autodice.frontend.layers import layer_table
 from autodice.frontend.split import split
 
@@ -92,3 +97,35 @@ def test_a_gpu_rank_without_a_vulkan_device_is_one_clear_error(fig2, monkeypatch
     want = ort.InferenceSession(str(fig2 / "model.onnx")).run(
         None, {"input": np.ones((1, 4, 8, 8), np.float32)})[0]
     np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gpu_rank_whose_values_pass_fp16s_range_computes_in_fp32(tmp_path):
+    """fp16 holds up to 65504: a GPU rank whose activations reach 2e5 computed NaN in fp16 (every
+    frame of a seeded ResNet-50 on an H100). Under auto, gen keeps such a rank in fp32 and says
+    why; what fp16 would have computed there is run too, so the rule's reason is shown here."""
+    onnx.save(past_fp16(), tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1, gpu=NVIDIAVolta (CUDA)\n")
+    (tmp_path / "mapping.json").write_text(json.dumps(
+        {"edge01_cpu0": ["Conv1"], "edge01_gpu": ["Conv2", "Conv3", "Conv4"]}))
+    out = tmp_path / "out"
+    split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt", out)
+    said = io.StringIO()
+    gen(out, console=Console(file=said, width=200))
+    assert re.search(r'^rank 1 \(key "edge01_gpu"\): values up to 2\.02e\+05 \(tensor "Buff3"\),'
+                     r" past fp16's 65504 / 4: it computes in fp32 on its GPU", said.getvalue(),
+                     re.M), said.getvalue()
+    build(out)
+    x = np.random.default_rng(0).standard_normal((1, 16, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"input": x})[0]
+    res = run(out, {"input": tmp_path / "x.npy"}, frames=2)
+    assert [(r["device"].split(":")[0], r["precision"]) for r in res.stats["ranks"]] == \
+        [("cpu", "fp32"), ("vulkan", "fp32")]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-4, atol=1e-4 * 245)
+
+    # The same program with the GPU rank in fp16, as gen wrote it before: NaN.
+    (out / "packages" / "edge01" / "program.cpp").write_text(render_program(load_plan(out)))
+    build(out)
+    res = run(out, {"input": tmp_path / "x.npy"}, frames=2)
+    assert [r["precision"] for r in res.stats["ranks"]] == ["fp32", "fp16"]
+    assert not np.isfinite(res.outputs["output"]).all()

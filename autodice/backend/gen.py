@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 import shutil
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from ..core.names import Escaped, cpp_comment, cpp_string, finalize
 from ..core.onnxio import read_model
 from ..core.outdir import claim, staged, tensor_files
 from ..core.plan import Plan, Rank, load_plan
+from ..frontend.check import chain_values, random_inputs
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
+from .fp16_range import Largest, past_fp16
 from .verify import verify_conversions
 
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
@@ -43,14 +46,17 @@ def _ints(values) -> Escaped:
 PRECISIONS = ("auto", "fp32", "fp16")
 
 
-def rank_fp16(r: Rank, precision: str) -> bool:
+def rank_fp16(r: Rank, precision: str, kept_fp32: Collection[int] = ()) -> bool:
     """Whether a rank computes in fp16: GPU ranks do by default (ncnn's own default there, and
-    what GPUs are fast at), CPU ranks compute in fp32 (equal to onnxruntime); ``fp32`` or
-    ``fp16`` set every rank."""
-    return precision == "fp16" or (precision == "auto" and r.device == "gpu")
+    what GPUs are fast at) unless they are ``kept_fp32`` (their values pass fp16's range:
+    :mod:`.fp16_range`), CPU ranks compute in fp32 (equal to onnxruntime); ``fp32`` or ``fp16``
+    set every rank."""
+    return precision == "fp16" or (precision == "auto" and r.device == "gpu"
+                                   and r.rank not in kept_fp32)
 
 
-def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "auto") -> dict:
+def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "auto",
+                 kept_fp32: Collection[int] = ()) -> dict:
     """One rank's table for the template: every index resolved, every name escaped.
 
     Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
@@ -74,7 +80,7 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "a
         "device_note": Escaped(device), "slots": _ints(r.slots),
         "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
         "gpu_index": r.gpu_index, "threads": r.threads,
-        "fp16": Escaped("true" if rank_fp16(r, precision) else "false"),
+        "fp16": Escaped("true" if rank_fp16(r, precision, kept_fp32) else "false"),
         "cpu_fp16": Escaped("true" if precision == "fp16" else "false"),
         "replica": r.turns().index(r.rank), "replicas": len(r.turns()),
         "n_layers": len(layers),
@@ -115,10 +121,10 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=False, finalize=finalize, autoescape=False)
 
 
-def render_program(plan: Plan, precision: str = "auto") -> str:
+def render_program(plan: Plan, precision: str = "auto", kept_fp32: Collection[int] = ()) -> str:
     """The generated C++ source for ``plan``: the plan as one table per rank."""
     files = tensor_files(plan)
-    ranks = [rank_context(plan, r, files, precision) for r in plan.ranks]
+    ranks = [rank_context(plan, r, files, precision, kept_fp32) for r in plan.ranks]
     ctx = {"model": cpp_string(Path(plan.model).name), "model_note": cpp_comment(
         Path(plan.model).name), "ranks": ranks, "edges": len(plan.edges)}
     return _env().get_template("program.cpp.j2").render(ctx)
@@ -159,13 +165,34 @@ def check_submodels(plan: Plan, out_dir: Path) -> None:
     problems.raise_if_any()
 
 
+def fp16_notes(plan: Plan, precision: str, past: dict[int, Largest], console=None) -> set[int]:
+    """Say which ranks' values pass fp16's range; returns those that compute in fp32 instead
+    (all of them under ``auto``; none under ``fp16``, which was asked for: a warning then)."""
+    if not past:
+        return set()
+    if console is None:
+        from rich.console import Console
+        console = Console(stderr=True)
+    for k, largest in past.items():
+        r = plan.ranks[k]
+        if precision == "auto":
+            console.print(f'rank {k} (key "{r.key}"): {largest.note()}: it computes in fp32 on '
+                          "its GPU (fp16 would give inf and NaN)", soft_wrap=True, markup=False)
+        else:
+            console.print(f'warning: rank {k} (key "{r.key}"): {largest.note()}: in fp16 it may '
+                          "compute inf and NaN (gen --precision auto keeps such ranks in fp32)",
+                          soft_wrap=True, markup=False)
+    return set(past) if precision == "auto" else set()
+
+
 def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: bool = True,
         console=None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
 
     Args:
-        precision: ``auto`` (fp16 on GPU ranks, fp32 on CPU ranks), ``fp32`` (every rank; equal
-            to onnxruntime to ~1e-6) or ``fp16`` (every rank, fp16 weights too: smallest).
+        precision: ``auto`` (fp16 on GPU ranks whose values fit fp16's range, fp32 on the rest),
+            ``fp32`` (every rank; equal to onnxruntime to ~1e-6) or ``fp16`` (every rank, fp16
+            weights too: smallest).
         progress: called with each rank as its conversion finishes.
         verify: load and run every converted model with ncnn and compare it with onnxruntime
             (:mod:`.verify`); off only where no C++ toolchain is at hand.
@@ -181,14 +208,17 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
     check_submodels(plan, out_dir)
     claim(out_dir)  # an autodice output, or nothing is written into it
     fp16_weights = precision == "fp16"
+    values = chain_values(plan, out_dir, random_inputs(plan, seed=0))
+    past = past_fp16(out_dir, values, [r for r in plan.ranks if rank_fp16(r, precision)])
+    kept_fp32 = fp16_notes(plan, precision, past, console)
     # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
     with staged(out_dir / "ncnn", owned=True) as converting:
         convert_all(plan, out_dir, converting, fp16_weights, progress)
         if verify:
-            verify_conversions(plan, out_dir, converting, fp16_weights, console)
+            verify_conversions(plan, out_dir, converting, values, fp16_weights, past, console)
         claim(out_dir, "ncnn/")
     ncnn_dir = out_dir / "ncnn"
-    program = render_program(plan, precision)
+    program = render_program(plan, precision, kept_fp32)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
         (tmp / ".precision").write_text(precision + "\n")  # no host name starts with "."

@@ -25,18 +25,22 @@ import onnx
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
-from ..frontend.check import chain_values, random_inputs
 from ..frontend.views import NCNN_AXES
 from .engine import ensure_ncnn
+from .fp16_range import Largest
 from .tools import build_tools
 
 RTOL = 1e-3  # fp32 on both sides agrees to ~1e-6 of the output's scale; a wrong layer by far more
 RTOL_FP16 = 5e-2  # fp16 weights (gen --fp16)
 
 
-def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path, fp16: bool = False,
-                       console=None) -> None:
-    """Load and run every rank's ncnn model; compare with its ONNX sub-model.
+def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
+                       values: dict[str, np.ndarray], fp16: bool = False,
+                       past_fp16: dict[int, Largest] | None = None, console=None) -> None:
+    """Load and run every rank's ncnn model; compare with its ONNX sub-model, each fed
+    ``values`` (:func:`~..frontend.check.chain_values` on :func:`~..frontend.check.random_inputs`
+    of seed 0). With ``fp16`` weights, a rank in ``past_fp16`` that is off is blamed on its
+    values' range, not on pnnx.
 
     Raises:
         AutodiceError: one line per rank whose model ncnn cannot load (unknown layer types and
@@ -44,13 +48,15 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path, fp16: bool 
             tolerance (the output, the error).
     """
     tools = build_tools(ensure_ncnn(console=console))
-    values = chain_values(plan, out_dir, random_inputs(plan, seed=0))
     with tempfile.TemporaryDirectory(prefix="autodice-verify-") as tmp:
         def one(rank: Rank) -> list[str]:
             work = Path(tmp) / str(rank.rank)
             work.mkdir()
+            too_big = (past_fp16 or {}).get(rank.rank) if fp16 else None
+            cause = (f"its {too_big.note()}: fp16 cannot hold them (gen --precision auto or "
+                     "fp32)" if too_big else f"pnnx mis-converted layers of {rank.submodel}")
             return _verify_rank(rank, out_dir, ncnn_models, tools / "ncnn_check", work,
-                                RTOL_FP16 if fp16 else RTOL, values)
+                                RTOL_FP16 if fp16 else RTOL, values, cause)
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             problems = [p for found in pool.map(one, plan.ranks) for p in found]
@@ -63,7 +69,7 @@ def _who(rank: Rank) -> str:
 
 
 def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, work: Path,
-                 rtol: float, values: dict[str, np.ndarray]) -> list[str]:
+                 rtol: float, values: dict[str, np.ndarray], cause: str) -> list[str]:
     floats = all(np.issubdtype(np.dtype(t.dtype), np.floating) for t in rank.submodel_inputs)
     feeds = {t.name: np.asarray(values[t.name], np.float32)
              for t in rank.submodel_inputs} if floats else {}
@@ -97,7 +103,7 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
         if not rel <= rtol:
             problems.append(f'{_who(rank)}: ncnn computes "{spec.name}" off by {rel:.3g} of its '
                             f"scale (max |diff| {diff:.3g}, tolerance {rtol:g}) against "
-                            f"onnxruntime: pnnx mis-converted layers of {rank.submodel}")
+                            f"onnxruntime: {cause}")
     return problems
 
 
