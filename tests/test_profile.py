@@ -28,7 +28,15 @@ from autodice.dse.attribution import (
     fingerprint_onnx,
     match_layers,
 )
-from autodice.dse.profile import LayerCost, Link, Profile, fit_link, load_profile, save_profile
+from autodice.dse.profile import (
+    GpuCopies,
+    LayerCost,
+    Link,
+    Profile,
+    fit_link,
+    load_profile,
+    save_profile,
+)
 from autodice.dse.profiler import profile_model, run_profile, write_inputs
 from autodice.dse.timing import Timing
 from autodice.frontend.layers import layer_table
@@ -175,10 +183,30 @@ def test_gpu_layers_and_copies_are_timed_on_the_vulkan_device(zoo_model):
     assert p.gpu is not None and "llvmpipe" in p.gpu.device
     assert all(lc.gpu_ms is not None and lc.gpu_ms >= 0 for lc in p.layers)
     assert 1e6 < p.gpu.upload.bandwidth < 1e12 and 1e6 < p.gpu.download.bandwidth < 1e12
-    # The layers, their outputs' downloads taken out, add up to the whole model on the device.
+    # A GPU rank holding every layer costs what the whole model measured on the device: its
+    # layers, plus the upload of its input and the download of its output.
+    g = load_model(model)
+    copies_ms = 1e3 * sum(link.latency + nbytes / link.bandwidth for link, nbytes in (
+        (p.gpu.upload, sum(g.types[t].nbytes for t in g.inputs)),
+        (p.gpu.download, sum(g.types[t].nbytes for t in g.outputs))))
     total = sum(lc.gpu_ms for lc in p.layers)
-    assert 0.6 < total / run.whole_ms["gpu"] < 1.4, (total, run.whole_ms["gpu"])
+    assert total + copies_ms == pytest.approx(run.whole_ms["gpu"], rel=1e-3)
     assert any("gpu_ms measured on llvmpipe" in n for n in run.notes)
+
+
+def test_gpu_layer_times_keep_their_shares_and_sum_to_the_whole_model(fig2):
+    """Timed alone, each layer pays a round trip to the GPU that the whole model pays once (on
+    an H100, SqueezeNet's layers summed to 9x its whole time): the sum is taken from the whole
+    model, the shares from the layers."""
+    graph = load_model(fig2 / "model.onnx")  # input 1x4x8x8 (1 KiB), output 1x4x4x4 (256 B)
+    copies = GpuCopies("gpu", upload=Link(2048e3, 0.5e-3), download=Link(512e3, 0.5e-3))
+    # 1 ms to upload the input and 1 ms to download the output, of 4 ms measured whole
+    scaled = profiler.summed_to_whole({0: 6.0, 1: 0.6, 2: 0.6, 4: 0.0}, 4.0, copies, graph,
+                                      [0, 1, 2, 4])
+    assert scaled == pytest.approx({0: 1.6666667, 1: 0.1666667, 2: 0.1666667, 4: 0.0})
+    # A whole model no slower than its copies leaves its layers nothing (never less).
+    assert set(profiler.summed_to_whole({0: 6.0, 1: 0.6}, 1.5, copies, graph, [0, 1])
+               .values()) == {0.0}
 
 
 # --- links ----------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
 
 ``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
 is its latency on the Vulkan device ``gpu.device`` (ncnn's default fp16 there, the copy of its
-output back to the host taken out), or null where no GPU was measured; ``gpu.upload`` and
+output back to the host taken out, scaled so that the layers sum to the whole model's time on the
+device less its input and output copies), or null where no GPU was measured; ``gpu.upload`` and
 ``gpu.download`` cost the copies a GPU rank makes of the tensors it receives and sends.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
 joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth``/``latency``
