@@ -167,6 +167,17 @@ def test_a_run_stopped_for_time_leaves_no_rank_running(fig2_built):
     assert programs(out) == []
 
 
+def test_an_output_folder_moved_with_its_build_builds_and_runs_in_its_new_place(fig2_built):
+    """CMake refuses a cache made for another source folder; build starts that one afresh."""
+    moved = fig2_built / "moved"
+    (fig2_built / "out").rename(moved)
+    build(moved)
+    res = run(moved, {"input": fig2_built / "x.npy"}, frames=2)
+    want = ort.InferenceSession(str(fig2_built / "model.onnx")).run(
+        None, {"input": np.load(fig2_built / "x.npy")})[0]
+    np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_cli_run_check(fig2_built):
     r = CliRunner().invoke(main, ["run", str(fig2_built / "out"), "--input",
                                   str(fig2_built / "x.npy"), "--frames", "3", "--check"])

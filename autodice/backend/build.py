@@ -85,6 +85,20 @@ def run_logged(cmd: list[str], log: Path, what: str) -> None:
         raise AutodiceError(f"{what} failed (log: {log}):", *tail)
 
 
+def configured_elsewhere(bdir: Path, package: Path) -> bool:
+    """Whether ``bdir`` holds CMake's cache of another source folder: an output folder copied or
+    moved with its build, which CMake refuses to configure again ("CMakeCache.txt directory ...
+    is different")."""
+    try:
+        cache = (bdir / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    for line in cache.splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
+            return Path(line.partition("=")[2]).resolve() != package.resolve()
+    return False
+
+
 def build(out_dir: str | Path, console=None) -> Path:
     """Configure and build ``out_dir/packages``; each package's ``build/program`` links to it.
 
@@ -103,10 +117,12 @@ def build(out_dir: str | Path, console=None) -> Path:
     # Built here, the program runs here, whatever the platform says the hosts are: one build
     # serves every package (a board builds its own natively through `autodice deploy`).
     bdir = out_dir / "build" / "local"
+    package = packages / plan.hosts()[0]
+    if configured_elsewhere(bdir, package):
+        shutil.rmtree(bdir)
     bdir.mkdir(parents=True, exist_ok=True)
     log = bdir / "build.log"
     log.write_text("")
-    package = packages / plan.hosts()[0]
     flags = ["-DCMAKE_BUILD_TYPE=Release", *cmake_args(ncnn)]
     runtime = kept_runtime(package, flags)
     run_logged(["cmake", "-S", str(package), "-B", str(bdir), *flags,
