@@ -34,12 +34,27 @@ from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 # command ends (``_run_held``): the build runs in the background, and a watcher reading that
 # stdin ends it and all it started at EOF, which comes only if the ssh went (stopped first, so
 # that make starts no compiler meanwhile). The watcher is the shell itself, no child of its own
-# holds the session's pipes: ssh returns as soon as the build is done.
+# holds the session's pipes: ssh returns as soon as the build is done. ``tree`` reads /proc
+# once, starting no process: reading each entry's parent with sed and cut, for each process of
+# the tree, took 772 ms for 6 processes among 72 entries on an idle machine (11 ms now), and in
+# a full test run a build was still stopped, not yet killed, 15 s after its Ctrl-C.
 _GUARDED = r"""
 ppid_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d ' ' -f 2; }
-tree() {
-  echo "$1"
-  for p in /proc/[0-9]*; do [ "$(ppid_of "${p#/proc/}")" = "$1" ] && tree "${p#/proc/}"; done
+tree() {  # $1 and its descendants, from one pass over /proc that starts no process
+  root=$1 pairs=
+  for p in /proc/[0-9]*; do
+    read -r s 2>/dev/null < "$p/stat" || continue
+    s=${s##*) }; set -- $s; pairs="$pairs ${p#/proc/}:$2"
+  done
+  found=" $root " more=1
+  while [ -n "$more" ]; do
+    more=
+    for pair in $pairs; do
+      case "$found" in *" ${pair%%:*} "*) continue ;; esac
+      case "$found" in *" ${pair#*:} "*) found="$found${pair%%:*} " more=1 ;; esac
+    done
+  done
+  echo $found
 }
 guard() {
   exec 3<&0
