@@ -32,12 +32,14 @@ from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel
 # terminal running, and a shared master keeps the connection) would build on beside the next
 # deploy's, into the same folder. So the deploy holds a pipe on the command's stdin until the
 # command ends (``_run_held``): the build runs in the background, and a watcher reading that
-# stdin ends it and all it started at EOF, which comes only if the ssh went (stopped first, so
-# that make starts no compiler meanwhile). The watcher is the shell itself, no child of its own
-# holds the session's pipes: ssh returns as soon as the build is done. ``tree`` reads /proc
-# once, starting no process: reading each entry's parent with sed and cut, for each process of
-# the tree, took 772 ms for 6 processes among 72 entries on an idle machine (11 ms now), and in
-# a full test run a build was still stopped, not yet killed, 15 s after its Ctrl-C.
+# stdin ends it and all it started at EOF, which comes only if the ssh went. It stops every
+# process of the tree, reads the tree again and stops the new ones, until none is new (a stopped
+# process forks no more), then kills them all: a make that forked between a reading and its stop
+# left a sub-make behind, no longer linked to the tree once its parent was killed. The watcher
+# is the shell itself, no child of its own holds the session's pipes: ssh returns as soon as the
+# build is done. ``tree`` reads /proc once and starts no process (reading each entry's parent
+# with sed and cut, per process of the tree, took 772 ms for 6 processes among 72 entries on an
+# idle machine; 11 ms this way).
 _GUARDED = r"""
 ppid_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d ' ' -f 2; }
 tree() {  # $1 and its descendants, from one pass over /proc that starts no process
@@ -61,7 +63,9 @@ guard() {
   "$@" < /dev/null & job=$!
   ( while read -r _; do :; done
     [ "$(ppid_of "$job")" = "$$" ] || exit 0  # ended already (and reaped: not ours)
-    t=$(tree "$job"); kill -STOP $t; kill -KILL $t $(tree "$job") ) <&3 > /dev/null 2>&1 &
+    t=$(tree "$job")
+    while kill -STOP $t; n=$(tree "$job"); [ "$n" != "$t" ]; do t=$n; done
+    kill -KILL $t ) <&3 > /dev/null 2>&1 &
   watcher=$!
   exec 3<&-
   wait "$job"; code=$?
