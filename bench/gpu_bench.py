@@ -58,8 +58,7 @@ def configurations(model: Path, cores: int) -> tuple[dict, dict]:
     measured = run_profile(model, key_platform(keys), tuple(sorted({1, cores})), gpu=True)
     cut = balance(graph, model, keys, measured.profile)
     said = {"whole_ms": {str(k): v for k, v in measured.whole_ms.items()},
-            "layers_ms": {str(cores): sum(c.cpu_ms[cores] for c in measured.profile.layers),
-                          "gpu": sum(c.gpu_ms for c in measured.profile.layers)},
+            "layers_ms": {str(cores): sum(c.cpu_ms[cores] for c in measured.profile.layers)},
             "cut_predicted_ms": {k: 1e3 * v for k, v in cut.seconds.items()},
             "gpu_copies": {"device": measured.profile.gpu.device,
                            **{way: {"bandwidth": link.bandwidth, "latency": link.latency}
@@ -157,7 +156,7 @@ def print_model(name: str, m: dict) -> None:
     print(f"cpu+gpu against the GPU alone (auto): {m['configs']['cpu+gpu']['vs_gpu']:.2f}x")
     p = m["profile"]
     print("profile, ms per frame: whole model " + ", ".join(
-        f"{k} {v:.2f}" for k, v in p["whole_ms"].items()) + "; its layers summed " + ", ".join(
+        f"{k} {v:.2f}" for k, v in p["whole_ms"].items()) + "; its CPU layers summed " + ", ".join(
         f"{k} {v:.2f}" for k, v in p["layers_ms"].items()) + "; the cut's stages predicted "
         + ", ".join(f"{k} {v:.2f}" for k, v in p["cut_predicted_ms"].items()))
 

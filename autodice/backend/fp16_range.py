@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import onnx
 
 from ..core.plan import Rank
 from ..frontend.check import every_value
 
 FP16_MAX = 65504.0
 HEADROOM = 4.0
+CONSTANTS = ("Constant", "ConstantOfShape")
 
 
 class Largest(NamedTuple):
@@ -37,12 +39,18 @@ class Largest(NamedTuple):
 
 
 def largest_value(rank: Rank, out_dir: Path, values: dict[str, np.ndarray]) -> Largest:
-    """The largest finite magnitude among the floats ``rank`` receives and computes, its
-    sub-model fed what the model gives it (``values``: :func:`~..frontend.check.chain_values`).
+    """The largest finite magnitude among the floats ``rank`` receives and its layers compute,
+    its sub-model fed what the model gives it (``values``: :func:`~..frontend.check.chain_values`).
     """
     feeds = {t.name: values[t.name] for t in rank.submodel_inputs}
+    path = out_dir / rank.submodel
+    # Constants (a mask's -1e9) and shape arithmetic are not activations the GPU computes on.
+    skip = set(rank.followers)
+    computed = [t for node in onnx.load(str(path), load_external_data=False).graph.node
+                if node.op_type not in CONSTANTS and (node.name or node.output[0]) not in skip
+                for t in node.output if t]
     best = Largest("", 0.0)
-    for name, value in (*feeds.items(), *every_value(out_dir / rank.submodel, feeds).items()):
+    for name, value in (*feeds.items(), *every_value(path, feeds, computed).items()):
         value = np.asarray(value)
         if value.dtype.kind == "f" and value.size:
             finite = np.abs(value[np.isfinite(value)])

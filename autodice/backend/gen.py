@@ -208,8 +208,10 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
     check_submodels(plan, out_dir)
     claim(out_dir)  # an autodice output, or nothing is written into it
     fp16_weights = precision == "fp16"
-    values = chain_values(plan, out_dir, random_inputs(plan, seed=0))
-    past = past_fp16(out_dir, values, [r for r in plan.ranks if rank_fp16(r, precision)])
+    fp16_ranks = [r for r in plan.ranks if rank_fp16(r, precision)]
+    values = (chain_values(plan, out_dir, random_inputs(plan, seed=0))
+              if verify or fp16_ranks else {})
+    past = past_fp16(out_dir, values, fp16_ranks)
     kept_fp32 = fp16_notes(plan, precision, past, console)
     # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
     with staged(out_dir / "ncnn", owned=True) as converting:

@@ -53,8 +53,9 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
             work = Path(tmp) / str(rank.rank)
             work.mkdir()
             too_big = (past_fp16 or {}).get(rank.rank) if fp16 else None
-            cause = (f"its {too_big.note()}: fp16 cannot hold them (gen --precision auto or "
-                     "fp32)" if too_big else f"pnnx mis-converted layers of {rank.submodel}")
+            cause = (f"its {too_big.note()}: fp16 may not hold them (gen --precision auto or "
+                     f"fp32), or pnnx mis-converted layers of {rank.submodel}" if too_big
+                     else f"pnnx mis-converted layers of {rank.submodel}")
             return _verify_rank(rank, out_dir, ncnn_models, tools / "ncnn_check", work,
                                 RTOL_FP16 if fp16 else RTOL, values, cause)
 

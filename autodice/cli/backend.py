@@ -15,8 +15,9 @@ from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, pro
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto",
               show_default=True,
-              help="auto: fp16 on GPU ranks (ncnn's default there), fp32 on CPU ranks; fp32 or "
-                   "fp16 on every rank (fp16: fp16 weights too).")
+              help="auto: fp16 on GPU ranks (ncnn's default there) whose values fit fp16's "
+                   "range, fp32 on the rest; fp32 or fp16 on every rank (fp16: fp16 weights "
+                   "too).")
 @click.option("--fp16", is_flag=True, help="Same as --precision fp16.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
