@@ -85,14 +85,9 @@ def _open(path: Path, model=None):
 
 
 def every_value(path: Path, feeds: dict[str, np.ndarray],
-                tensors: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-    """What onnxruntime computes for ``tensors`` of the model at ``path`` (every node's outputs
-    when None), inner tensors included, fed ``feeds``."""
-    if tensors is None:
-        import onnx
-
-        graph = onnx.load(str(path), load_external_data=False).graph
-        tensors = [t for node in graph.node for t in node.output if t]
+                tensors: Sequence[str]) -> dict[str, np.ndarray]:
+    """What onnxruntime computes for ``tensors`` of the model at ``path``, inner tensors
+    included, fed ``feeds``."""
     return dict(zip(tensors, session(path, tensors).run(list(tensors), feeds)))
 
 
