@@ -16,6 +16,13 @@
 //                              1 int64), u32 rank, i64 dims...
 //   session -> gateway:        Header{kind = kFrame, id} + every input's dense bytes in order,
 //                              or Header{kind = kStop}
+//   session -> gateway, once:  Header{kind = kShm, reserved = slots, value = slot bytes} with a
+//                              memfd passed beside it (SCM_RIGHTS), answered by a Header{kind =
+//                              kShm, value = 1 taken / 0 not}. Taken, a frame may be
+//                              Header{kind = kFrame, reserved = slot + 1, id} with its bytes in
+//                              that slot of the shared memory instead of on the socket. A
+//                              gateway behind ssh's forward gets no fd (ssh passes bytes) and
+//                              says 0; sessions of version 1 never offer.
 //   gateway -> session:        Header{kind = kResult, id} + every output's dense bytes, in the
 //                              order frames came; last Header{kind = kStats, bytes} + stats.json
 #pragma once
@@ -49,12 +56,12 @@ StreamLayout stream_layout(const ProgramPlan& plan);
 // Whether rank `r` takes frame `f` (its stage's turn).
 inline bool takes(const RankPlan& r, int64_t f) { return f % r.replicas == r.replica; }
 
-enum class StreamKind : uint32_t { kFrame = 1, kStop = 2, kResult = 3, kStats = 4 };
+enum class StreamKind : uint32_t { kFrame = 1, kStop = 2, kResult = 3, kStats = 4, kShm = 5 };
 
 struct StreamHeader {
   uint32_t kind = 0;
-  uint32_t reserved = 0;
-  int64_t value = 0;  // the frame's id (kFrame, kResult) or the byte count (kStats)
+  uint32_t reserved = 0;  // kFrame: 0 (its bytes follow) or its shared slot + 1; kShm: slots
+  int64_t value = 0;      // the frame's id (kFrame, kResult) or a byte count (kStats, kShm)
 };
 static_assert(sizeof(StreamHeader) == 16, "the wire header is 16 bytes");
 
@@ -75,10 +82,16 @@ class Gateway {
   void finish(const std::string& stats_json);
 
  private:
+  // The session's offer of shared frame slots (kShm): mapped if the fd came and fits, and the
+  // answer sent. False if the session has gone.
+  bool take_shared(const StreamHeader& offer, int passed_fd, size_t frame_bytes);
+
   const ProgramPlan& plan_;
   StreamLayout layout_;
   int fd_ = -1;
   bool session_gone_ = false;
+  unsigned char* shared_ = nullptr;  // the session's frame slots, when it shares them
+  size_t shared_bytes_ = 0, slots_ = 0;
 };
 
 }  // namespace autodice

@@ -333,6 +333,7 @@ def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts
         want = ref.run(None, {"input": x})[0]
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=f"frame {i}")
     st = s.stats()
+    assert st["frames_via"] == "socket"  # ssh forwards bytes, not a memfd
     assert st["frames"] == 301 and st["latency_s"]["p50"] > 0
     assert [r["frames"] for r in st["ranks"]] == [301, 301, 151, 150]
     close_connections(load_inventory(inventory).targets.values())

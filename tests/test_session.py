@@ -97,6 +97,7 @@ def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
     # Replicated ranks took every other frame; the stats say so, and latency was measured.
     st = s.stats()
     assert mid["frames"] == st["frames"] == 301 and st["fps"] > 0 and st["steady_fps"] > 0
+    assert st["frames_via"] == "shared memory"  # a job on this machine
     assert 0 < st["latency_s"]["p50"] <= st["latency_s"]["p99"]
     by_key = {r["key"]: r for r in st["ranks"]}
     assert by_key["edge01_arm3"]["frames"] + by_key["edge01_arm4"]["frames"] == 301

@@ -9,12 +9,21 @@ finish and the gateway answers with their figures (``STATS``, JSON).
 A :class:`Gateway` is the job and that socket, and nothing of the stream: which frames are in
 flight, what to do when the job dies, the figures over many jobs are the session's
 (``session.py``). Kept apart so a restart is a new ``Gateway`` and the wire is read in one place.
+
+A gateway on this machine (version 2) takes frames through shared memory: the session offers a
+memfd of ``slots`` frames beside a ``SHM`` header, and once taken writes each frame into its slot
+and sends the header alone. A frame then costs one copy instead of two through the socket: on
+this project's 2-core VM, 0.23 ms less CPU a SqueezeNet frame for the session and its gateway
+together, time the ranks' cores had been giving up. A gateway behind ssh's forward gets no fd
+and says no; frames then go on the socket as before.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
+import os
 import socket
 import struct
 import time
@@ -29,7 +38,7 @@ from ..core.plan import Plan
 from .job import Job
 
 _HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
-_FRAME, _STOP, _RESULT, _STATS = 1, 2, 3, 4
+_FRAME, _STOP, _RESULT, _STATS, _SHM = 1, 2, 3, 4, 5
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i8")}
 START_TIMEOUT_S = 120.0  # loading a large sub-model on a small board takes a while
 
@@ -103,24 +112,29 @@ def encode(inputs: list[StreamTensor], frame, index: int) -> list[memoryview]:
 class Gateway:
     """A started job and its gateway's connection (see the module docstring)."""
 
-    def __init__(self, job: Job, sock: socket.socket, plan: Plan):
-        """Read the gateway's hello and check it against ``plan``.
+    def __init__(self, job: Job, sock: socket.socket, plan: Plan, slots: int = 0):
+        """Read the gateway's hello and check it against ``plan``; offer it ``slots`` frames of
+        shared memory (0: none). At most ``slots`` frames may be in flight after that.
 
         Raises:
             AutodiceError: the job ended first, or its program was built from another plan.
         """
         self.job = job
         self._sock: socket.socket | None = sock
+        self._slots: list[memoryview] = []  # shared frame slots, if the gateway took them
+        self._sent = 0
         try:
-            self.inputs, self.outputs = self._hello(plan)
+            self.inputs, self.outputs, version = self._hello(plan)
             self._result_bytes = sum(t.nbytes for t in self.outputs)
+            if slots > 0 and version >= 2:
+                self._slots = self._share(slots)
         except BaseException:
             self.hang_up()
             raise
 
     @classmethod
     def start(cls, start: Callable[[str], Job], path: str, plan: Plan,
-              timeout_s: float) -> Gateway:
+              timeout_s: float, slots: int = 0) -> Gateway:
         """Listen on ``path``, start the job (``start`` gets the path) and take its gateway's
         connection; a job that fails or does not connect in time is stopped.
 
@@ -133,7 +147,7 @@ class Gateway:
             listener.listen(1)
             job = start(path)
             try:
-                return cls(job, _accept(listener, job, timeout_s), plan)
+                return cls(job, _accept(listener, job, timeout_s), plan, slots)
             except BaseException:
                 job.stop()
                 raise
@@ -145,11 +159,29 @@ class Gateway:
     def closed(self) -> bool:
         return self._sock is None
 
+    @property
+    def shared(self) -> bool:
+        """Whether frames go through shared memory (the gateway took the offer)."""
+        return bool(self._slots)
+
     def send(self, fid: int, parts: list[memoryview]) -> None:
-        """Frame ``fid`` to the gateway. Raises OSError when the connection is gone."""
+        """Frame ``fid`` to the gateway. Raises OSError when the connection is gone.
+
+        With shared slots, the n-th frame sent goes into slot n % slots: the caller keeps at
+        most ``slots`` frames in flight, so that slot's last frame has its result back.
+        """
         sock = self._sock
         if sock is None:
             raise OSError("the session's socket is closed")
+        slots = self._slots  # hang_up() may empty it under a feeder
+        if slots:
+            slot, at = slots[self._sent % len(slots)], 0
+            for p in parts:
+                slot[at:at + p.nbytes] = p
+                at += p.nbytes
+            sock.sendall(_HEADER.pack(_FRAME, self._sent % len(slots) + 1, fid))
+            self._sent += 1
+            return
         sock.sendall(_HEADER.pack(_FRAME, 0, fid))
         for p in parts:
             sock.sendall(p)
@@ -207,6 +239,7 @@ class Gateway:
         """Close our end: an ssh that forwards it waits for that before it ends (shut down
         first: a feeder blocked in a send wakes up)."""
         sock, self._sock = self._sock, None
+        self._slots = []  # the mapping goes with its last view
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -214,13 +247,13 @@ class Gateway:
                 pass
             sock.close()
 
-    def _hello(self, plan: Plan) -> tuple[list[StreamTensor], list[StreamTensor]]:
-        """The tensors the gateway carries, checked against the plan."""
+    def _hello(self, plan: Plan) -> tuple[list[StreamTensor], list[StreamTensor], int]:
+        """The tensors the gateway carries, checked against the plan, and its version."""
         head = self.read(8 + 12, "the job ended before it was ready")
         if head[:8] != b"ADSTREAM":
             raise AutodiceError("the program's gateway did not say hello: rebuild it "
                                 "(`autodice gen` then `autodice build`)")
-        _, n_in, n_out = struct.unpack("<III", head[8:])
+        version, n_in, n_out = struct.unpack("<III", head[8:])
         tensors = []
         for _ in range(n_in + n_out):
             (n,) = struct.unpack("<I", self.read(4))
@@ -238,7 +271,28 @@ class Gateway:
         frame_bytes = sum(t.nbytes for t in inputs) + _HEADER.size
         if frame_bytes > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
-        return inputs, outputs
+        return inputs, outputs, version
+
+    def _share(self, slots: int) -> list[memoryview]:
+        """Offer the gateway ``slots`` frames of shared memory; the slots if it took them."""
+        frame_bytes = sum(t.nbytes for t in self.inputs)
+        fd = os.memfd_create("autodice-frames", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, slots * frame_bytes)
+            shared = mmap.mmap(fd, slots * frame_bytes)
+            socket.send_fds(self._sock, [_HEADER.pack(_SHM, slots, frame_bytes)], [fd])
+        finally:
+            os.close(fd)  # the mapping and the gateway's copy of the fd keep it
+        kind, _, taken = _HEADER.unpack(self.read(_HEADER.size, "the job ended before it was "
+                                                                "ready"))
+        if kind != _SHM:
+            raise AutodiceError(f"the gateway sent message kind {kind}, expected its answer to "
+                                "shared frames")
+        if not taken:
+            shared.close()
+            return []
+        view = memoryview(shared)
+        return [view[k * frame_bytes:(k + 1) * frame_bytes] for k in range(slots)]
 
 
 def _accept(listener: socket.socket, job: Job, timeout_s: float) -> socket.socket:
