@@ -131,6 +131,9 @@ def session(d: dict) -> Iterator[Goal]:
                    f"gateway, the ranks' processes {ms['ranks']:.2f} (/proc, waiting included); "
                    f"inside ncnn the ranks spent {ms['ranks computing']:.2f} ms, "
                    f"{ms['repeat computing']:.2f} in the repeat (wall time, their own clocks)")
+        if "median_gateway_wakeups" in m:  # since 2026-11-27
+            why += (f"; frames went through {m['frames_via']}, the gateway woke "
+                    f"{m['median_gateway_wakeups']:.1f} times a frame on rank 0's core")
         if "beside a plain feed / repeat" in r:  # the plain feed: since 2026-11-26
             plain = r["beside a plain feed / repeat"]
             why += (f". Rank 0 waited {m['median_input_wait_ms']:.3f} ms a frame for its "

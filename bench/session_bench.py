@@ -88,6 +88,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def switches(pid: int) -> int:
+    """Times a process gave up its core so far (/proc/PID/status): for the gateway, each is a
+    sleep that ended in a wake-up on rank 0's core."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no voluntary_ctxt_switches")
+
+
 def compute_ms(ranks: list[dict], frames: int) -> float:
     """The ranks' compute a frame, summed over ranks, by their own clocks (stats.json)."""
     return 1e3 * sum(r["compute_s"] for r in ranks) / frames
@@ -95,19 +104,22 @@ def compute_ms(ranks: list[dict], frames: int) -> float:
 
 def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
     """``frames`` frames (``xs`` in turn) through a session: its steady rate, how long rank 0
-    waited for its frames (ms a frame), and ms a frame while it streamed: the CPU of the feed
-    (this process by its own clock, the gateway from /proc) and of the ranks' processes (/proc:
-    computing, receiving, waiting, spinning included), and the ranks' compute alone (their own
-    clocks)."""
+    waited for its frames (ms a frame), the gateway's wake-ups a frame, and ms a frame while it
+    streamed: the CPU of the feed (this process by its own clock, the gateway from /proc) and of
+    the ranks' processes (/proc: computing, receiving, waiting, spinning included), and the
+    ranks' compute alone (their own clocks)."""
     with autodice.open(out) as s:
         pids = job_pids(out, ranks)
         before = {r: cpu_s(p) for r, p in pids.items()}
+        woke = switches(pids[ranks])
         own = time.process_time()
         list(s.map(itertools.islice(itertools.cycle(xs), frames)))
         own = time.process_time() - own
         used = {r: cpu_s(p) - before[r] for r, p in pids.items()}
+        woke = switches(pids[ranks]) - woke
     st = s.stats()
-    return {"steady_fps": st["steady_fps"],
+    return {"steady_fps": st["steady_fps"], "frames_via": st["frames_via"],
+            "gateway_wakeups": woke / frames,
             "input_wait_ms": 1e3 * st["ranks"][0]["recv_wait_s"] / frames,
             "ms_a_frame": {"python": 1e3 * own / frames,
                            "gateway": 1e3 * used.pop(ranks) / frames,
@@ -153,7 +165,7 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
     warm = run(out, feeds, frames).stats
     frames = max(frames, round(seconds * (warm["steady_fps"] or warm["fps"])))
     fps = {"repeat": [], "session": [], "beside a plain feed": [], "lockstep": []}
-    latency, ms, repeat_compute, input_wait = [], [], [], []
+    latency, ms, repeat_compute, input_wait, wakeups = [], [], [], [], []
     for _ in range(rounds):
         res = run(out, feeds, frames)
         fps["repeat"].append(res.stats["steady_fps"])
@@ -162,6 +174,8 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
         fps["session"].append(got["steady_fps"])
         ms.append(got["ms_a_frame"])
         input_wait.append(got["input_wait_ms"])
+        wakeups.append(got["gateway_wakeups"])
+        via = got["frames_via"]
         fps["beside a plain feed"].append(beside_feed(feed, out, plan, feeds, frames,
                                                       got["steady_fps"]))
         fps["lockstep"].append(run(out, feeds, frames, pipeline=False).stats["fps"])
@@ -176,6 +190,8 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
             "median_latency_s": statistics.median(latency),
             "ms_a_frame": ms, "repeat_compute_ms": repeat_compute, "cores": os.cpu_count(),
             "input_wait_ms": input_wait, "median_input_wait_ms": statistics.median(input_wait),
+            "frames_via": via, "gateway_wakeups": wakeups,
+            "median_gateway_wakeups": statistics.median(wakeups),
             "median_ms_a_frame": {**{k: statistics.median(c[k] for c in ms) for k in ms[0]},
                                   "repeat computing": statistics.median(repeat_compute)},
             "ratios": {"session / repeat": statistics.median(
@@ -227,17 +243,17 @@ def main() -> int:
                   for m in args.models.split(",")]
         print("steady frames/s (plain: the repeat beside a plain feed / the repeat); ms a frame "
               "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
-              "computing (the repeat's, the session's)")
+              "computing (the repeat's, the session's); the gateway's wake-ups a frame")
         print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'plain':>7}"
-              f"{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'lockstep ms':>13}"
-              f"{'latency ms':>12}{'ratio':>7}")
+              f"{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'wakes':>7}"
+              f"{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
         for m in models:
             med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
             print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
                   f"{r['session / repeat']:>7.2f}{r['beside a plain feed / repeat']:>7.2f}"
                   f"{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
                   f"{ms['repeat computing']:>9.2f}{ms['ranks computing']:>9.2f}"
-                  f"{1e3 / med['lockstep']:>13.2f}{m['median_latency_s'] * 1e3:>12.2f}"
+                  f"{m['median_gateway_wakeups']:>7.1f}{1e3 / med['lockstep']:>13.2f}{m['median_latency_s'] * 1e3:>12.2f}"
                   f"{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None
         if long:

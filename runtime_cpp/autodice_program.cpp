@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -328,6 +329,11 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     produced[s].resize(r.produces.size());
   }
   std::vector<Transfer> recvs[2], input_recvs[2], sends[2];
+  // Results to the gateway are not waited for with the frame's other sends: one larger than a
+  // shared-memory fast box (4 KiB) completes only once the gateway takes it, and a rank that
+  // waited for it two frames later ran at the pace the gateway looks, not at its own. They
+  // retire as they complete; the gateway's window bounds how many are out.
+  std::deque<Transfer> results;
   FrameSource frames(args, r, gateway, stream.control_tag());
   start_clock(st, loading, gpu ? 1 : r.threads);
   const auto post_receives = [&](int64_t frame, int local) {
@@ -382,13 +388,14 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
         post_send(r.sends[k], produced[s][produced_by[r.sends[k].tensor]], f, s);
       for (int k : outputs_after[step]) {
         const int p = r.outputs[k].produce;
-        sends[s].push_back(Transfer::send(MPI_COMM_WORLD, infos[r.produces[p].tensor],
-                                          produced[s][p], gateway,
-                                          stream.output_tag(stream_index(stream.outputs,
-                                                                         r.outputs[k].file))));
+        results.push_back(Transfer::send(MPI_COMM_WORLD, infos[r.produces[p].tensor],
+                                         produced[s][p], gateway,
+                                         stream.output_tag(stream_index(stream.outputs,
+                                                                        r.outputs[k].file))));
       }
     }
     timed_wait_all(recvs[s], st.recv_wait_s, recv_timeout_s);  // ones no output depended on
+    while (!results.empty() && results.front().test()) results.pop_front();
     if (!args.pipeline) {  // the paper's behaviour: the next frame starts when this one is done
       timed_wait_all(sends[s], st.send_wait_s);
       meet_until(f + 1);
@@ -404,6 +411,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   if (!args.pipeline) meet_until(args.frames);
   timed_wait_all(sends[0], st.send_wait_s);
   timed_wait_all(sends[1], st.send_wait_s);
+  for (; !results.empty(); results.pop_front()) timed_wait(results.front(), st.send_wait_s);
   // The model's outputs of the last frame: only the replica that took that frame writes them.
   if (!streamed && last == args.frames - 1)
     for (const ModelOutput& o : r.outputs)
