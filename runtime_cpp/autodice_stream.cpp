@@ -194,8 +194,9 @@ int64_t Gateway::serve() {
   };
   int64_t frames = 0;
   bool stopping = session_gone_;
-  double expect_s = 0;  // how long a frame takes from here to its results (moving average)
-  double period_s = 0;  // between results while frames queue (moving average): the pace
+  double expect_s = 0;   // a frame alone: how long from here to its results (moving average)
+  double period_s = 0;   // frames queued: the time between results (moving average), the pace
+  bool polling = false;  // the front's result was looked for since it was due, not there yet
   for (;;) {
     bool moved = false;
     while (!flight.empty()) {  // results go back in the order frames came
@@ -211,14 +212,23 @@ int64_t Gateway::serve() {
         break;
       }
       wait_all(front.sends);
-      const double now = MPI_Wtime(), took = now - front.since;
-      expect_s = expect_s > 0 ? 0.8 * expect_s + 0.2 * took : took;
-      if (previous_result_s > 0 && front.since < previous_result_s) {  // it queued: the pace
-        // The shortest recent gap, slowly forgotten: a result the gateway took late makes a
-        // longer gap (and the next a shorter one), so an average would follow its own lateness.
+      const double now = MPI_Wtime();
+      if (previous_result_s > 0 && front.since < previous_result_s) {
+        // It queued: the gaps between results average to the pace however late the gateway
+        // looks, since the ranks do not wait for it (a result taken late makes the next gap
+        // shorter).
         const double gap = now - previous_result_s;
-        period_s = period_s > 0 && gap > period_s ? std::min(gap, 1.02 * period_s) : gap;
+        period_s = period_s > 0 ? 0.8 * period_s + 0.2 * gap : gap;
+      } else {
+        // Alone. Found at the first look once due, its result came some time before: `took`
+        // is only a bound, and counted in full the gateway learns its own lateness (a first
+        // frame's 16 ms kept a stream of 7 ms frames late for 30 frames). A bound lowers the
+        // expectation by a quarter; a result polled for gives its time.
+        const double took = now - front.since;
+        const double fresh = expect_s > 0 ? 0.8 * expect_s + 0.2 * took : took;
+        expect_s = polling || expect_s == 0 ? fresh : std::min(fresh, 0.75 * expect_s);
       }
+      polling = false;
       if (!session_gone_) {
         StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
         session_gone_ = !write_all(fd_, &h, sizeof h) ||
@@ -236,23 +246,24 @@ int64_t Gateway::serve() {
       // Block while nothing is in flight; otherwise look at the socket between result checks.
       // The gateway shares rank 0's core, and every wake-up preempts that rank: 20,000 a
       // second cost it a third of its frames. So it sleeps until a tenth of a frame's time
-      // before the result is due (a new frame on the socket still wakes it at once). Due is
-      // when the frame's usual time from here is up, or one pace after the last result if
-      // frames queue (a queued frame's usual time is many paces: 80 % of it, before, woke the
-      // gateway 8 times a SqueezeNet frame). Then it looks again after a quarter of the time
-      // since, from 50 us (a frame alone: its latency) or a twentieth of a frame's time
-      // (frames queue: the ranks go on without it) up to 1 ms.
+      // before the result is due (a new frame on the socket still wakes it at once): one pace
+      // after the last result if frames queue, else when a frame's usual time from here is up
+      // (waking at 80 % of a queued frame's time from here, many paces, woke the gateway 8
+      // times a SqueezeNet frame). Then it looks again after a quarter of the time since, from
+      // 50 us (a frame alone: its latency) or a twentieth of the pace (frames queue: the ranks
+      // go on without it) up to 1 ms.
       pollfd p{fd_, POLLIN, 0};
       double pause_s = 0;
       if (!flight.empty() && !moved) {
         const InFlight& front = flight.front();
         const bool queued = period_s > 0 && front.since < previous_result_s;
-        const double step = queued ? std::min(period_s, expect_s) : expect_s;
-        const double wake = std::max(front.since + expect_s, previous_result_s + period_s) -
+        const double step = queued ? period_s : expect_s;
+        const double wake = (queued ? previous_result_s + period_s : front.since + expect_s) -
                             step / 10;
         const double since = MPI_Wtime() - wake;
         const double least = queued ? std::min(step / 20, 1e-3) : 50e-6;
         pause_s = since < 0 ? std::min(-since, 0.1) : std::clamp(since / 4, least, 1e-3);
+        polling = since >= 0;
       }
       const auto pause_ns = static_cast<long>(pause_s * 1e9);
       const timespec pause{pause_ns / 1000000000L, pause_ns % 1000000000L};
