@@ -251,8 +251,11 @@ int64_t Gateway::serve() {
       // (waking at 80 % of a queued frame's time from here, many paces, woke the gateway 8
       // times a SqueezeNet frame). Then it looks again after a quarter of the time since, from
       // 50 us (a frame alone: its latency) or a twentieth of the pace (frames queue: the ranks
-      // go on without it) up to 1 ms.
-      pollfd p{fd_, POLLIN, 0};
+      // go on without it) up to 1 ms. With more frames out than ranks, one waits its turn at
+      // rank 0: new frames are read once awake for a result rather than woken for (a hang-up
+      // still wakes it).
+      const bool want_frames = moved || flight.size() <= plan_.ranks.size();
+      pollfd p{fd_, static_cast<short>(want_frames ? POLLIN : 0), 0};
       double pause_s = 0;
       if (!flight.empty() && !moved) {
         const InFlight& front = flight.front();
