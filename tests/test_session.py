@@ -11,6 +11,7 @@ the gateway puts them in order.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -103,6 +104,23 @@ def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
     assert by_key["edge01_arm3"]["frames"] + by_key["edge01_arm4"]["frames"] == 301
     assert by_key["edge01_arm1"]["frames"] == 301
     assert not programs(built / "out")
+
+
+def test_frames_go_on_the_socket_where_no_shared_memory_can_be_made(built, monkeypatch):
+    """No memfd (another OS, an old kernel, no room): no offer is made, and the frames travel on
+    the socket as to a gateway behind ssh."""
+    def no_memfd(*_):
+        raise OSError(errno.ENOSYS, "memfd_create is not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    xs = frames(40)
+    want = reference(built / "model.onnx", xs)
+    with autodice.open(built / "out") as s:
+        got = list(s.map(xs))
+    assert s.stats()["frames_via"] == "socket"
+    assert len(got) == 40
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), f"frame {i}"
 
 
 def test_steady_rate_leaves_out_each_streams_first_result():

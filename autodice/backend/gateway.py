@@ -274,12 +274,19 @@ class Gateway:
         return inputs, outputs, version
 
     def _share(self, slots: int) -> list[memoryview]:
-        """Offer the gateway ``slots`` frames of shared memory; the slots if it took them."""
+        """Offer the gateway ``slots`` frames of shared memory; the slots if it took them (none,
+        and no offer, where this system has no memfd or no room for one)."""
         frame_bytes = sum(t.nbytes for t in self.inputs)
-        fd = os.memfd_create("autodice-frames", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, slots * frame_bytes)
-            shared = mmap.mmap(fd, slots * frame_bytes)
+            fd = os.memfd_create("autodice-frames", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):  # not Linux, or an old kernel
+            return []
+        try:
+            try:
+                os.ftruncate(fd, slots * frame_bytes)
+                shared = mmap.mmap(fd, slots * frame_bytes)
+            except OSError:  # no room: the socket carries the frames
+                return []
             socket.send_fds(self._sock, [_HEADER.pack(_SHM, slots, frame_bytes)], [fd])
         finally:
             os.close(fd)  # the mapping and the gateway's copy of the fd keep it
