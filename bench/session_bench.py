@@ -253,8 +253,8 @@ def main() -> int:
                   f"{r['session / repeat']:>7.2f}{r['beside a plain feed / repeat']:>7.2f}"
                   f"{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
                   f"{ms['repeat computing']:>9.2f}{ms['ranks computing']:>9.2f}"
-                  f"{m['median_gateway_wakeups']:>7.1f}{1e3 / med['lockstep']:>13.2f}{m['median_latency_s'] * 1e3:>12.2f}"
-                  f"{r['latency / lockstep frame']:>7.2f}")
+                  f"{m['median_gateway_wakeups']:>7.1f}{1e3 / med['lockstep']:>13.2f}"
+                  f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None
         if long:
             print(f"figure 2, three kinds: {long['delivered']} of {long['frames']} frames in "

@@ -175,11 +175,11 @@ class Gateway:
             raise OSError("the session's socket is closed")
         slots = self._slots  # hang_up() may empty it under a feeder
         if slots:
-            slot, at = slots[self._sent % len(slots)], 0
+            k, at = self._sent % len(slots), 0
             for p in parts:
-                slot[at:at + p.nbytes] = p
+                slots[k][at:at + p.nbytes] = p
                 at += p.nbytes
-            sock.sendall(_HEADER.pack(_FRAME, self._sent % len(slots) + 1, fid))
+            sock.sendall(_HEADER.pack(_FRAME, k + 1, fid))
             self._sent += 1
             return
         sock.sendall(_HEADER.pack(_FRAME, 0, fid))
