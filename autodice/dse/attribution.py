@@ -35,12 +35,15 @@ def fingerprint(array: np.ndarray) -> tuple[int, float, float, float]:
 
 
 def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
-                     mappable: list[int]) -> dict[str, tuple]:
-    """Fingerprints of every mappable layer's outputs, computed by onnxruntime."""
+                     mappable: list[int]) -> tuple[dict[str, tuple], float]:
+    """Fingerprints of every mappable layer's float outputs, computed by onnxruntime, and the
+    largest finite magnitude among them (whether a GPU can compute the model in fp16)."""
     wanted = [t for i in mappable for t in graph.nodes[i].output if t]
     values = every_value(path, {n: np.load(p) for n, p in zip(graph.inputs, feeds)}, wanted)
-    return {n: fingerprint(v) for n, v in values.items()
-            if np.asarray(v).dtype.kind == "f"}
+    floats = [(n, np.asarray(v)) for n, v in values.items() if np.asarray(v).dtype.kind == "f"]
+    largest = max((float(np.abs(v[np.isfinite(v)]).max(initial=0.0)) for _, v in floats),
+                  default=0.0)
+    return {n: fingerprint(v) for n, v in floats}, largest
 
 
 def match_layers(graph: Graph, ncnn_layers: list[dict], reference: dict[str, tuple],

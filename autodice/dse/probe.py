@@ -109,14 +109,16 @@ def _ignore(done: int, total: int) -> None:
 
 def run_profiler(m: Machine, param: Path, feeds: list[Path], threads: tuple[int, ...],
                  warmup: int, runs: int, on_progress, model: str = "model",
-                 gpu: int | None = None) -> dict:
+                 gpu: int | None = None, gpu_fp32: bool = False) -> dict:
     """Run profile_layers; returns its JSON (fingerprints and raw times of every run; with
-    ``gpu``, the Vulkan device's runs under "gpu" and its copy times too)."""
+    ``gpu``, the Vulkan device's runs under "gpu", in fp32 if ``gpu_fp32``, and its copy times
+    too)."""
     there = m.place([param, param.with_suffix(".bin"), *feeds])
     out = m.out("raw.json")
     cmd = [m.tool, there[0], there[1], out, "--threads", ",".join(map(str, threads)),
            "--warmup", str(warmup), "--runs", str(runs),
-           *(["--gpu", str(gpu)] if gpu is not None else [])]
+           *(["--gpu", str(gpu)] if gpu is not None else []),
+           *(["--gpu-fp32"] if gpu is not None and gpu_fp32 else [])]
     for f in there[2:]:
         cmd += ["--input", f]
     code, said = m.run(cmd, on_progress)

@@ -23,15 +23,18 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
         "edge01-edge02": {"bandwidth": 1.18e8, "latency": 1e-4}
       },
       "gpu": {"device": "llvmpipe (LLVM 15.0.6, 256 bits)",   # null: no GPU measured
+              "precision": "fp16",
               "upload": {"bandwidth": 4.3e8, "latency": 1e-4},
               "download": {"bandwidth": 5.8e8, "latency": 6e-5}}
     }
 
 ``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
-is its latency on the Vulkan device ``gpu.device`` (ncnn's default fp16 there, the copy of its
+is its latency on the Vulkan device ``gpu.device`` in ``gpu.precision`` (ncnn's default fp16
+there, or fp32 where the model's values pass fp16's range, as gen would run it), the copy of its
 output back to the host taken out, scaled so that the layers sum to the whole model's time on the
-device less its input and output copies), or null where no GPU was measured; ``gpu.upload`` and
-``gpu.download`` cost the copies a GPU rank makes of the tensors it receives and sends.
+device, run back to back, less its input and output copies; null where no GPU was measured;
+``gpu.upload`` and ``gpu.download`` cost the copies a GPU rank makes of the tensors it receives and
+sends.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
 joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth``/``latency``
 fields. ``corun`` is how much longer the whole model
@@ -154,6 +157,9 @@ class GpuCopies:
     device: str  # as ncnn names it, e.g. "NVIDIA H100 80GB HBM3" or "llvmpipe (LLVM 15.0.6...)"
     upload: Link
     download: Link
+    # What gpu_ms was timed in: "fp16" (ncnn's default on a GPU) or "fp32", which gen gives a rank
+    # whose values pass fp16's range (on an H100, ResNet-50 ran 3.8 ms in fp32, 2.65 in fp16).
+    precision: str = "fp16"
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,7 @@ def profile_to_json(p: Profile) -> dict:
                                                "slowdown": p.corun.slowdown},
         "runtime_bytes": p.runtime_bytes,
         "gpu": None if p.gpu is None else {
-            "device": p.gpu.device,
+            "device": p.gpu.device, "precision": p.gpu.precision,
             "upload": {"bandwidth": p.gpu.upload.bandwidth, "latency": p.gpu.upload.latency},
             "download": {"bandwidth": p.gpu.download.bandwidth,
                          "latency": p.gpu.download.latency}},
@@ -239,7 +245,8 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                 str(d["gpu"]["device"]), Link(float(d["gpu"]["upload"]["bandwidth"]),
                                               float(d["gpu"]["upload"]["latency"])),
                 Link(float(d["gpu"]["download"]["bandwidth"]),
-                     float(d["gpu"]["download"]["latency"]))))
+                     float(d["gpu"]["download"]["latency"])),
+                str(d["gpu"].get("precision", "fp16"))))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
     problems = check_profile(profile, where)
@@ -286,6 +293,8 @@ def check_profile(p: Profile, where: str) -> list[str]:
         problems.add(f"{where}: corun {p.corun}: needs cores >= 1 and a slowdown above 0")
     if p.runtime_bytes is not None and p.runtime_bytes < 0:
         problems.add(f"{where}: runtime_bytes {p.runtime_bytes} must be 0 or more")
+    if p.gpu is not None and p.gpu.precision not in ("fp16", "fp32"):
+        problems.add(f'{where}: gpu precision "{p.gpu.precision}": fp16 or fp32')
     return problems.lines()
 
 

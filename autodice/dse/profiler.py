@@ -40,6 +40,7 @@ import numpy as np
 
 from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
+from ..backend.fp16_range import FP16_MAX, HEADROOM
 from ..backend.tools import build_tools, source_digest, vulkan_devices
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
@@ -158,8 +159,11 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
         notes.append(f"gpu_ms is null: the platform lists GPUs ({', '.join(gpus)}) but ncnn "
                      "finds no Vulkan device on this machine; profile on a board with its GPU")
     elif profile.gpu is not None:
-        notes.append(f"gpu_ms measured on {profile.gpu.device}, this machine's Vulkan device: "
-                     "profile on the boards for their GPUs"
+        notes.append(f"gpu_ms measured on {profile.gpu.device}, this machine's Vulkan device, "
+                     f"in {profile.gpu.precision}"
+                     + (" (the model's values pass fp16's range: gen runs its GPU ranks in fp32)"
+                        if profile.gpu.precision == "fp32" else "")
+                     + ": profile on the boards for their GPUs"
                      + (" (lavapipe is Vulkan on the CPU: not a GPU's speed)"
                         if "llvmpipe" in profile.gpu.device else ""))
     return ProfileRun(profile, {(int(t) if t.isdigit() else t): v
@@ -294,7 +298,9 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         param = convert_whole_model(graph, work)
         progress.update(step, advance=1, description="onnxruntime fingerprints")
         feeds = write_inputs(graph, work)
-        reference = fingerprint_onnx(graph, work / "model.onnx", feeds, mappable)
+        reference, largest = fingerprint_onnx(graph, work / "model.onnx", feeds, mappable)
+        # Timed in the precision gen gives a GPU rank of the whole model (fp16_range.py).
+        gpu_fp32 = largest > FP16_MAX / HEADROOM
         progress.update(step, advance=1, description="building the profiler")
         m = on or Here(build_tools(ncnn), work)
         progress.update(step, advance=1, description="timing layers at "
@@ -303,7 +309,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         timing = progress.add_task("  runs", total=None)
         raw = run_profiler(m, param, feeds, threads, warmup, runs,
                            lambda d, n: progress.update(timing, completed=d, total=n),
-                           str(graph.path), gpu)
+                           str(graph.path), gpu, gpu_fp32)
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(m)
         progress.update(step, advance=1, description="timing the model with every core busy")
@@ -321,7 +327,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
     resident, loaded = held["resident"][mappable], held["loaded"][mappable]
     runtime_bytes = max(peak_rss - int(held_bytes(0, resident.sum(), weights_peak(
         resident, loaded), table.peak_activations + held["workspace"].max(), 0)), 0)
-    copies = gpu_copies(raw) if "gpu" in raw["runs"] else None
+    copies = gpu_copies(raw, "fp32" if gpu_fp32 else "fp16") if "gpu" in raw["runs"] else None
     gpu_ms = (summed_to_whole(
         attribute_times(graph, without_downloads(raw, copies.download), groups, ("gpu",))["gpu"],
         float(np.median(raw["runs"]["gpu"]["whole_ms"])), copies, graph, mappable)
@@ -341,14 +347,15 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
 
 
-def gpu_copies(raw: dict) -> GpuCopies:
-    """The device's upload and download costs, fitted to profile_layers' fastest copies."""
+def gpu_copies(raw: dict, precision: str) -> GpuCopies:
+    """The device's upload and download costs, fitted to profile_layers' fastest copies; its
+    layers timed in ``precision``."""
     rows = raw["gpu_transfer"]
     up, _ = fit_link([r["bytes"] for r in rows], [r["upload_s"] for r in rows])
     down, _ = fit_link([r["bytes"] for r in rows], [r["download_s"] for r in rows])
     return GpuCopies(raw.get("gpu_device", "vulkan"),
                      Link(six_digits(up.bandwidth), six_digits(up.latency)),
-                     Link(six_digits(down.bandwidth), six_digits(down.latency)))
+                     Link(six_digits(down.bandwidth), six_digits(down.latency)), precision)
 
 
 def without_downloads(raw: dict, download: Link) -> dict:
