@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autodice.cli import main
 from autodice.core.model import load_model
 from autodice.dse.balance import balance
-from autodice.dse.profile import LayerCost, Link, Profile, save_profile
+from autodice.dse.profile import GpuCopies, LayerCost, Link, Profile, save_profile
 from autodice.frontend.suggest import balanced_mapping, min_max_cuts
 
 
@@ -100,6 +100,37 @@ def test_receiving_a_cut_tensor_counts_against_its_run(tmp_path):
     done = balance(graph, tmp_path / "chain.onnx", keys, slow)
     assert [len(v) for v in done.mapping.values()] == [4, 2]
     assert done.seconds == pytest.approx({"e1_x860": 4e-3, "e1_x861": 4e-3})
+
+
+def with_gpu(profile: Profile, gpu_ms: list[float], latency: float) -> Profile:
+    """FIXTURE: ``profile`` with layer i taking gpu_ms[i] on a GPU whose copies each way cost
+    ``latency`` plus 1 GB/s."""
+    return replace(profile, layers=tuple(replace(lc, gpu_ms=t)
+                                         for lc, t in zip(profile.layers, gpu_ms)),
+                   gpu=GpuCopies("gpu", Link(1e9, latency), Link(1e9, latency)))
+
+
+def test_a_gpu_key_pays_its_uploads_and_a_faster_gpu_alone_is_named(tmp_path):
+    """On an H100 the GPU ran ResNet-50 alone at 3.66 ms a frame and the --balance cut at 4.3 ms
+    (0.77x): when no cut beats one key alone, --balance says which key. A GPU key pays for
+    uploading what it receives, by its bytes (balance.py: not the copies' fitted latency)."""
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    graph, keys = load_model(tmp_path / "chain.onnx"), ["e1_x860", "e1_gpu"]
+    # CPU layers 1 ms, GPU layers 0.2 ms: the GPU stage of a 1 / 5 cut is 1 ms of layers and
+    # the 256-byte cut, over shm and up to the device at 1 GB/s.
+    done = balance(graph, tmp_path / "chain.onnx", keys,
+                   with_gpu(profile_of([1] * 6), [0.2] * 6, 1e-3))
+    assert [len(v) for v in done.mapping.values()] == [1, 5]
+    assert done.seconds["e1_gpu"] == pytest.approx(1e-3 + 256 / 1e9 + 2e-6 + 256 / 5e9)
+    # Alone, the GPU would take 1.2 ms: the cut is faster, and no note.
+    assert not any("alone is faster" in n for n in done.notes)
+    # CPU layers of 3 ms, GPU layers of 0.1 ms: any cut's CPU stage takes 3 ms at least.
+    done = balance(graph, tmp_path / "chain.onnx", keys,
+                   with_gpu(profile_of([3] * 6), [0.1] * 6, 1e-3))
+    assert [len(v) for v in done.mapping.values()] == [1, 5]
+    note = next(n for n in done.notes if "alone is faster" in n)
+    assert note == ("e1_gpu alone is faster by the profile's layer times: 0.60 ms a frame against "
+                    "3.00 ms for this cut's slowest stage; map every layer to e1_gpu for the speed")
 
 
 def test_cli_balances_by_a_given_profile_and_names_a_foreign_one(tmp_path):

@@ -7,7 +7,9 @@ given, or measured here now (cached by the model's bytes) -- at each key's threa
 its GPU; :func:`autodice.frontend.suggest.balanced_mapping` then cuts where the slowest run is
 fastest. A run also pays for receiving what crosses into it (on one board Open MPI's single
 copy is the receiver's own work: ResNet-50's 2.4 MB cut takes ~0.6 ms of a 37 ms stage), at the
-profile's link between the key before it and it.
+profile's link between the key before it and it, and a run on a GPU for copying it up to the
+device. Where one key alone would be faster than the best cut (a GPU that runs the whole
+model faster than any stage the CPU can take over), a note says so.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph
 from ..core.spec import Device, Platform, parse_key
 from ..frontend.suggest import Cost, balanced_mapping
-from .profile import Profile
+from .profile import GpuCopies, Profile
 from .timing import Timing
 
 
@@ -61,11 +63,12 @@ def measured_cost(graph: Graph, keys: list[str], profile: Profile,
     """
     timing = Timing(key_platform(keys), profile)
     names = graph.layer_names
+    on_gpu = gpu_timed(graph, keys, profile)
     table: dict[str, dict[str, float]] = {}
     for key in keys:
         res = parse_key(key)
         threads = len(res.cores) if res.kind == "cpu" else None
-        if threads is None and not timing.has_gpu_timings(res.host, names):
+        if threads is None and key not in on_gpu:
             threads = 1
             if notes is not None:
                 notes.append(f"{key}: the profile has no GPU times; timed as one CPU core")
@@ -73,12 +76,27 @@ def measured_cost(graph: Graph, keys: list[str], profile: Profile,
     return lambda key, name: table[key][name]
 
 
-def entry_seconds(graph: Graph, keys: list[str], profile: Profile) -> list[list[float]]:
+def gpu_timed(graph: Graph, keys: list[str], profile: Profile) -> frozenset[str]:
+    """The GPU keys among ``keys`` the profile has GPU times for (the others count as a core)."""
+    timing = Timing(key_platform(keys), profile)
+    return frozenset(k for k in keys if parse_key(k).kind == "gpu" and timing.has_gpu_timings(
+        parse_key(k).host, graph.layer_names))
+
+
+def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
+                  on_gpu: frozenset[str] = frozenset()) -> list[list[float]]:
     """``[k][a]``: seconds key k spends receiving the tensors that cross into a run of the
     mapped layers (topological order) starting at layer a, each once: produced before a, read
     at a or later. Over the link from ``keys[k - 1]``'s host (``shm`` on one host); 0 for the
     first key, and where the profile has no such link. A tensor that passes a run by for a later
-    one is counted for both: an upper bound, exact for two keys."""
+    one is counted for both: an upper bound, exact for two keys.
+
+    A key in ``on_gpu`` (timed on its GPU) also copies what it receives up to the device (the
+    model's inputs, if first): its bytes at the profile's upload bandwidth. Not the fitted
+    latency: that comes from copies timed alone, each its own submission to an idle GPU (about
+    1 ms each way on an H100), where a rank's copies ride in its frame's one submission
+    (SqueezeNet's whole frame, copies included, took 1.36 ms there); charged, it moved 20 of
+    SqueezeNet's 66 layers to 8 CPU cores, a stage slower than the GPU alone."""
     layer_nodes = [i for i in range(len(graph.nodes)) if i not in graph.followers]
     pos = {node: k for k, node in enumerate(layer_nodes)}
     n = len(layer_nodes)
@@ -103,6 +121,13 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile) -> list[list[
         link = profile.link(prev, host)
         rows.append([b / link.bandwidth + c * link.latency if link else 0.0
                      for b, c in crossing])
+    if profile.gpu is not None:
+        up = profile.gpu.upload
+        inputs = float(sum(graph.types[t].nbytes for t in graph.inputs))
+        for k, key in enumerate(keys):
+            if key in on_gpu:
+                rows[k] = [s + (b if k else inputs) / up.bandwidth
+                           for s, (b, _) in zip(rows[k], crossing)]
     return rows
 
 
@@ -138,9 +163,28 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
         cost = measured_cost(graph, keys, profile, notes)
     except AutodiceError as e:
         raise AutodiceError(*(f"--balance: {line}" for line in e.problems)) from None
-    entry = entry_seconds(graph, keys, profile)
+    on_gpu = gpu_timed(graph, keys, profile)
+    entry = entry_seconds(graph, keys, profile, on_gpu)
     mapping = balanced_mapping(graph, keys, "--balance", cost, entry)
     starts = accumulate((len(run) for run in mapping.values()), initial=0)  # runs are contiguous
-    return Balanced(mapping, {k: entry[j][a] + sum(cost(k, n) for n in run)
-                              for j, ((k, run), a) in enumerate(zip(mapping.items(), starts))},
-                    tuple(notes))
+    seconds = {k: entry[j][a] + sum(cost(k, n) for n in run)
+               for j, ((k, run), a) in enumerate(zip(mapping.items(), starts))}
+    alone = {k: alone_seconds(graph, k, cost, profile.gpu if k in on_gpu else None)
+             for k in keys}
+    best = min(alone, key=alone.get)
+    if len(keys) > 1 and alone[best] < max(seconds.values()):
+        notes.append(f"{best} alone is faster by the profile's layer times: "
+                     f"{1e3 * alone[best]:.2f} ms a frame against {1e3 * max(seconds.values()):.2f}"
+                     f" ms for this cut's slowest stage; map every layer to {best} for the speed")
+    return Balanced(mapping, seconds, tuple(notes))
+
+
+def alone_seconds(graph: Graph, key: str, cost: Cost, copies: GpuCopies | None) -> float:
+    """A frame's seconds with every layer on ``key``; with ``copies``, a GPU key's copies of the
+    model's inputs and outputs too, by their bytes (as :func:`entry_seconds` charges them)."""
+    seconds = sum(cost(key, name) for name in graph.layer_names)
+    if copies is not None:
+        seconds += (sum(graph.types[t].nbytes for t in graph.inputs) / copies.upload.bandwidth
+                    + sum(graph.types[t].nbytes for t in graph.outputs)
+                    / copies.download.bandwidth)
+    return seconds
