@@ -61,6 +61,7 @@ def configurations(model: Path, cores: int) -> tuple[dict, dict]:
             "layers_ms": {str(cores): sum(c.cpu_ms[cores] for c in measured.profile.layers)},
             "cut_predicted_ms": {k: 1e3 * v for k, v in cut.seconds.items()},
             "gpu_copies": {"device": measured.profile.gpu.device,
+                           "precision": measured.profile.gpu.precision,
                            **{way: {"bandwidth": link.bandwidth, "latency": link.latency}
                               for way, link in (("upload", measured.profile.gpu.upload),
                                                 ("download", measured.profile.gpu.download))}},
@@ -159,6 +160,10 @@ def print_model(name: str, m: dict) -> None:
         f"{k} {v:.2f}" for k, v in p["whole_ms"].items()) + "; its CPU layers summed " + ", ".join(
         f"{k} {v:.2f}" for k, v in p["layers_ms"].items()) + "; the cut's stages predicted "
         + ", ".join(f"{k} {v:.2f}" for k, v in p["cut_predicted_ms"].items()))
+    gpu = m["configs"]["gpu auto"]
+    print(f"the GPU alone: the profile's whole model {p['whole_ms']['gpu']:.2f} ms "
+          f"({p['gpu_copies']['precision']}), the program {1e3 / gpu['fps']:.2f} ms a frame "
+          f"({gpu['devices'][0].rsplit(' ', 1)[1]})")
 
 
 if __name__ == "__main__":
