@@ -64,38 +64,49 @@ exit 0
 # watchdog beside it: once mpirun has had children and none of them has been alive for
 # HUNG_AFTER_S seconds, it kills mpirun and the script exits MPIRUN_HUNG; the ranks' exit
 # markers then say how the job really ended (HeadJob). Killed as soon as mpirun exits by itself.
+# Now and then Open MPI 5's mpirun cannot start its PMIx server's listener and exits before any
+# rank starts (twice in the emulated cluster's tests here: measuring links on 2026-11-26, and
+# restarting a session after a host's link went down on 2026-11-27; in another project's log of
+# it PMIx first said "problems getting address for index 0 (kernel index -1)", an interface gone
+# while it listed them). Nothing ran: the script launches again, up to three times in all.
+STARTLESS = "listener thread failed to start"
 MPIRUN_HUNG = 75  # the launch script's exit code when its watchdog stopped a hung mpirun
 HUNG_AFTER_S = 5
 _LAUNCH = r"""
 pidfile=$1; log=$2; patience=$3; shift 3
 rm -f "$pidfile.hung"
-"$@" > "$log" 2>&1 < /dev/null &
-job=$!
-echo $job > "$pidfile"
-(
-  seen=; idle=0
-  while sleep 1; do
-    live=
-    for c in $(cat /proc/$job/task/*/children 2>/dev/null); do
-      s=$(sed 's/.*) //; s/ .*//' "/proc/$c/stat" 2>/dev/null)
-      [ -n "$s" ] && [ "$s" != Z ] && live=1
+tries=3
+while :; do
+  "$@" > "$log" 2>&1 < /dev/null &
+  job=$!
+  echo $job > "$pidfile"
+  (
+    seen=; idle=0
+    while sleep 1; do
+      live=
+      for c in $(cat /proc/$job/task/*/children 2>/dev/null); do
+        s=$(sed 's/.*) //; s/ .*//' "/proc/$c/stat" 2>/dev/null)
+        [ -n "$s" ] && [ "$s" != Z ] && live=1
+      done
+      if [ -n "$live" ]; then seen=1; idle=0
+      elif [ -n "$seen" ]; then
+        idle=$((idle + 1))
+        [ "$idle" -ge "$patience" ] && : > "$pidfile.hung" && kill -KILL $job && exit 0
+      fi
     done
-    if [ -n "$live" ]; then seen=1; idle=0
-    elif [ -n "$seen" ]; then
-      idle=$((idle + 1))
-      [ "$idle" -ge "$patience" ] && : > "$pidfile.hung" && kill -KILL $job && exit 0
-    fi
-  done
-) > /dev/null 2>&1 < /dev/null &
-watch=$!
-wait $job 2> /dev/null
-code=$?
-kill $watch 2>/dev/null
+  ) > /dev/null 2>&1 < /dev/null &
+  watch=$!
+  wait $job 2> /dev/null
+  code=$?
+  kill $watch 2>/dev/null
+  tries=$((tries - 1))
+  [ $code -ne 0 ] && [ $tries -gt 0 ] && grep -q "$STARTLESS" "$log" || break
+done
 cat "$log"
 [ -f "$pidfile.hung" ] && echo "autodice: mpirun hung after its last process ended; stopped" \
   && exit MPIRUN_HUNG
 exit $code
-""".replace("MPIRUN_HUNG", str(MPIRUN_HUNG))
+""".replace("MPIRUN_HUNG", str(MPIRUN_HUNG)).replace("$STARTLESS", STARTLESS)
 _STOP = r"""
 pid=$(cat "$1" 2>/dev/null) || exit 0
 grep -q "$2" "/proc/$pid/cmdline" 2>/dev/null && kill -TERM "$pid"
