@@ -148,6 +148,13 @@ def session(d: dict) -> Iterator[Goal]:
         elif ms:
             why += (". Not a limit: the feed's time, and the ranks' computing slowed beside it, "
                     "are the session's own")
+        if "beside a Python feed / repeat" in r:  # since 2026-11-27
+            py = r["beside a Python feed / repeat"]
+            why += (f". Beside a bare Python feed (python_feed.py: the same bytes into shared "
+                    f"slots from one Python loop, nothing of autodice) the repeat made {py:.2f}x"
+                    + (": Python feeding at all leaves less than the goal (one method, a plain "
+                       "Python program)" if py < 0.9 else
+                       ": Python feeding at all leaves room for the goal"))
         yield Goal("stream", f"{m['model']} session >= 0.9x run --frames on one frame",
                    f"{r['session / repeat']:.2f}x", r["session / repeat"] >= 0.9, why)
         yield Goal("stream", f"{m['model']} latency one at a time <= 1.1x a lockstep frame",

@@ -14,6 +14,10 @@ are a quarter of a second, mostly the pipeline filling). Each round runs, side b
   same bytes at the session's rate through a Unix socket, its reading end on the gateway's core
   (a feed with nothing of autodice or Python in it: what moving frames at all costs the ranks on
   this machine's cores, the ceiling for any feed);
+- ``beside a Python feed``: the repeat again, while ``bench/python_feed.py`` (one Python loop,
+  nothing of autodice) writes the same bytes into shared slots at the session's rate, each
+  announced through a Unix socket and copied out on the gateway's core: what Python feeding at
+  all costs the ranks;
 - ``lockstep``: ``run --frames N --no-pipeline`` (one frame through every rank at a time: the
   sum of the ranks' compute and transfer times per frame, measured by the program itself);
 - ``one at a time``: the session with ``window=1`` (its end-to-end latency at low load).
@@ -135,12 +139,16 @@ def plain_feed(dest: Path) -> Path:
     return exe
 
 
-def beside_feed(feed: Path, out: Path, plan: Plan, feeds: dict, frames: int, rate: float) -> float:
+def beside_feed(feed: Path, out: Path, plan: Plan, feeds: dict, frames: int, rate: float,
+                python: bool = False) -> float:
     """The repeat's steady rate while ``feed`` moves a frame's bytes, and a result's back, at
-    ``rate`` frames/s, its reading end on rank 0's first core, where a session's gateway sits."""
+    ``rate`` frames/s, its reading end on rank 0's first core, where a session's gateway sits;
+    ``python``: the writing end is python_feed.py's Python loop."""
     argv = [str(feed), str(sum(t.nbytes for t in plan.model_inputs)),
             str(sum(t.nbytes for t in plan.model_outputs)), f"{rate:.1f}",
             f"{5 + frames / rate:.1f}", str(plan.ranks[0].slots[0])]  # past the job's start
+    if python:
+        argv = [sys.executable, str(ROOT / "bench" / "python_feed.py"), *argv]
     with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as p:
         try:
             return run(out, feeds, frames).stats["steady_fps"]
@@ -164,7 +172,8 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
     # A stream of about `seconds` at the program's own rate (this run also warms the caches).
     warm = run(out, feeds, frames).stats
     frames = max(frames, round(seconds * (warm["steady_fps"] or warm["fps"])))
-    fps = {"repeat": [], "session": [], "beside a plain feed": [], "lockstep": []}
+    fps = {"repeat": [], "session": [], "beside a plain feed": [], "beside a Python feed": [],
+           "lockstep": []}
     latency, ms, repeat_compute, input_wait, wakeups = [], [], [], [], []
     for _ in range(rounds):
         res = run(out, feeds, frames)
@@ -178,6 +187,8 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
         via = got["frames_via"]
         fps["beside a plain feed"].append(beside_feed(feed, out, plan, feeds, frames,
                                                       got["steady_fps"]))
+        fps["beside a Python feed"].append(beside_feed(feed, out, plan, feeds, frames,
+                                                       got["steady_fps"], python=True))
         fps["lockstep"].append(run(out, feeds, frames, pipeline=False).stats["fps"])
         with autodice.open(out, window=1) as s:
             for x in xs[: max(10, frames // 3)]:  # at most the 60 distinct frames
@@ -198,6 +209,8 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
                            a / b for a, b in zip(fps["session"], fps["repeat"])),
                        "beside a plain feed / repeat": statistics.median(
                            a / b for a, b in zip(fps["beside a plain feed"], fps["repeat"])),
+                       "beside a Python feed / repeat": statistics.median(
+                           a / b for a, b in zip(fps["beside a Python feed"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
 
 
@@ -241,19 +254,21 @@ def main() -> int:
         feed = plain_feed(work)
         models = [measure_model(m, work, feed, args.frames, args.seconds, args.rounds)
                   for m in args.models.split(",")]
-        print("steady frames/s (plain: the repeat beside a plain feed / the repeat); ms a frame "
+        print("steady frames/s (plain, py: the repeat beside a plain feed, a bare Python feed / "
+              "the repeat); ms a frame "
               "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
               "computing (the repeat's, the session's); the gateway's wake-ups a frame")
         print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'plain':>7}"
-              f"{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'wakes':>7}"
+              f"{'py':>6}{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'wakes':>7}"
               f"{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
         for m in models:
             med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
             print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
                   f"{r['session / repeat']:>7.2f}{r['beside a plain feed / repeat']:>7.2f}"
-                  f"{ms['python']:>8.2f}{ms['gateway']:>9.2f}"
-                  f"{ms['repeat computing']:>9.2f}{ms['ranks computing']:>9.2f}"
-                  f"{m['median_gateway_wakeups']:>7.1f}{1e3 / med['lockstep']:>13.2f}"
+                  f"{r['beside a Python feed / repeat']:>6.2f}{ms['python']:>8.2f}"
+                  f"{ms['gateway']:>9.2f}{ms['repeat computing']:>9.2f}"
+                  f"{ms['ranks computing']:>9.2f}{m['median_gateway_wakeups']:>7.1f}"
+                  f"{1e3 / med['lockstep']:>13.2f}"
                   f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None
         if long:

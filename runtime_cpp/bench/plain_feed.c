@@ -5,11 +5,19 @@
 // repeat, it measures what moving the frames costs ranks on the same cores: the ceiling for any
 // feed on this machine (bench/session_bench.py).
 //   plain_feed FRAME RESULT RATE SECONDS CORE   prints {"frames": N, "seconds": S}
+//
+// With --reader it is only the reading end, for bench/python_feed.py's writer: frames arrive in
+// SLOTS shared slots of FRAME bytes (the memfd SHMFD), each announced by a 16-byte header on the
+// socket SOCKFD as a session's are, and each is copied out of its slot (what rank 0's receive
+// does with a session's frame) before RESULT bytes go back.
+//   plain_feed --reader SOCKFD SHMFD SLOTS FRAME RESULT CORE
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -32,7 +40,33 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+static void pin(int core) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(core, &s);
+  sched_setaffinity(0, sizeof s, &s);
+}
+
+static int reader(char** argv) {
+  const int sock = atoi(argv[2]), shm = atoi(argv[3]);
+  const size_t slots = strtoul(argv[4], NULL, 10), frame = strtoul(argv[5], NULL, 10);
+  const size_t result = strtoul(argv[6], NULL, 10);
+  pin(atoi(argv[7]));
+  const char* shared = mmap(NULL, slots * frame, PROT_READ, MAP_SHARED, shm, 0);
+  if (shared == MAP_FAILED) return 1;
+  char* in = malloc(frame);
+  char* out = calloc(result, 1);
+  struct { unsigned kind, slot; long long id; } header;
+  for (;;) {
+    move(sock, (char*)&header, sizeof header, 0);
+    if (header.slot < 1 || header.slot > slots) return 1;
+    memcpy(in, shared + (header.slot - 1) * frame, frame);
+    move(sock, out, result, 1);
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc == 8 && strcmp(argv[1], "--reader") == 0) return reader(argv);
   if (argc != 6) {
     fprintf(stderr, "usage: %s FRAME RESULT RATE SECONDS CORE\n", argv[0]);
     return 2;
@@ -46,10 +80,7 @@ int main(int argc, char** argv) {
   const pid_t reader = fork();
   if (reader == 0) {  // the gateway's part: read each frame, answer its result, until EOF
     close(sv[0]);
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(atoi(argv[5]), &s);
-    sched_setaffinity(0, sizeof s, &s);
+    pin(atoi(argv[5]));
     for (;;) {
       move(sv[1], in, frame, 0);
       move(sv[1], out, result, 1);
