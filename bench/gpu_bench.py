@@ -60,6 +60,7 @@ def configurations(model: Path, cores: int) -> tuple[dict, dict]:
     said = {"whole_ms": {str(k): v for k, v in measured.whole_ms.items()},
             "layers_ms": {str(cores): sum(c.cpu_ms[cores] for c in measured.profile.layers)},
             "cut_predicted_ms": {k: 1e3 * v for k, v in cut.seconds.items()},
+            "cut_notes": list(cut.notes),
             "gpu_copies": {"device": measured.profile.gpu.device,
                            "precision": measured.profile.gpu.precision,
                            **{way: {"bandwidth": link.bandwidth, "latency": link.latency}
@@ -164,6 +165,8 @@ def print_model(name: str, m: dict) -> None:
     print(f"the GPU alone: the profile's whole model {p['whole_ms']['gpu']:.2f} ms "
           f"({p['gpu_copies']['precision']}), the program {1e3 / gpu['fps']:.2f} ms a frame "
           f"({gpu['devices'][0].rsplit(' ', 1)[1]})")
+    for note in p["cut_notes"]:
+        print(f"--balance: {note}")
 
 
 if __name__ == "__main__":
