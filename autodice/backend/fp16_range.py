@@ -59,8 +59,13 @@ def largest_value(rank: Rank, out_dir: Path, values: dict[str, np.ndarray]) -> L
     return best
 
 
+def past_range(value: float) -> bool:
+    """Whether a largest magnitude ``value`` passes fp16's range with headroom (fp32 then)."""
+    return value > FP16_MAX / HEADROOM
+
+
 def past_fp16(out_dir: Path, values: dict[str, np.ndarray],
               ranks: list[Rank]) -> dict[int, Largest]:
     """The ranks among ``ranks`` whose values pass fp16's range with headroom, by rank number."""
     found = {r.rank: largest_value(r, out_dir, values) for r in ranks}
-    return {k: v for k, v in found.items() if v.value > FP16_MAX / HEADROOM}
+    return {k: v for k, v in found.items() if past_range(v.value)}

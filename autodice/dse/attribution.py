@@ -40,7 +40,8 @@ def fingerprint_onnx(graph: Graph, path: Path, feeds: list[Path],
     largest finite magnitude among them (whether a GPU can compute the model in fp16)."""
     wanted = [t for i in mappable for t in graph.nodes[i].output if t]
     values = every_value(path, {n: np.load(p) for n, p in zip(graph.inputs, feeds)}, wanted)
-    floats = [(n, np.asarray(v)) for n, v in values.items() if np.asarray(v).dtype.kind == "f"]
+    arrays = {n: np.asarray(v) for n, v in values.items()}
+    floats = [(n, v) for n, v in arrays.items() if v.dtype.kind == "f"]
     largest = max((float(np.abs(v[np.isfinite(v)]).max(initial=0.0)) for _, v in floats),
                   default=0.0)
     return {n: fingerprint(v) for n, v in floats}, largest

@@ -51,19 +51,19 @@ def key_platform(keys: list[str]) -> Platform:
         for host, (cores, gpu) in hosts.items()})
 
 
-def measured_cost(graph: Graph, keys: list[str], profile: Profile,
+def measured_cost(graph: Graph, keys: list[str], profile: Profile, on_gpu: frozenset[str],
                   notes: list[str] | None = None) -> Cost:
     """Seconds of each mapped layer on each key: on as many threads as the key has cores (the
     profile's own count, else scaled by its per-op fit), on the GPU for a GPU key.
 
-    A GPU key with no GPU times in the profile is timed as one CPU core, and ``notes`` says so.
+    A GPU key not in ``on_gpu`` (:func:`gpu_timed`: the profile has no GPU times for it) is
+    timed as one CPU core, and ``notes`` says so.
 
     Raises:
         AutodiceError: layers the profile does not know (another model's profile).
     """
     timing = Timing(key_platform(keys), profile)
     names = graph.layer_names
-    on_gpu = gpu_timed(graph, keys, profile)
     table: dict[str, dict[str, float]] = {}
     for key in keys:
         res = parse_key(key)
@@ -160,10 +160,10 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
                               console=console, gpu=False).profile
     notes: list[str] = []
     try:
-        cost = measured_cost(graph, keys, profile, notes)
+        on_gpu = gpu_timed(graph, keys, profile)
+        cost = measured_cost(graph, keys, profile, on_gpu, notes)
     except AutodiceError as e:
         raise AutodiceError(*(f"--balance: {line}" for line in e.problems)) from None
-    on_gpu = gpu_timed(graph, keys, profile)
     entry = entry_seconds(graph, keys, profile, on_gpu)
     mapping = balanced_mapping(graph, keys, "--balance", cost, entry)
     starts = accumulate((len(run) for run in mapping.values()), initial=0)  # runs are contiguous

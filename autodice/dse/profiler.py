@@ -40,7 +40,7 @@ import numpy as np
 
 from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
-from ..backend.fp16_range import FP16_MAX, HEADROOM
+from ..backend.fp16_range import past_range
 from ..backend.tools import build_tools, source_digest, vulkan_devices
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
@@ -300,7 +300,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         feeds = write_inputs(graph, work)
         reference, largest = fingerprint_onnx(graph, work / "model.onnx", feeds, mappable)
         # Timed in the precision gen gives a GPU rank of the whole model (fp16_range.py).
-        gpu_fp32 = largest > FP16_MAX / HEADROOM
+        gpu_fp32 = past_range(largest)
         progress.update(step, advance=1, description="building the profiler")
         m = on or Here(build_tools(ncnn), work)
         progress.update(step, advance=1, description="timing layers at "
