@@ -121,7 +121,7 @@ def stages_alone(tools: Path, out: Path, x: Path, frames: int, meet: bool) -> li
     assert cut == [t["name"] for t in ranks[1]["submodel_inputs"]], \
         "stages_alone feeds stage 1 exactly stage 0's outputs, in order"
     ncnn = [str(out / "ncnn" / f"{r['key']}.ncnn.{x}") for r in ranks for x in ("param", "bin")]
-    mode = f"meet:/autodice-bench-{os.getpid()}" if meet else "free"
+    mode = f"{'meet' if meet else 'free'}:/autodice-bench-{os.getpid()}"
     procs = [subprocess.Popen(["taskset", "-c", str(s), str(tools / "stages_alone"), str(s),
                                str(frames), mode, str(x), *ncnn[:2], str(len(cut)), *ncnn[2:]],
                               stdout=subprocess.PIPE, text=True) for s in (0, 1)]

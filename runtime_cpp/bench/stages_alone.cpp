@@ -1,11 +1,13 @@
 // A 2-stage pipeline's ceiling without autodice: the plan's two sub-models, each looped by a
 // plain ncnn process on its own core, both at once, on the real activations (stage 1 is fed
-// what stage 0 computes of the input frame). "free": each runs at its own pace, as two
-// independent processes do; "meet:NAME": the two meet at the start of every frame (two POSIX
-// semaphores named NAME-0 and NAME-1), as a pipeline's stages are tied by their data, with no
-// MPI, no copies and no plan.
+// what stage 0 computes of the input frame). "free:NAME": each runs at its own pace, as two
+// independent processes do, from a common start; the one done first keeps computing (untimed)
+// until the other is done too, so neither times a frame with the other core idle. "meet:NAME":
+// the two meet at the start of every frame, as a pipeline's stages are tied by their data, with
+// no MPI, no copies and no plan. NAME names the POSIX semaphores they meet by (NAME-0, NAME-1,
+// and NAME-done-0, NAME-done-1 for free).
 //
-//   stages_alone STAGE FRAMES free|meet:NAME INPUT.npy S0.param S0.bin OUTS S1.param S1.bin
+//   stages_alone STAGE FRAMES free:NAME|meet:NAME INPUT.npy S0.param S0.bin OUTS S1.param S1.bin
 //
 // Stage 0 reads in0 and writes out0..out{OUTS-1}; stage 1 reads in0..in{OUTS-1}, in that order,
 // and writes out0. Prints {"stage": S, "steady_ms": T}: milliseconds a frame after the first.
@@ -51,8 +53,8 @@ std::vector<ncnn::Mat> run(ncnn::Net& net, const std::vector<ncnn::Mat>& ins, in
 
 int main(int argc, char** argv) {
   if (argc != 10) {
-    std::fprintf(stderr, "usage: %s STAGE FRAMES free|meet:NAME INPUT.npy S0.param S0.bin OUTS "
-                 "S1.param S1.bin\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STAGE FRAMES free:NAME|meet:NAME INPUT.npy S0.param S0.bin "
+                 "OUTS S1.param S1.bin\n", argv[0]);
     return 2;
   }
   const int stage = std::atoi(argv[1]), frames = std::atoi(argv[2]), outs = std::atoi(argv[7]);
@@ -68,31 +70,41 @@ int main(int argc, char** argv) {
   }
   ncnn::Net& net = stage == 0 ? first : second;
   const int net_outs = stage == 0 ? outs : 1;
-  sem_t *mine = nullptr, *other = nullptr;
-  if (mode.rfind("meet:", 0) == 0) {
-    const std::string name = mode.substr(5);
-    mine = sem_open((name + "-" + std::to_string(stage)).c_str(), O_CREAT, 0600, 0);
-    other = sem_open((name + "-" + std::to_string(1 - stage)).c_str(), O_CREAT, 0600, 0);
-    if (mine == SEM_FAILED || other == SEM_FAILED) {
-      std::perror("sem_open");
-      return 1;
-    }
+  const bool meet = mode.rfind("meet:", 0) == 0;
+  if (!meet && mode.rfind("free:", 0) != 0) {
+    std::fprintf(stderr, "%s: the mode is free:NAME or meet:NAME\n", argv[0]);
+    return 2;
   }
+  const std::string name = mode.substr(5);
+  const auto open = [&](const std::string& what, int s) {
+    sem_t* sem = sem_open((name + what + std::to_string(s)).c_str(), O_CREAT, 0600, 0);
+    if (sem == SEM_FAILED) {
+      std::perror("sem_open");
+      std::exit(1);
+    }
+    return sem;
+  };
+  sem_t *mine = open("-", stage), *other = open("-", 1 - stage);
+  sem_t *done = open("-done-", stage), *other_done = open("-done-", 1 - stage);
+  const auto meet_other = [&] {
+    sem_post(mine);
+    sem_wait(other);
+  };
+  meet_other();  // both have opened every semaphore: their names can go
+  if (stage == 0)
+    for (const char* what : {"-", "-done-"})
+      for (int s : {0, 1}) sem_unlink((name + what + std::to_string(s)).c_str());
   const autodice::Timer clock;
   double first_end_ms = 0;
   for (int f = 0; f < frames; ++f) {
-    if (mine) {
-      sem_post(mine);
-      sem_wait(other);
-    }
+    if (meet && f > 0) meet_other();
     run(net, ins, net_outs);
     if (f == 0) first_end_ms = clock.elapsed_ms();
   }
   const double steady_ms = (clock.elapsed_ms() - first_end_ms) / (frames - 1);
-  if (mine && stage == 0) {
-    const std::string name = mode.substr(5);
-    sem_unlink((name + "-0").c_str());
-    sem_unlink((name + "-1").c_str());
+  if (!meet) {  // keep the other core's stage company until it is done too
+    sem_post(done);
+    while (sem_trywait(other_done) != 0) run(net, ins, net_outs);
   }
   std::printf("{\"stage\": %d, \"steady_ms\": %.4f}\n", stage, steady_ms);
   return 0;
