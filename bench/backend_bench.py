@@ -6,15 +6,16 @@ frames runs: each run's ``steady_fps``, its frames after the first from the end 
 one stage time of filling the pipeline counts against neither side.
 
     python bench/backend_bench.py [--models resnet50,resnet101,densenet121] [--frames 30]
-                                  [--rounds 9]
+                                  [--rounds 7] [--pairs 3]
 
-Every configuration of a model runs once per round, round after round, so the machine's drift
+Every configuration of a model runs in every round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios and the
-1-rank program's against the plain loop are paired: taken within each round, their median
+1-rank program's against the plain loop are paired: taken within each pair of runs, their median
 reported. A round starts with what P4 compares, back to back (two whole-model processes, 2x1,
-its stages meeting and free, 1x2): this VM's phases last seconds, and runs ten seconds apart
-often fell in different ones. All on this machine's first two cores, full ncnn build (the one
-`make demo` uses).
+its stages meeting and free, 1x2, then the 1-rank program and the plain loop), ``--pairs``
+times: this VM's phases last seconds, and runs ten seconds apart often fell in different ones;
+one run moves by up to 8 %, so each ratio is the median of rounds x pairs of them. All on this
+machine's first two cores, full ncnn build (the one `make demo` uses).
 
 The two cores of this VM do not run equally fast: two ncnn processes at once, or two threads of the
 plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.00 for the ncnn
@@ -254,7 +255,7 @@ def print_wire(w: dict) -> None:
           f"{w['smsc']}")
 
 
-def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
+def bench_model(name: str, frames: int, rounds: int, pairs: int, tools: Path, plain: Plain,
                 work: Path) -> dict:
     model = zoo.cached(name)
     outs = {k: prepare(model, m, work / name / k) for k, m in mappings(model).items()}
@@ -295,8 +296,11 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
         fps[k].append(f)
         rss[k].append(m)
 
-    for r in range(rounds):
-        # What P4 pairs runs back to back, so a phase of the VM (seconds) more often holds both.
+    def paired_runs(i: int) -> None:
+        """What P4's goals compare, back to back: a phase of the VM (seconds) more often holds
+        both sides of a ratio. Run ``pairs`` times a round: one run of either side moves by
+        +-8 % (DenseNet-121's 1-rank program against the plain loop, 20 pairs of 2026-11-27:
+        0.87-1.08), so 9 ratios left the median a coin toss at a goal 2 % away."""
         f, _, each = ncnn_alone(tools, outs["1x1"], work / "x.npy", shape, frames, cores=(0, 1))
         fps["2 alone"].append(f)
         steady["2 alone"].append(sum(each))
@@ -308,14 +312,18 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
             steady[k].append(1e3 / max(ms))
             stage_ms[k].append(ms)
         program("1x2")
-        loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
-        spread["core_speeds"].append(min(loops) / max(loops))
-        # The 1-rank program and the plain loop back to back, which first alternating by round,
-        # and their ratio taken within the round: a few percent apart is the goal, and this VM
+        # The 1-rank program and the plain loop back to back, which first alternating,
+        # and their ratio taken within the pair: a few percent apart is the goal, and this VM
         # drifts by more than that from one minute to the next.
         pair = [lambda: plain_loop("alone"), lambda: program("1x1")]
-        for step in pair if r % 2 == 0 else pair[::-1]:
+        for step in pair if i % 2 == 0 else pair[::-1]:
             step()
+
+    for r in range(rounds):
+        for p in range(pairs):
+            paired_runs(r * pairs + p)
+        loops = _json_lines([str(plain.speeds), "0", "1", "1"])[0]["passes_per_s"]
+        spread["core_speeds"].append(min(loops) / max(loops))
         plain_loop("alone pools")
         program("2x1 flops")
         fps["2x1 frame"].append(run(outs["2x1"], feeds, frames, pipeline=False).stats["fps"])
@@ -330,7 +338,8 @@ def bench_model(name: str, frames: int, rounds: int, tools: Path, plain: Plain,
     def paired(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(steady[a], steady[b]))
 
-    return {"model": name, "frames": frames, "rounds": rounds, "fps": fps, "median_fps": med,
+    return {"model": name, "frames": frames, "rounds": rounds, "pairs": pairs,
+            "fps": fps, "median_fps": med,
             "steady_fps": steady,
             "median_steady_fps": {k: statistics.median(v) for k, v in steady.items()},
             "core_spread": spread, "peak_rss": rss, "max_rel_error": worst,
@@ -391,14 +400,16 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50,resnet101,densenet121",
                     help='comma-separated; "" for the wire alone')
     ap.add_argument("--frames", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="times a round P4's comparisons run, back to back")
     ap.add_argument("--json", type=Path, default=Path("build/bench/backend.json"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         tools = build_tools(work / "tools")
         plain = ceilings(work)
-        rows = [bench_model(m, args.frames, args.rounds, tools, plain, work)
+        rows = [bench_model(m, args.frames, args.rounds, args.pairs, tools, plain, work)
                 for m in args.models.split(",") if m]
         wire_rows = wire(tools, plain, work, args.rounds)
         fp16 = bench_fp16(args.frames * 5, work) if rows else {}

@@ -32,6 +32,13 @@ def stage_times(m: dict) -> str:
     return f" (as plain processes, stage 0 {free[0]:.1f}, stage 1 {free[1]:.1f} ms)" if free else ""
 
 
+def paired_runs(m: dict) -> str:
+    """How many paired runs a backend ratio is the median of (older JSON: one pair a round)."""
+    pairs = m.get("pairs", 1)
+    return (f"{m['rounds'] * pairs} pairs' ratios ({m['rounds']} rounds of {pairs})" if pairs > 1
+            else f"{m['rounds']} rounds' ratios")
+
+
 def backend(d: dict) -> Iterator[Goal]:
     """P4 (pipeline scaling, overhead) and P5 (tensor transfer on one host)."""
     for m in d["models"]:
@@ -49,7 +56,7 @@ def backend(d: dict) -> Iterator[Goal]:
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x two whole-model ncnn processes at "
                    "once (steady state)", f"{share:.2f}x", share >= 0.95,
                    f"{still['2x1']:.1f} vs {still['2 alone']:.1f} frames/s, median of "
-                   f"{m['rounds']} rounds' ratios. {lead}: 2x1's own two sub-models as "
+                   f"{paired_runs(m)}. {lead}: 2x1's own two sub-models as "
                    f"plain ncnn processes at once (stages_alone.cpp) make {free:.2f}x of it each "
                    f"at its own pace, "
                    f"{r['steady 2 stages meeting / 2 alone']:.2f}x meeting every frame as "
@@ -62,7 +69,7 @@ def backend(d: dict) -> Iterator[Goal]:
                    "processes meeting every frame (what autodice adds to a pipeline)",
                    f"{own:.2f}x", own >= 0.95,
                    f"{still['2x1']:.1f} vs {still['2 stages meeting']:.1f} frames/s, median of "
-                   f"{m['rounds']} rounds' ratios")
+                   f"{paired_runs(m)}")
         # 1.05x where the ceiling allows it: where two whole-model processes at once make less
         # than 1.05 / 0.95 of 1x2, 2x1 is held to the share of them the first row asks.
         versus, room = r["steady 2x1 / 1x2"], r["steady 2 alone / 1x2"]
@@ -72,12 +79,12 @@ def backend(d: dict) -> Iterator[Goal]:
                    f"{versus:.2f}x", versus >= need,
                    f"needs {need:.2f}x: the ceiling, two whole-model processes at once, makes "
                    f"{room:.2f}x of 1x2; {still['2x1']:.1f} vs {still['1x2']:.1f} frames/s, "
-                   f"median of {m['rounds']} rounds' ratios; over {m['frames']} frames, filling "
+                   f"median of {paired_runs(m)}; over {m['frames']} frames, filling "
                    f"and draining, {r['2x1 / 1x2']:.2f}x; per frame: {ranks}")
         one, alone = m["fps"]["1x1"], m["fps"]["alone"]
         yield Goal("P4", f"{name} 1 rank = plain ncnn loop (>= 0.97x)",
                    f"{r['1x1 / ncnn alone']:.2f}x", r["1x1 / ncnn alone"] >= 0.97,
-                   f"median of {m['rounds']} rounds' ratios, the two back to back, which first "
+                   f"median of {paired_runs(m)}, the two back to back, which first "
                    f"alternating (ratio of the medians {r['1x1 / ncnn alone, medians']:.2f}x); "
                    f"round by round, 1 rank {min(one):.1f}-{max(one):.1f} frames/s, the plain "
                    f"loop {min(alone):.1f}-{max(alone):.1f}")

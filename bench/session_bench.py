@@ -1,7 +1,7 @@
 """Session benchmark (issue 22): feeding real frames from Python against the program's own repeat.
 
     python bench/session_bench.py [--models squeezenet,resnet50] [--frames 60] [--seconds 2]
-                                  [--rounds 3] [--long 10000]
+                                  [--rounds 5] [--long 10000]
 
 Per model, 2 ranks x 1 thread on this machine's two cores, cut as ``autodice layers --balance``
 cuts. Each stream lasts about ``--seconds`` (at least ``--frames`` frames: 60 SqueezeNet frames
@@ -245,7 +245,7 @@ def main() -> int:
     ap.add_argument("--models", default="squeezenet,resnet50")
     ap.add_argument("--frames", type=int, default=60, help="the fewest frames a stream has")
     ap.add_argument("--seconds", type=float, default=2.0, help="how long a stream lasts")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--long", type=int, default=10_000)
     ap.add_argument("--json", type=Path, default=ROOT / "build" / "bench" / "session.json")
     args = ap.parse_args()
