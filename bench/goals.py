@@ -86,7 +86,7 @@ def backend(d: dict) -> Iterator[Goal]:
                    f"{r['1x1 / ncnn alone']:.2f}x", r["1x1 / ncnn alone"] >= 0.97,
                    f"median of {paired_runs(m)}, the two back to back, which first "
                    f"alternating (ratio of the medians {r['1x1 / ncnn alone, medians']:.2f}x); "
-                   f"round by round, 1 rank {min(one):.1f}-{max(one):.1f} frames/s, the plain "
+                   f"run by run, 1 rank {min(one):.1f}-{max(one):.1f} frames/s, the plain "
                    f"loop {min(alone):.1f}-{max(alone):.1f}")
     wire = d["wire"]
     for w in wire["rows"]:
