@@ -12,7 +12,7 @@ Every configuration of a model runs in every round, round after round, so the ma
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios and the
 1-rank program's against the plain loop are paired: taken within each pair of runs, their median
 reported. A round starts with what P4 compares, back to back (two whole-model processes, 2x1,
-its stages meeting and free, 1x2, then the 1-rank program and the plain loop), ``--pairs``
+its stages as plain processes, 1x2, then the 1-rank program and the plain loop), ``--pairs``
 times: this VM's phases last seconds, and runs ten seconds apart often fell in different ones;
 one run moves by up to 8 %, so each ratio is the median of rounds x pairs of them. All on this
 machine's first two cores, full ncnn build (the one `make demo` uses).
@@ -22,8 +22,9 @@ plain ``core_speeds`` loop, differ from round to round (slower / faster 0.70-1.0
 processes in one run of 2026-11-25), and which core is slower changes too. A 2-stage pipeline runs
 at the pace of its slower stage, so besides the issue's ceiling (the sum of the two processes) each
 round also holds 2x1 against twice the slower one, and against its own two sub-models run as plain
-ncnn processes (``stages_alone``): free, and meeting at every frame as a pipeline's stages are tied
-by their data, with nothing of autodice.
+ncnn processes (``stages_alone``), with nothing of autodice: free, tied by their data with the
+program's two frames in flight (a pipeline's ceiling on these cores at that time), and in lockstep,
+meeting at every frame.
 """
 
 from __future__ import annotations
@@ -113,18 +114,19 @@ def ncnn_alone(tools: Path, out: Path, x: Path, shape, frames: int, cores=(0,),
             [g["steady_fps"] for g in got])
 
 
-def stages_alone(tools: Path, out: Path, x: Path, frames: int, meet: bool) -> list[float]:
+def stages_alone(tools: Path, out: Path, x: Path, frames: int, mode: str) -> list[float]:
     """Each stage's ms a frame when the 2-rank plan in ``out``'s two sub-models loop as plain
-    ncnn processes on cores 0 and 1 at once, free or meeting at every frame's start: the
-    pipeline's ceiling with nothing of autodice (MPI, copies, the plan) in it."""
+    ncnn processes on cores 0 and 1 at once, ``mode`` "free", "meet" (at every frame's start)
+    or "pipe" (tied by their data, as many frames in flight as the program): the pipeline's
+    ceiling with nothing of autodice (MPI, copies, the plan) in it."""
     ranks = json.loads((out / "plan.json").read_text())["ranks"]
     cut = [t["name"] for t in ranks[0]["submodel_outputs"]]
     assert cut == [t["name"] for t in ranks[1]["submodel_inputs"]], \
         "stages_alone feeds stage 1 exactly stage 0's outputs, in order"
     ncnn = [str(out / "ncnn" / f"{r['key']}.ncnn.{x}") for r in ranks for x in ("param", "bin")]
-    mode = f"{'meet' if meet else 'free'}:/autodice-bench-{os.getpid()}"
+    how = f"{mode}:/autodice-bench-{os.getpid()}"  # and the semaphores' names
     procs = [subprocess.Popen(["taskset", "-c", str(s), str(tools / "stages_alone"), str(s),
-                               str(frames), mode, str(x), *ncnn[:2], str(len(cut)), *ncnn[2:]],
+                               str(frames), how, str(x), *ncnn[:2], str(len(cut)), *ncnn[2:]],
                               stdout=subprocess.PIPE, text=True) for s in (0, 1)]
     return [json.loads(p.communicate()[0])["steady_ms"] for p in procs]
 
@@ -272,7 +274,7 @@ def bench_model(name: str, frames: int, rounds: int, pairs: int, tools: Path, pl
     rss: dict[str, list[int]] = {"alone": [], "alone pools": []}
     stages: list[dict] = []  # the 2x1 runs' ranks: where each one's time went
     # 2x1's sub-models as plain processes: each stage's ms a frame, beside the ranks' compute.
-    stage_ms: dict[str, list[list[float]]] = {"2 stages free": [], "2 stages meeting": []}
+    stage_ms: dict[str, list[list[float]]] = {k: [] for k in STAGES.values()}
     worst = 0.0
     want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
 
@@ -307,8 +309,8 @@ def bench_model(name: str, frames: int, rounds: int, pairs: int, tools: Path, pl
         steady["2 x slower alone"].append(2 * min(each))
         spread["ncnn processes"].append(min(each) / max(each))
         program("2x1")
-        for k, meet in (("2 stages meeting", True), ("2 stages free", False)):
-            ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, meet)
+        for mode, k in STAGES.items():
+            ms = stages_alone(tools, outs["2x1"], work / "x.npy", frames, mode)
             steady[k].append(1e3 / max(ms))
             stage_ms[k].append(ms)
         program("1x2")
@@ -359,20 +361,21 @@ def bench_model(name: str, frames: int, rounds: int, pairs: int, tools: Path, pl
                        "pipelined / frame by frame": med["2x1"] / med["2x1 frame"],
                        "steady 2x1 / 1x2": paired("2x1", "1x2"),
                        "steady 2 alone / 1x2": paired("2 alone", "1x2"),
+                       "steady 2 stages pipelined / 1x2": paired("2 stages pipelined", "1x2"),
                        "steady 2x1 / 2 alone": paired("2x1", "2 alone"),
                        "steady 2x1 / 2 x slower alone": paired("2x1", "2 x slower alone"),
-                       "steady 2x1 / 2 stages meeting": paired("2x1", "2 stages meeting"),
-                       "steady 2 stages meeting / 2 alone": paired("2 stages meeting",
-                                                                   "2 alone"),
-                       "steady 2 stages free / 2 alone": paired("2 stages free", "2 alone")}}
+                       **{f"steady 2x1 / {k}": paired("2x1", k) for k in STAGES.values()},
+                       **{f"steady {k} / 2 alone": paired(k, "2 alone")
+                          for k in STAGES.values()}}}
 
 
 # What P4's ceilings compare at steady state: 2x1 against the two whole-model processes at once
 # (their sum, and twice the slower, what a 2-stage pipeline on those two cores could reach), and
 # against 2x1's own two sub-models as plain processes at once (stages_alone), each at its own
-# pace or meeting every frame as a pipeline's stages do: the pace of the slower. And 2x1 against
-# 1x2, one rank on both cores, as a camera's stream sees them: neither filling nor draining.
-STEADY = ("2 alone", "2 x slower alone", "2 stages free", "2 stages meeting", "2x1", "1x2")
+# pace, tied by their data as the program's ranks are, or in lockstep. And 2x1 against 1x2, one
+# rank on both cores, as a camera's stream sees them: neither filling nor draining.
+STAGES = {"free": "2 stages free", "pipe": "2 stages pipelined", "meet": "2 stages meeting"}
+STEADY = ("2 alone", "2 x slower alone", *STAGES.values(), "2x1", "1x2")
 
 
 def bench_fp16(frames: int, work: Path) -> dict:
@@ -421,17 +424,18 @@ def main() -> None:
     print(f"\n{'model':<12} " + " ".join(f"{n[:24]:>24}" for n in names))
     for r in rows:
         print(f"{r['model']:<12} " + " ".join(f"{r['ratios'][n]:24.3f}" for n in names))
-    print(f"\n{'steady state':<12} " + " ".join(f"{c:>17}" for c in STEADY)
+    print(f"\n{'steady state':<12} " + " ".join(f"{c:>18}" for c in STEADY)
           + "   (frames/s after the first frame, medians)")
     for r in rows:
-        print(f"{r['model']:<12} " + " ".join(f"{r['median_steady_fps'][c]:17.2f}"
+        print(f"{r['model']:<12} " + " ".join(f"{r['median_steady_fps'][c]:18.2f}"
                                               for c in STEADY)
               + "   slower / faster core, medians: " + ", ".join(
                   f"{k} {statistics.median(v):.3f}" for k, v in r["core_spread"].items()))
     print("goals: 1x1 / ncnn alone >= 0.97, steady 2x1 / 2 alone >= 0.95, steady 2x1 / its "
-          "2 stages meeting >= 0.95, steady 2x1 / 1x2 >= 1.05 where 2 alone allows it. 2 alone: "
+          "2 stages pipelined >= 0.95, steady 2x1 / 1x2 >= 1.05 where 2 alone allows it. 2 alone: "
           "two independent single-thread ncnn processes at once; 2 stages: 2x1's two sub-models "
-          "as plain ncnn processes (stages_alone), free or meeting every frame; alone pools: "
+          "as plain ncnn processes (stages_alone), free, pipelined with the program's frames in "
+          "flight, or meeting every frame; alone pools: "
           "ncnn's own pool allocators instead of the program's (allocate_activations)")
     for r in rows:
         print(f"{r['model']} 2x1, per frame: " + "; ".join(

@@ -1,13 +1,17 @@
 // A 2-stage pipeline's ceiling without autodice: the plan's two sub-models, each looped by a
 // plain ncnn process on its own core, both at once, on the real activations (stage 1 is fed
 // what stage 0 computes of the input frame). "free:NAME": each runs at its own pace, as two
-// independent processes do, from a common start; the one done first keeps computing (untimed)
-// until the other is done too, so neither times a frame with the other core idle. "meet:NAME":
-// the two meet at the start of every frame, as a pipeline's stages are tied by their data, with
-// no MPI, no copies and no plan. NAME names the POSIX semaphores they meet by (NAME-0, NAME-1,
-// and NAME-done-0, NAME-done-1 for free).
+// independent processes do, from a common start. "meet:NAME": the two meet at the start of every
+// frame, in lockstep. "pipe:NAME": tied by their data as the generated program's ranks are,
+// with as many frames in flight: stage 1 starts a frame once stage 0 has finished it, and stage
+// 0 starts one once stage 1 has taken the one two frames before (the program's receiver posts
+// the next frame's receive before it computes, and its sender reuses a buffer once the frame
+// sent from it was taken). No MPI, no copies, no plan. In free and pipe mode the stage done
+// first keeps computing (untimed) until the other is done too, so neither times a frame with
+// the other core idle. NAME names the POSIX semaphores they meet by (NAME-0, NAME-1, and
+// NAME-done-0, NAME-done-1).
 //
-//   stages_alone STAGE FRAMES free:NAME|meet:NAME INPUT.npy S0.param S0.bin OUTS S1.param S1.bin
+//   stages_alone STAGE FRAMES free|meet|pipe:NAME INPUT.npy S0.param S0.bin OUTS S1.param S1.bin
 //
 // Stage 0 reads in0 and writes out0..out{OUTS-1}; stage 1 reads in0..in{OUTS-1}, in that order,
 // and writes out0. Prints {"stage": S, "steady_ms": T}: milliseconds a frame after the first.
@@ -53,7 +57,7 @@ std::vector<ncnn::Mat> run(ncnn::Net& net, const std::vector<ncnn::Mat>& ins, in
 
 int main(int argc, char** argv) {
   if (argc != 10) {
-    std::fprintf(stderr, "usage: %s STAGE FRAMES free:NAME|meet:NAME INPUT.npy S0.param S0.bin "
+    std::fprintf(stderr, "usage: %s STAGE FRAMES free|meet|pipe:NAME INPUT.npy S0.param S0.bin "
                  "OUTS S1.param S1.bin\n", argv[0]);
     return 2;
   }
@@ -70,9 +74,9 @@ int main(int argc, char** argv) {
   }
   ncnn::Net& net = stage == 0 ? first : second;
   const int net_outs = stage == 0 ? outs : 1;
-  const bool meet = mode.rfind("meet:", 0) == 0;
-  if (!meet && mode.rfind("free:", 0) != 0) {
-    std::fprintf(stderr, "%s: the mode is free:NAME or meet:NAME\n", argv[0]);
+  const bool meet = mode.rfind("meet:", 0) == 0, pipe = mode.rfind("pipe:", 0) == 0;
+  if (!meet && !pipe && mode.rfind("free:", 0) != 0) {
+    std::fprintf(stderr, "%s: the mode is free:NAME, meet:NAME or pipe:NAME\n", argv[0]);
     return 2;
   }
   const std::string name = mode.substr(5);
@@ -94,11 +98,20 @@ int main(int argc, char** argv) {
   if (stage == 0)
     for (const char* what : {"-", "-done-"})
       for (int s : {0, 1}) sem_unlink((name + what + std::to_string(s)).c_str());
+  // Pipe: NAME-0 counts the frames stage 0 finished, NAME-1 the frames stage 0 may start.
+  constexpr int in_flight = 2;
+  if (pipe && stage == 1)
+    for (int i = 0; i < in_flight; ++i) sem_post(mine);
   const autodice::Timer clock;
   double first_end_ms = 0;
   for (int f = 0; f < frames; ++f) {
     if (meet && f > 0) meet_other();
+    if (pipe) {
+      sem_wait(other);  // stage 0: a free slot; stage 1: a finished frame
+      if (stage == 1) sem_post(mine);  // taken: its slot is free again
+    }
     run(net, ins, net_outs);
+    if (pipe && stage == 0) sem_post(mine);
     if (f == 0) first_end_ms = clock.elapsed_ms();
   }
   const double steady_ms = (clock.elapsed_ms() - first_end_ms) / (frames - 1);
