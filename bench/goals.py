@@ -32,6 +32,17 @@ def stage_times(m: dict) -> str:
     return f" (as plain processes, stage 0 {free[0]:.1f}, stage 1 {free[1]:.1f} ms)" if free else ""
 
 
+def cut_share(m: dict) -> str:
+    """What the cut allows by the profile: half the model against the slower stage (layers do
+    not divide evenly), so a figure the stages as plain processes can be read against."""
+    cut = m.get("2x1 cut by the profile")
+    if not cut:
+        return ""
+    slower = max(cut["stage_ms"])
+    return (f"; the profile's best cut has a {slower:.1f} ms stage for a {cut['whole_ms']:.1f} ms "
+            f"model, {cut['whole_ms'] / 2 / slower:.2f}x of it at most")
+
+
 def paired_runs(m: dict) -> str:
     """How many paired runs a backend ratio is the median of (older JSON: one pair a round)."""
     pairs = m.get("pairs", 1)
@@ -63,9 +74,10 @@ def backend(d: dict) -> Iterator[Goal]:
                    f"({r['steady 2 stages free / 2 alone']:.2f}x each at its own pace, "
                    f"{r['steady 2 stages meeting / 2 alone']:.2f}x in lockstep); the program's "
                    f"slower rank computes {slowest * 1e3:.1f} ms a frame, {pace:.2f}x of it "
-                   f"were there no wait at all{stage_times(m)}. Slower / faster core, "
-                   f"medians: two ncnn processes {spread['ncnn processes']:.2f}, a float loop "
-                   f"per core (core_speeds.c) {spread['core_speeds']:.2f}; per frame: {ranks}")
+                   f"were there no wait at all{stage_times(m)}{cut_share(m)}. Slower / faster "
+                   f"core, medians: two ncnn processes {spread['ncnn processes']:.2f}, a float "
+                   f"loop per core (core_speeds.c) {spread['core_speeds']:.2f}; per frame: "
+                   f"{ranks}")
         yield Goal("P4", f"{name} 2 ranks x 1 thread >= 0.95x its two sub-models as a plain "
                    "ncnn pipeline, the same frames in flight (what autodice adds to a pipeline)",
                    f"{own:.2f}x", own >= 0.95,

@@ -136,6 +136,7 @@ class Balanced:
     mapping: dict[str, list[str]]
     seconds: dict[str, float]  # each key's predicted compute and receiving per frame
     notes: tuple[str, ...]
+    alone: dict[str, float]  # each key's predicted frame with every layer on it
 
 
 def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile | None = None,
@@ -176,7 +177,7 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
         notes.append(f"{best} alone is faster by the profile's layer times: "
                      f"{1e3 * alone[best]:.2f} ms a frame against {1e3 * max(seconds.values()):.2f}"
                      f" ms for this cut's slowest stage; map every layer to {best} for the speed")
-    return Balanced(mapping, seconds, tuple(notes))
+    return Balanced(mapping, seconds, tuple(notes), alone)
 
 
 def alone_seconds(graph: Graph, key: str, cost: Cost, copies: GpuCopies | None) -> float:
