@@ -66,7 +66,7 @@ def mappings(model: Path) -> tuple[dict[str, dict[str, list[str]]], dict]:
     --balance`` cuts (by time measured here) and cut by FLOPs (what it did before); and that
     cut by the profile: its stages' ms and the whole model's on one core. Layers do not divide
     evenly (one of ResNet-50's 3x3 convolutions is 1.9 ms of a 34 ms stage), so the best cut's
-    slower stage is more than half the model: a ceiling of the profile's, not of the machine's."""
+    slower stage is more than half the model, which bounds its pipeline before anything runs."""
     graph = load_model(model)
     layers = [r["name"] for r in layer_table(graph) if not r["follows"]]
     keys = ["edge01_x860", "edge01_x861"]
