@@ -28,24 +28,22 @@ class Goal(NamedTuple):
 def stage_times(m: dict) -> str:
     """The 2x1 sub-models' ms a frame as plain processes, beside the ranks' compute: an uneven
     cut shows in both, what the program adds only in the ranks'."""
-    free = m.get("stages ms a frame", {}).get("2 stages free")
-    return f" (as plain processes, stage 0 {free[0]:.1f}, stage 1 {free[1]:.1f} ms)" if free else ""
+    free = m["stages ms a frame"]["2 stages free"]
+    return f" (as plain processes, stage 0 {free[0]:.1f}, stage 1 {free[1]:.1f} ms)"
 
 
 def cut_share(m: dict) -> str:
     """What the cut allows by the profile: half the model against the slower stage (layers do
     not divide evenly), so a figure the stages as plain processes can be read against."""
-    cut = m.get("2x1 cut by the profile")
-    if not cut:
-        return ""
+    cut = m["2x1 cut by the profile"]
     slower = max(cut["stage_ms"])
     return (f"; the profile's best cut has a {slower:.1f} ms stage for a {cut['whole_ms']:.1f} ms "
             f"model, {cut['whole_ms'] / 2 / slower:.2f}x of it at most")
 
 
 def paired_runs(m: dict) -> str:
-    """How many paired runs a backend ratio is the median of (older JSON: one pair a round)."""
-    pairs = m.get("pairs", 1)
+    """How many paired runs a backend ratio is the median of."""
+    pairs = m["pairs"]
     return (f"{m['rounds'] * pairs} pairs' ratios ({m['rounds']} rounds of {pairs})" if pairs > 1
             else f"{m['rounds']} rounds' ratios")
 
