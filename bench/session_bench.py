@@ -124,7 +124,8 @@ def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
     st = s.stats()
     return {"steady_fps": st["steady_fps"], "frames_via": st["frames_via"],
             "gateway_wakeups": woke / frames,
-            "input_wait_ms": 1e3 * st["ranks"][0]["recv_wait_s"] / frames,
+            "input_wait_ms": 1e3 * (st["ranks"][0]["recv_wait_s"] +
+                                    st["ranks"][0]["frame_wait_s"]) / frames,
             "ms_a_frame": {"python": 1e3 * own / frames,
                            "gateway": 1e3 * used.pop(ranks) / frames,
                            "ranks": 1e3 * sum(used.values()) / frames,
@@ -257,9 +258,11 @@ def main() -> int:
         print("steady frames/s (plain, py: the repeat beside a plain feed, a bare Python feed / "
               "the repeat); ms a frame "
               "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
-              "computing (the repeat's, the session's); the gateway's wake-ups a frame")
+              "computing (the repeat's, the session's); the gateway's wake-ups a frame; rank 0's "
+              "wait for its frames")
         print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'plain':>7}"
               f"{'py':>6}{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'wakes':>7}"
+              f"{'r0 wait':>9}"
               f"{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
         for m in models:
             med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
@@ -268,6 +271,7 @@ def main() -> int:
                   f"{r['beside a Python feed / repeat']:>6.2f}{ms['python']:>8.2f}"
                   f"{ms['gateway']:>9.2f}{ms['repeat computing']:>9.2f}"
                   f"{ms['ranks computing']:>9.2f}{m['median_gateway_wakeups']:>7.1f}"
+                  f"{m['median_input_wait_ms']:>9.2f}"
                   f"{1e3 / med['lockstep']:>13.2f}"
                   f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
         long = long_stream(work, args.long) if args.long else None

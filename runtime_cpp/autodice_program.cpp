@@ -75,12 +75,16 @@ Args parse_args(int argc, char** argv) {
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
          peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
+  // Streams: how long the rank waited for the gateway's word of its next frame. Apart from
+  // recv_wait_s: it holds the application's own pauses, and a first stage that waits here is
+  // short of frames.
+  double frame_wait_s = 0;
   // When this rank finished its first and its last frame, in seconds on its clock: what it
   // did in between is its steady state, without the pipeline's filling and draining.
   double first_end_s = 0, last_end_s = 0;
   double start = 0;  // not gathered: when this rank's clock started
 };
-constexpr int kStatFields = 13;
+constexpr int kStatFields = 14;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
 constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
 
@@ -245,10 +249,13 @@ class FrameSource {
     return known_;
   }
 
-  // The frame after the last one taken, waiting for the gateway's word if need be.
-  int64_t take() {
+  // The frame after the last one taken, waiting for the gateway's word if need be (that wait
+  // added to `waited_s`).
+  int64_t take(double& waited_s) {
     if (peek() == kUnknown) {
+      const Timer timer;
       control_->wait(0);
+      waited_s += timer.elapsed_ms() / 1e3;
       arrived();
     }
     last_ = known_;
@@ -357,7 +364,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     for (; lockstep_frames < frame; ++lockstep_frames)
       barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of a frame");
   };
-  int64_t f = frames.take(), last = -1;
+  int64_t f = frames.take(st.frame_wait_s), last = -1;
   if (f != FrameSource::kEnd) post_receives(f, 0);
   int local = 0, last_local = -1;
   while (f != FrameSource::kEnd) {
@@ -404,7 +411,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     if (local == 0) st.first_end_s = st.last_end_s;
     last_local = local++;
     last = f;
-    next = frames.take();  // the frame peeked at above, or the gateway's next word
+    next = frames.take(st.frame_wait_s);  // the frame peeked at above, or the gateway's word
     if (!early && next != FrameSource::kEnd) post_receives(next, local);
     f = next;
   }
@@ -470,11 +477,11 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
     out += "    {\"rank\": " + std::to_string(k) + ", \"key\": " + json_string(plan.ranks[k].key) +
            ", \"device\": " + json_string(device) + ", \"arch\": " + json_string(arch);
     add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
-        "\"send_wait_s\": %.6f, \"bytes_sent\": %.0f, \"bytes_received\": %.0f, "
-        "\"peak_rss\": %.0f, \"load_s\": %.6f, \"first_frame_end_s\": %.9f, "
-        "\"last_frame_end_s\": %.9f, \"cpus\": [",
-        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[11],
-        v[12]);
+        "\"send_wait_s\": %.6f, \"frame_wait_s\": %.6f, \"bytes_sent\": %.0f, "
+        "\"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
+        "\"first_frame_end_s\": %.9f, \"last_frame_end_s\": %.9f, \"cpus\": [",
+        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[13], v[3], v[4], v[5], v[6],
+        v[11], v[12]);
     out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
     out += k + 1 < n ? ",\n" : "\n";
   }
@@ -546,7 +553,7 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
                                     st.frames,     st.fp16,           st.first_end_s,
-                                    st.last_end_s};
+                                    st.last_end_s, st.frame_wait_s};
   const int root = streamed ? n : 0;  // who reports: the gateway tells the session
   std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,

@@ -50,11 +50,15 @@ class Figures:
 
 def per_frame(job_stats: dict) -> list[dict]:
     """The ranks' own figures (compute and wait seconds, bytes, peak memory, as the program
-    reports them at the end), each with its share of a frame in ms (``ms_per_frame``)."""
+    reports them at the end), each with its share of a frame in ms (``ms_per_frame``).
+    ``frame_wait``: in a stream, waiting for the gateway's word of the next frame (the
+    application's pauses included; a first stage that waits here is short of frames)."""
     ranks = []
     for r in job_stats["ranks"]:
         n = max(1, r["frames"])
         ranks.append({**r, "ms_per_frame": {
             "compute": 1e3 * r["compute_s"] / n, "recv_wait": 1e3 * r["recv_wait_s"] / n,
-            "send_wait": 1e3 * r["send_wait_s"] / n}})
+            "send_wait": 1e3 * r["send_wait_s"] / n,
+            # A program built before streams timed it has none.
+            "frame_wait": 1e3 * r.get("frame_wait_s", 0.0) / n}})
     return ranks
