@@ -74,32 +74,24 @@ static bool mpi_running() {
   return initialized && !finalized;
 }
 
-// The seconds an environment variable says, or `fallback` when it is not set.
-static double seconds_env(const char* name, double fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr) return fallback;
-  char* end = nullptr;
-  const double seconds = std::strtod(env, &end);
-  if (end == env || *end != '\0')
-    abort_run(std::string(name) + "=" + env + " is not a number of seconds", 2);
-  return seconds;
-}
-
 void init_runtime(MPI_Comm comm) {
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   if (comm != MPI_COMM_WORLD) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   g_prefix.clear();
   log_prefix();
-  g_timeout_s = seconds_env("AUTODICE_TIMEOUT_S", g_timeout_s);
+  if (const char* env = std::getenv("AUTODICE_TIMEOUT_S")) {
+    char* end = nullptr;
+    double seconds = std::strtod(env, &end);
+    if (end == env || *end != '\0')
+      abort_run(std::string("AUTODICE_TIMEOUT_S=") + env + " is not a number of seconds", 2);
+    g_timeout_s = seconds;
+  }
   // A waiting rank spins first (Open MPI moves a message only inside its calls) unless the
   // ranks' threads outnumber the cores, where autodice run sets OMP_WAIT_POLICY=passive: then a
-  // spinning rank would take the core its neighbour computes on. AUTODICE_SPIN_S says how long
-  // outright: a session on this machine sets 0 when its ranks fill the cores, so a waiting
-  // rank's core goes to the session's feed instead of the core of one that computes.
+  // spinning rank would take the core its neighbour computes on.
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   g_spin_s = policy && (std::strcmp(policy, "passive") == 0 ||
                         std::strcmp(policy, "PASSIVE") == 0) ? 0.0 : 2e-3;
-  g_spin_s = seconds_env("AUTODICE_SPIN_S", g_spin_s);
   // Short sleeps sleep as long as asked (the default 50 us timer slack made 10 us 69).
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 }

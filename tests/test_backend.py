@@ -20,7 +20,7 @@ from autodice.backend import build as build_module
 from autodice.backend.build import build
 from autodice.backend.failure import explain_failure
 from autodice.backend.gen import gen, render_program
-from autodice.backend.run import run, wait_policy
+from autodice.backend.run import run
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
@@ -207,40 +207,6 @@ def test_a_run_keeps_to_the_cores_it_was_given(fig2):
     assert r.returncode == 0, r.stdout + r.stderr
     stats = json.loads((fig2 / "out" / "results" / "stats.json").read_text())
     assert [rank["cpus"] for rank in stats["ranks"]] == [[0], [0]]
-
-
-def _two_cpu_ranks(fig2):
-    """Figure 2 on 2 ranks x 1 thread of one host, split into fig2/out (not built): its plan."""
-    (fig2 / "platform.txt").write_text("here, x86, slots=0-1\n")
-    (fig2 / "mapping.json").write_text(json.dumps({"here_x860": ["Conv1", "Relu1", "MaxPool1"],
-                                                   "here_x861": ["Add1", "FC1"]}))
-    return split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
-
-
-def test_a_sessions_ranks_that_fill_the_cores_sleep_as_soon_as_they_wait(fig2, monkeypatch):
-    """Spinning ranks leave a session's feed only the cores of ranks that compute; OpenMP's own
-    policy changes only where threads outnumber cores, and what the user set wins."""
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.delenv("AUTODICE_SPIN_S", raising=False)
-    plan = _two_cpu_ranks(fig2)
-    assert wait_policy(plan, 2, stream=True) == {"AUTODICE_SPIN_S": "0"}
-    assert wait_policy(plan, 2) == {}
-    assert wait_policy(plan, 4, stream=True) == {}
-    assert wait_policy(plan, 1, stream=True) == {"OMP_WAIT_POLICY": "passive",
-                                                 "AUTODICE_SPIN_S": "0"}
-    monkeypatch.setenv("AUTODICE_SPIN_S", "0.001")
-    assert wait_policy(plan, 2, stream=True) == {}
-
-
-def test_a_spin_time_that_is_not_seconds_is_refused_by_name(fig2, monkeypatch):
-    _two_cpu_ranks(fig2)
-    out = fig2 / "out"
-    gen(out)
-    build(out)
-    np.save(fig2 / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
-    monkeypatch.setenv("AUTODICE_SPIN_S", "soon")
-    with pytest.raises(AutodiceError, match="AUTODICE_SPIN_S=soon is not a number of seconds"):
-        run(out, {"input": fig2 / "x.npy"})
 
 
 def test_wrong_input_shape_is_refused_before_running(fig2_built):

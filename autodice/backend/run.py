@@ -61,27 +61,18 @@ def local_binding(plan: Plan, cpus: set[int]) -> list[str] | None:
     return [f"rank {r.rank}=localhost slots={','.join(map(str, r.slots))}" for r in plan.ranks]
 
 
-def wait_policy(plan: Plan, n_cpus: int, stream: bool = False) -> dict[str, str]:
-    """How the ranks wait, as their environment says it: what spins and what sleeps.
+def omp_wait_policy(plan: Plan, n_cpus: int) -> dict[str, str]:
+    """The OpenMP wait policy for the ranks' environment.
 
     Idle OpenMP threads spin for a while by default, which is fastest when every thread has a
     core (2 threads on 2 cores: 1.4x one thread, but slower than one thread when they sleep).
     When the ranks' threads outnumber the cores, spinning threads steal the cores their
-    neighbours need (about 2x slower, FACTS.md), so they must sleep instead. A ``stream``
-    (a session's job: its gateway and the session's Python feed frames on these cores) whose
-    ranks' threads fill the cores has ranks that sleep as soon as they wait for a message
-    (``AUTODICE_SPIN_S=0``): the feed then runs on the core of a rank that waits rather than
-    preempting one that computes (SqueezeNet, 2 ranks on 2 cores: 1.017x frames/s, 10 of 14
-    paired rounds). Their OpenMP threads keep spinning: a 2-thread rank whose threads sleep is
-    slower than one thread. The user's own OMP_WAIT_POLICY and AUTODICE_SPIN_S win.
+    neighbours need (about 2x slower, FACTS.md), so they must sleep instead. The user's own
+    OMP_WAIT_POLICY wins.
     """
-    threads = sum(r.threads for r in plan.ranks)
-    env = {}
-    if "OMP_WAIT_POLICY" not in os.environ and threads > n_cpus:
-        env["OMP_WAIT_POLICY"] = "passive"
-    if stream and "AUTODICE_SPIN_S" not in os.environ and threads >= n_cpus:
-        env["AUTODICE_SPIN_S"] = "0"
-    return env
+    if "OMP_WAIT_POLICY" in os.environ or sum(r.threads for r in plan.ranks) <= n_cpus:
+        return {}
+    return {"OMP_WAIT_POLICY": "passive"}
 
 
 def check_inputs(plan: Plan, inputs: dict[str, Path]) -> dict[str, np.ndarray]:
@@ -192,7 +183,7 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
         cmd += ["--rankfile", str(folder / "rankfile.local")]
     cmd += [str(program.resolve()), *args]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               **wait_policy(plan, len(cpus), stream=gateway))
+               **omp_wait_policy(plan, len(cpus)))
     return cmd, env
 
 

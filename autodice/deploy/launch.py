@@ -214,7 +214,7 @@ def mpirun_argv(plan: Plan, inv: Inventory, hosts: dict[str, Host], flags: list[
     core, where it mostly sleeps)."""
     head = hosts[plan.ranks[0].host]
     launch = f"{head.dir}/launch"
-    # Passive waiting: emulated hosts share this machine's cores (see run.wait_policy).
+    # Passive waiting: emulated hosts share this machine's cores (see run.omp_wait_policy).
     env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
            "AUTODICE_TIMEOUT_S": os.environ.get("AUTODICE_TIMEOUT_S", "8")}
     argv = mpirun_head(inv, head, env, f"{launch}/hostfile")
