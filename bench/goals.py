@@ -157,8 +157,10 @@ def session(d: dict) -> Iterator[Goal]:
                     f"{m['median_gateway_wakeups']:.1f} times a frame on rank 0's core")
         if "beside a plain feed / repeat" in r:  # the plain feed: since 2026-11-26
             plain = r["beside a plain feed / repeat"]
-            why += (f". Rank 0 waited {m['median_input_wait_ms']:.3f} ms a frame for its "
-                    f"frames: the feed kept up. The repeat beside a plain feed (plain_feed.c: "
+            wait = m["median_input_wait_ms"]
+            why += (f". Rank 0 waited {wait:.3f} ms a frame for its frames (the gateway's word "
+                    f"and the bytes: {wait * med['session'] / 10:.1f} % of the session's frame "
+                    f"time). The repeat beside a plain feed (plain_feed.c: "
                     f"the same bytes through a Unix socket at the session's rate, nothing of "
                     f"autodice or Python in it) made {plain:.2f}x: "
                     + ("below the goal with no feed of autodice's at all (one method, a plain "
