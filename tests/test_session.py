@@ -108,16 +108,16 @@ def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
 
 def test_the_ranks_say_how_long_they_waited_for_the_gateways_next_frame(built):
     """A caller that pauses between frames: the first stage's wait for the gateway's word is
-    frame_wait, not a wait for a peer's tensor; the other ranks see the pauses as their peers'."""
+    frame_wait, not a wait for a peer's tensor."""
     pause_s, n = 0.2, 6
-    with autodice.open(built / "out", window=1) as s:
+    with autodice.open(built / "out") as s:
         for x in frames(n):
             s.infer(x)
             time.sleep(pause_s)
     first = next(r for r in s.stats()["ranks"] if r["key"] == "edge01_arm1")
     assert first["frame_wait_s"] >= (n - 1) * pause_s
     assert first["recv_wait_s"] < pause_s
-    assert first["ms_per_frame"]["frame_wait"] == 1e3 * first["frame_wait_s"] / n
+    assert first["ms_per_frame"]["frame_wait"] == pytest.approx(1e3 * first["frame_wait_s"] / n)
 
 
 def test_frames_go_on_the_socket_where_no_shared_memory_can_be_made(built, monkeypatch):
