@@ -31,7 +31,9 @@ own clocks: on a machine whose every core runs a rank, the feed's time is taken 
 Goals: session >= 0.9x repeat; latency at low load <= 1.1x the lockstep frame time. Then
 ``--long`` distinct frames through Figure 2's three kinds of parallelism (4 ranks: a layer split
 by rows, a stage with a replica): every result equal to onnxruntime on its own frame, in order,
-none lost or duplicated. Writes build/bench/session.json.
+none lost or duplicated. Last, what the first stage's copy of a frame costs by Open MPI's single
+copy against a memcpy of the session's memfd mapped (``cma_vs_memcpy.c``). Writes
+build/bench/session.json.
 """
 
 from __future__ import annotations
@@ -132,12 +134,21 @@ def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
                            "ranks computing": compute_ms(st["ranks"], frames)}}
 
 
-def plain_feed(dest: Path) -> Path:
-    """Compile ``runtime_cpp/bench/plain_feed.c`` into ``dest``."""
-    exe = dest / "plain_feed"
+def compiled(dest: Path, name: str) -> Path:
+    """Compile ``runtime_cpp/bench/<name>.c`` into ``dest``."""
+    exe = dest / name
     subprocess.run(["cc", "-O2", "-o", str(exe), str(ROOT / "runtime_cpp" / "bench" /
-                                                      "plain_feed.c")], check=True)
+                                                      f"{name}.c")], check=True)
     return exe
+
+
+def frame_copy(work: Path, frame_bytes: int) -> dict:
+    """What taking a frame out of shared memory another process just wrote costs the first
+    stage: Open MPI's single copy (process_vm_readv) against a memcpy of the memfd mapped
+    (``cma_vs_memcpy.c``, medians of 300 in turns)."""
+    exe = compiled(work, "cma_vs_memcpy")
+    got = subprocess.run([str(exe), str(frame_bytes)], check=True, capture_output=True, text=True)
+    return {k: v for k, v in json.loads(got.stdout).items() if k != "check"}
 
 
 def beside_feed(feed: Path, out: Path, plan: Plan, feeds: dict, frames: int, rate: float,
@@ -198,6 +209,7 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
     med = {k: statistics.median(v) for k, v in fps.items()}
     lockstep_s = 1 / med["lockstep"]
     return {"model": name, "frames": frames, "rounds": rounds, "fps": fps,
+            "frame_bytes": sum(t.nbytes for t in plan.model_inputs),
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
             "ms_a_frame": ms, "repeat_compute_ms": repeat_compute, "cores": os.cpu_count(),
@@ -252,9 +264,10 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="session-bench-"))
     try:
-        feed = plain_feed(work)
+        feed = compiled(work, "plain_feed")
         models = [measure_model(m, work, feed, args.frames, args.seconds, args.rounds)
                   for m in args.models.split(",")]
+        copy = frame_copy(work, models[0]["frame_bytes"])
         print("steady frames/s (plain, py: the repeat beside a plain feed, a bare Python feed / "
               "the repeat); ms a frame "
               "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
@@ -274,12 +287,16 @@ def main() -> int:
                   f"{m['median_input_wait_ms']:>9.2f}"
                   f"{1e3 / med['lockstep']:>13.2f}"
                   f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
+        print(f"{models[0]['model']}'s frame ({copy['bytes']} bytes) out of shared memory "
+              f"another process just wrote, on the other core: Open MPI's single copy "
+              f"{copy['cma_us']:.1f} us, a memcpy of the memfd mapped {copy['memcpy_us']:.1f} us")
         long = long_stream(work, args.long) if args.long else None
         if long:
             print(f"figure 2, three kinds: {long['delivered']} of {long['frames']} frames in "
                   f"order, worst rel {long['worst_rel']:.2e}, {long['fps']:.0f} frames/s")
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"models": models, "long": long}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"models": models, "long": long, "frame_copy": copy},
+                                        indent=1) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
