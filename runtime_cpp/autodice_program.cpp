@@ -79,12 +79,15 @@ struct Stats {
   // recv_wait_s: it holds the application's own pauses, and a first stage that waits here is
   // short of frames.
   double frame_wait_s = 0;
+  // Streams: frames whose model inputs this rank read from the session's shared slots itself
+  // (on the gateway's machine) instead of receiving them.
+  double frames_from_slots = 0;
   // When this rank finished its first and its last frame, in seconds on its clock: what it
   // did in between is its steady state, without the pipeline's filling and draining.
   double first_end_s = 0, last_end_s = 0;
   double start = 0;  // not gathered: when this rank's clock started
 };
-constexpr int kStatFields = 14;
+constexpr int kStatFields = 15;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
 constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
 
@@ -223,63 +226,88 @@ int peer_of(const std::vector<int>& peers, int64_t frame) {
 
 // The frames this rank takes, in order. Counted: every f < --frames whose turn is this rank's.
 // Streamed: announced one at a time by the gateway, which sends each rank the number of every
-// frame it takes and kEnd when the stream ends. How long a stream idles is the application's
+// frame it takes (and the shared slot holding it) and kEnd when the stream ends; its offer of
+// the session's slots, once, is answered here. How long a stream idles is the application's
 // business, so that wait has no deadline (a gateway that dies ends the job through mpirun).
 class FrameSource {
  public:
-  static constexpr int64_t kEnd = -1, kUnknown = -2;
+  static constexpr int64_t kEnd = FrameWord::kEnd, kUnknown = -2;
 
-  FrameSource(const Args& args, const RankPlan& r, int gateway, int tag)
-      : r_(r), frames_(args.frames), gateway_(gateway), tag_(tag),
+  FrameSource(const Args& args, const RankPlan& r, int gateway, const StreamLayout& layout)
+      : r_(r), frames_(args.frames), gateway_(gateway), layout_(layout),
         streamed_(!args.stream.empty()) {
     if (streamed_) post();
   }
 
   // The frame after the last one taken, if already known (else kUnknown); never blocks.
   int64_t peek() {
-    if (known_ == kUnknown) {
+    if (known_.frame == kUnknown) {
       if (!streamed_) {
-        int64_t f = last_ + 1;
+        int64_t f = last_.frame + 1;
         while (f < frames_ && !takes(r_, f)) ++f;
-        known_ = f < frames_ ? f : kEnd;
+        known_.frame = f < frames_ ? f : kEnd;
       } else if (control_->test()) {
         arrived();
       }
     }
-    return known_;
+    return known_.frame;
   }
 
   // The frame after the last one taken, waiting for the gateway's word if need be (that wait
   // added to `waited_s`).
   int64_t take(double& waited_s) {
-    if (peek() == kUnknown) {
+    while (peek() == kUnknown) {
       const Timer timer;
       control_->wait(0);
       waited_s += timer.elapsed_ms() / 1e3;
       arrived();
     }
     last_ = known_;
-    known_ = kUnknown;
-    return last_;
+    known_ = FrameWord{kUnknown, 0};
+    return last_.frame;
+  }
+
+  // Where frame `f` (the one peeked at or the last taken) has its model inputs in the session's
+  // slots mapped here; null if they come over MPI.
+  const unsigned char* slot_of(int64_t f) const {
+    const FrameWord& w = f == known_.frame ? known_ : last_;
+    if (w.frame != f || w.slot <= 0 || !slots_ || slots_->data() == nullptr) return nullptr;
+    return slots_->data() + static_cast<size_t>(w.slot - 1) * layout_.frame_bytes();
   }
 
  private:
   void post() {
-    control_.emplace(Transfer::recv(MPI_COMM_WORLD, {"the next frame's number", {1}, DType::Int64},
-                                    &value_, gateway_, tag_));
+    control_.emplace(Transfer::recv(MPI_COMM_WORLD, frame_word_info(), &word_, gateway_,
+                                    layout_.control_tag()));
   }
   void arrived() {
-    known_ = value_;
     control_.reset();
-    if (known_ != kEnd) post();
+    if (word_.frame == FrameWord::kSlotsOffered) {
+      offered();
+    } else {
+      known_ = word_;
+    }
+    if (known_.frame != kEnd) post();
+  }
+  // The gateway's slots: mapped here if they are this machine's, and the answer sent.
+  void offered() {
+    SlotsOffer offer;
+    Transfer::recv(MPI_COMM_WORLD, slots_offer_info(), &offer, gateway_, layout_.control_tag())
+        .wait();
+    slots_.emplace(offer);
+    const int64_t answer = slots_->data() != nullptr ? 1 : 0;
+    Transfer::send(MPI_COMM_WORLD, read_word_info(), &answer, gateway_, layout_.read_tag())
+        .wait();
   }
 
   const RankPlan& r_;
   int64_t frames_;
-  int gateway_, tag_;
+  int gateway_;
+  const StreamLayout& layout_;
   bool streamed_;
-  int64_t last_ = -1, known_ = kUnknown, value_ = 0;
+  FrameWord last_{-1, 0}, known_{kUnknown, 0}, word_;
   std::optional<Transfer> control_;
+  std::optional<MappedSlots> slots_;
 };
 
 // The rank's part of the job. Frames this rank takes are numbered locally (0, 1, 2...) for its
@@ -341,11 +369,19 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   // waited for it two frames later ran at the pace the gateway looks, not at its own. They
   // retire as they complete; the gateway's window bounds how many are out.
   std::deque<Transfer> results;
-  FrameSource frames(args, r, gateway, stream.control_tag());
+  FrameSource frames(args, r, gateway, stream);
+  // A frame in the session's slots mapped here: its inputs are read there (where each starts in
+  // the slot), not received, and the gateway is told once they are (`read_words` the message).
+  const unsigned char* from_slot[2] = {nullptr, nullptr};
+  int64_t read_words[2] = {0, 0};
+  std::vector<size_t> slot_offsets;
+  for (size_t k = 0; streamed && k < r.inputs.size(); ++k)
+    slot_offsets.push_back(stream.input_offset(stream_index(stream.inputs, r.inputs[k].file)));
   start_clock(st, loading, gpu ? 1 : r.threads);
   const auto post_receives = [&](int64_t frame, int local) {
     const int s = local % 2;
-    for (size_t k = 0; streamed && k < r.inputs.size(); ++k)
+    from_slot[s] = streamed ? frames.slot_of(frame) : nullptr;
+    for (size_t k = 0; streamed && from_slot[s] == nullptr && k < r.inputs.size(); ++k)
       input_recvs[s].push_back(Transfer::recv(
           MPI_COMM_WORLD, infos[r.inputs[k].tensor], inputs[s][k], gateway,
           stream.input_tag(stream_index(stream.inputs, r.inputs[k].file))));
@@ -377,6 +413,17 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     const bool early = next >= 0;
     if (early) post_receives(next, local + 1);
     timed_wait_all(input_recvs[s], st.recv_wait_s, recv_timeout_s);
+    if (from_slot[s] != nullptr) {  // the copy in place of the receive, timed as one
+      const Timer copy;
+      for (size_t k = 0; k < r.inputs.size(); ++k)
+        dense_into_mat(reinterpret_cast<const float*>(from_slot[s] + slot_offsets[k]),
+                       infos[r.inputs[k].tensor].shape, inputs[s][k]);
+      read_words[s] = f;
+      sends[s].push_back(Transfer::send(MPI_COMM_WORLD, read_word_info(), &read_words[s],
+                                        gateway, stream.read_tag()));
+      st.recv_wait_s += copy.elapsed_ms() / 1e3;
+      st.frames_from_slots += 1;
+    }
     ncnn::Extractor ex = net.create_extractor();
     for (size_t k = 0; k < r.inputs.size(); ++k)
       ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), inputs[s][k]);
@@ -477,11 +524,11 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
     out += "    {\"rank\": " + std::to_string(k) + ", \"key\": " + json_string(plan.ranks[k].key) +
            ", \"device\": " + json_string(device) + ", \"arch\": " + json_string(arch);
     add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
-        "\"send_wait_s\": %.6f, \"frame_wait_s\": %.6f, \"bytes_sent\": %.0f, "
-        "\"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
+        "\"send_wait_s\": %.6f, \"frame_wait_s\": %.6f, \"frames_from_slots\": %.0f, "
+        "\"bytes_sent\": %.0f, \"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
         "\"first_frame_end_s\": %.9f, \"last_frame_end_s\": %.9f, \"cpus\": [",
-        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[13], v[3], v[4], v[5], v[6],
-        v[11], v[12]);
+        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[13], v[14], v[3], v[4], v[5],
+        v[6], v[11], v[12]);
     out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
     out += k + 1 < n ? ",\n" : "\n";
   }
@@ -553,7 +600,7 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
                                     st.frames,     st.fp16,           st.first_end_s,
-                                    st.last_end_s, st.frame_wait_s};
+                                    st.last_end_s, st.frame_wait_s, st.frames_from_slots};
   const int root = streamed ? n : 0;  // who reports: the gateway tells the session
   std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,

@@ -458,11 +458,29 @@ ncnn::Mat alloc_mat(const Shape& shape, ncnn::Allocator* allocator) {
   return m;
 }
 
-ncnn::Mat mat_from_dense(const float* data, const Shape& shape, ncnn::Allocator* allocator) {
-  ncnn::Mat m = alloc_mat(shape, allocator);
+// The dense tensor `data` into a float32 Mat of its shape, channel by channel (cstep apart).
+static void copy_dense(const float* data, ncnn::Mat& m) {
   const size_t plane = static_cast<size_t>(m.w) * m.h * m.d;
   for (int q = 0; q < m.c; ++q) std::memcpy(m.channel(q).data, data + q * plane, plane * 4);
+}
+
+ncnn::Mat mat_from_dense(const float* data, const Shape& shape, ncnn::Allocator* allocator) {
+  ncnn::Mat m = alloc_mat(shape, allocator);
+  copy_dense(data, m);
   return m;
+}
+
+// Whether `m` can take the next tensor of `shape` in place: a plain float32 Mat of that shape
+// that nothing else holds (a send still in flight from this memory, or a Mat computed from it
+// as a view, must not see the next frame's bytes).
+static bool reusable(const ncnn::Mat& m, const Shape& shape) {
+  return !m.empty() && mat_shape(m) == ncnn_shape(shape) && m.elemsize == 4 &&
+         m.elempack == 1 && (m.refcount == nullptr || *m.refcount <= 1);
+}
+
+void dense_into_mat(const float* data, const Shape& shape, ncnn::Mat& m) {
+  if (!reusable(m, shape)) m = alloc_mat(shape);
+  copy_dense(data, m);
 }
 
 void dense_from_mat(const ncnn::Mat& m, float* out) {
@@ -609,11 +627,7 @@ Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int
   if (info.dtype != DType::Float32)
     abort_run(t.what() + ": only float32 tensors travel as a Mat, the plan says " +
               info.describe());
-  // Reused only while nothing else holds it: a send still in flight from this memory (or a Mat
-  // computed from it, as a view) must not see the next frame's bytes.
-  if (m.empty() || mat_shape(m) != ncnn_shape(info.shape) || m.elemsize != 4 ||
-      m.elempack != 1 || (m.refcount != nullptr && *m.refcount > 1))
-    m = alloc_mat(info.shape);
+  if (!reusable(m, info.shape)) m = alloc_mat(info.shape);
   const WireLayout L = wire_layout(info.shape);
   if (L.as_mat) {
     t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);

@@ -148,6 +148,11 @@ ncnn::Mat alloc_mat(const Shape& shape, ncnn::Allocator* allocator = nullptr);
 ncnn::Mat mat_from_dense(const float* data, const Shape& shape,
                          ncnn::Allocator* allocator = nullptr);
 
+// Copy the dense float32 tensor `data` of `shape` into `m`, reusing its memory unless it is
+// not a float32 Mat of that shape or is held elsewhere (then `m` becomes a new Mat), as a
+// receive into a Mat does.
+void dense_into_mat(const float* data, const Shape& shape, ncnn::Mat& m);
+
 // Copy the Mat's elements, without padding, into `out` (w*h*d*c floats). The Mat must be
 // float32 with elempack 1, as Extractor::extract() returns by default.
 void dense_from_mat(const ncnn::Mat& m, float* out);

@@ -1,21 +1,24 @@
 // autodice streams; see autodice_stream.h for the protocol.
 #include "autodice_stream.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <deque>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
-
-#include "autodice_runtime.h"
 
 namespace autodice {
 
@@ -37,6 +40,85 @@ StreamLayout stream_layout(const ProgramPlan& plan) {
   }
   layout.first_tag = 2 * plan.edges;  // edge tags are edge + edges * (frame % 2)
   return layout;
+}
+
+size_t StreamLayout::input_offset(size_t i) const {
+  size_t offset = 0;
+  for (size_t k = 0; k < i; ++k)
+    offset += static_cast<size_t>(element_count(inputs[k].spec.shape) *
+                                  static_cast<int64_t>(dtype_size(inputs[k].spec.dtype)));
+  return offset;
+}
+
+const TensorInfo& frame_word_info() {
+  static const TensorInfo info{"the next frame's word", {2}, DType::Int64};
+  return info;
+}
+
+const TensorInfo& slots_offer_info() {
+  static const TensorInfo info{"the session's frame slots", {7}, DType::Int64};
+  return info;
+}
+
+const TensorInfo& read_word_info() {
+  static const TensorInfo info{"a frame read from its shared slot", {1}, DType::Int64};
+  return info;
+}
+
+namespace {
+
+// This boot of this kernel (/proc/sys/kernel/random/boot_id, 32 hex digits) as two int64s;
+// false without /proc.
+bool read_boot_id(int64_t out[2]) {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string text, hex;
+  if (!std::getline(file, text)) return false;
+  for (char c : text)
+    if (std::isxdigit(static_cast<unsigned char>(c))) hex += c;
+  if (hex.size() != 32) return false;
+  for (int k = 0; k < 2; ++k)
+    out[k] = static_cast<int64_t>(std::strtoull(hex.substr(16 * k, 16).c_str(), nullptr, 16));
+  return true;
+}
+
+}  // namespace
+
+SlotsOffer describe_slots(int fd, size_t bytes) {
+  SlotsOffer offer;
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 || !read_boot_id(offer.boot)) return SlotsOffer{};
+  offer.pid = getpid();
+  offer.fd = fd;
+  offer.dev = static_cast<int64_t>(st.st_dev);
+  offer.ino = static_cast<int64_t>(st.st_ino);
+  offer.bytes = static_cast<int64_t>(bytes);
+  return offer;
+}
+
+MappedSlots::MappedSlots(const SlotsOffer& offer) {
+  const char* env = std::getenv("AUTODICE_MAP_SLOTS");
+  if ((env != nullptr && std::string(env) == "0") || offer.fd < 0 || offer.bytes <= 0) return;
+  int64_t boot[2];
+  if (!read_boot_id(boot) || boot[0] != offer.boot[0] || boot[1] != offer.boot[1]) return;
+  const std::string path =
+      "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && static_cast<int64_t>(st.st_dev) == offer.dev &&
+      static_cast<int64_t>(st.st_ino) == offer.ino && st.st_size >= offer.bytes) {
+    const auto bytes = static_cast<size_t>(offer.bytes);
+    void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      data_ = static_cast<unsigned char*>(p);
+      bytes_ = bytes;
+    }
+  }
+  close(fd);
+}
+
+MappedSlots::~MappedSlots() {
+  if (data_ != nullptr) munmap(data_, bytes_);
 }
 
 namespace {
@@ -132,20 +214,26 @@ TensorInfo info_of(const StreamTensor& t) {
 // One frame between the session and the ranks: its inputs on their way out, its outputs on their
 // way back. Buffers live here until every transfer on them completed.
 struct InFlight {
-  int64_t id = 0, frame = 0;
+  int64_t id = 0;
+  FrameWord word;  // to the ranks taking it: its number, and its slot
   std::vector<unsigned char> in, out;
   const unsigned char* inputs = nullptr;  // `in`, or the session's shared slot of this frame
   std::vector<Transfer> sends, recvs;
-  double since = 0;  // MPI_Wtime when it went out
+  std::vector<int64_t> read;  // ranks' words that they read it from its slot
+  double since = 0;           // MPI_Wtime when it went out
 };
 
 }  // namespace
 
 Gateway::Gateway(const ProgramPlan& plan, const std::string& socket_path)
-    : plan_(plan), layout_(stream_layout(plan)), fd_(connect_to(socket_path)) {}
+    : plan_(plan),
+      layout_(stream_layout(plan)),
+      fd_(connect_to(socket_path)),
+      reads_slots_(plan.ranks.size(), false) {}
 
 Gateway::~Gateway() {
   if (shared_ != nullptr) munmap(shared_, shared_bytes_);
+  if (shared_fd_ >= 0) close(shared_fd_);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -161,10 +249,9 @@ void Gateway::hello() {
 
 int64_t Gateway::serve() {
   const int n = static_cast<int>(plan_.ranks.size());
-  const TensorInfo control{"the next frame's number", {1}, DType::Int64};
-  static const int64_t kEnd = -1;
-  size_t in_bytes = 0, out_bytes = 0;
-  for (const StreamTensor& t : layout_.inputs) in_bytes += static_cast<size_t>(info_of(t).bytes());
+  static const FrameWord kEnd{FrameWord::kEnd, 0};
+  const size_t in_bytes = layout_.frame_bytes();
+  size_t out_bytes = 0;
   for (const StreamTensor& t : layout_.outputs)
     out_bytes += static_cast<size_t>(info_of(t).bytes());
   const auto owner = [&](const StreamTensor& t, int64_t f) {
@@ -207,7 +294,7 @@ int64_t Gateway::serve() {
         if (late_s > 0 && MPI_Wtime() - std::max(front.since, previous_result_s) > late_s)
           for (Transfer& t : front.recvs)
             if (!t.done())
-              abort_run("frame " + std::to_string(front.frame) + ": no result after " +
+              abort_run("frame " + std::to_string(front.word.frame) + ": no result after " +
                         std::to_string(static_cast<int>(late_s)) + " s: waiting to " + t.what());
         break;
       }
@@ -304,24 +391,35 @@ int64_t Gateway::serve() {
             continue;
           }
         }
-        x.frame = frames++;
+        x.word = FrameWord{frames++, h.reserved};
         x.since = MPI_Wtime();
         for (int r = 0; r < n; ++r)  // the ranks taking this frame hear of it first
-          if (takes(plan_.ranks[r], x.frame))
-            x.sends.push_back(Transfer::send(MPI_COMM_WORLD, control, &x.frame, r,
+          if (takes(plan_.ranks[r], x.word.frame))
+            x.sends.push_back(Transfer::send(MPI_COMM_WORLD, frame_word_info(), &x.word, r,
                                              layout_.control_tag()));
-        size_t offset = 0;
+        // A rank that maps the slots reads its inputs there and says so (once a frame); the
+        // others receive theirs.
+        std::vector<int> readers;
         for (size_t i = 0; i < layout_.inputs.size(); ++i) {
           const StreamTensor& t = layout_.inputs[i];
-          x.sends.push_back(Transfer::send(MPI_COMM_WORLD, info_of(t), x.inputs + offset,
-                                           owner(t, x.frame), layout_.input_tag(i)));
-          offset += static_cast<size_t>(info_of(t).bytes());
+          const int r = owner(t, x.word.frame);
+          if (x.word.slot > 0 && reads_slots_[r]) {
+            if (std::find(readers.begin(), readers.end(), r) == readers.end()) readers.push_back(r);
+          } else {
+            x.sends.push_back(Transfer::send(MPI_COMM_WORLD, info_of(t),
+                                             x.inputs + layout_.input_offset(i), r,
+                                             layout_.input_tag(i)));
+          }
         }
-        offset = 0;
+        x.read.resize(readers.size());
+        for (size_t j = 0; j < readers.size(); ++j)
+          x.recvs.push_back(Transfer::recv(MPI_COMM_WORLD, read_word_info(), &x.read[j],
+                                           readers[j], layout_.read_tag()));
+        size_t offset = 0;
         for (size_t j = 0; j < layout_.outputs.size(); ++j) {
           const StreamTensor& t = layout_.outputs[j];
           x.recvs.push_back(Transfer::recv(MPI_COMM_WORLD, info_of(t), x.out.data() + offset,
-                                           owner(t, x.frame), layout_.output_tag(j)));
+                                           owner(t, x.word.frame), layout_.output_tag(j)));
           offset += static_cast<size_t>(info_of(t).bytes());
         }
         moved = true;
@@ -332,7 +430,8 @@ int64_t Gateway::serve() {
   }
   std::vector<Transfer> ends;
   for (int r = 0; r < n; ++r)
-    ends.push_back(Transfer::send(MPI_COMM_WORLD, control, &kEnd, r, layout_.control_tag()));
+    ends.push_back(Transfer::send(MPI_COMM_WORLD, frame_word_info(), &kEnd, r,
+                                  layout_.control_tag()));
   wait_all(ends);
   return frames;
 }
@@ -352,10 +451,36 @@ bool Gateway::take_shared(const StreamHeader& offer, int passed_fd, size_t frame
       taken = true;
     }
   }
-  if (passed_fd >= 0) close(passed_fd);
+  if (taken) {
+    shared_fd_ = passed_fd;
+    offer_slots();
+  } else if (passed_fd >= 0) {
+    close(passed_fd);
+  }
   StreamHeader answer{static_cast<uint32_t>(StreamKind::kShm), 0, taken ? 1 : 0};
   session_gone_ = !write_all(fd_, &answer, sizeof answer);
   return !session_gone_;
+}
+
+void Gateway::offer_slots() {
+  std::vector<int> readers;
+  for (const StreamTensor& t : layout_.inputs)
+    for (int r : t.ranks)
+      if (std::find(readers.begin(), readers.end(), r) == readers.end()) readers.push_back(r);
+  const SlotsOffer offer = describe_slots(shared_fd_, shared_bytes_);
+  const FrameWord word{FrameWord::kSlotsOffered, 0};
+  std::vector<int64_t> answers(readers.size(), 0);
+  std::vector<Transfer> talk;
+  for (size_t j = 0; j < readers.size(); ++j) {
+    talk.push_back(Transfer::send(MPI_COMM_WORLD, frame_word_info(), &word, readers[j],
+                                  layout_.control_tag()));
+    talk.push_back(Transfer::send(MPI_COMM_WORLD, slots_offer_info(), &offer, readers[j],
+                                  layout_.control_tag()));
+    talk.push_back(Transfer::recv(MPI_COMM_WORLD, read_word_info(), &answers[j], readers[j],
+                                  layout_.read_tag()));
+  }
+  wait_all(talk);
+  for (size_t j = 0; j < readers.size(); ++j) reads_slots_[readers[j]] = answers[j] == 1;
 }
 
 void Gateway::finish(const std::string& stats_json) {

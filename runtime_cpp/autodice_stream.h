@@ -25,6 +25,15 @@
 //                              says 0; sessions of version 1 never offer.
 //   gateway -> session:        Header{kind = kResult, id} + every output's dense bytes, in the
 //                              order frames came; last Header{kind = kStats, bytes} + stats.json
+//
+// Between the gateway and the ranks (MPI, tags from stream_layout): before each frame a
+// FrameWord to every rank taking it, then the model inputs to the ranks that read them, and the
+// outputs back. Once it has taken the session's slots, the gateway offers them to the ranks
+// that read model inputs (FrameWord{kSlotsOffered} and a SlotsOffer); each answers on the read
+// tag whether it mapped them. One that did reads each frame's inputs from the slot its word
+// names instead of receiving them (a memcpy instead of Open MPI's single copy: 17 against 52 us
+// a SqueezeNet frame, runtime_cpp/bench/cma_vs_memcpy.c) and then says so on the read tag, so
+// the gateway returns that frame's result, and the session writes the slot again, only after.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +41,7 @@
 #include <vector>
 
 #include "autodice_program.h"
+#include "autodice_runtime.h"
 
 namespace autodice {
 
@@ -49,6 +59,55 @@ struct StreamLayout {
   int input_tag(size_t i) const { return first_tag + static_cast<int>(i); }
   int output_tag(size_t j) const { return first_tag + static_cast<int>(inputs.size() + j); }
   int control_tag() const { return first_tag + static_cast<int>(inputs.size() + outputs.size()); }
+  int read_tag() const { return control_tag() + 1; }
+  // Where input i starts in a frame's bytes (on the socket, and in a shared slot): the inputs
+  // dense, in this order.
+  size_t input_offset(size_t i) const;
+  size_t frame_bytes() const { return input_offset(inputs.size()); }
+};
+
+// The gateway's word to a rank about its next frame (int64s on the control tag).
+struct FrameWord {
+  static constexpr int64_t kEnd = -1;           // the stream ended
+  static constexpr int64_t kSlotsOffered = -3;  // a SlotsOffer follows on the same tag
+  int64_t frame = 0;
+  int64_t slot = 0;  // 0: the inputs come over MPI; else they are in shared slot `slot - 1`
+};
+
+// The session's frame slots as the gateway holds them: what a rank needs to open the same
+// memfd through /proc/<pid>/fd/<fd> and to know it is the same memory (a rank on another
+// machine, or in another pid namespace, finds a different file there or none).
+struct SlotsOffer {
+  int64_t pid = 0, fd = -1, dev = 0, ino = 0, bytes = 0;
+  int64_t boot[2] = {0, 0};  // the kernel's boot_id: the same pid on another machine is not it
+};
+static_assert(sizeof(FrameWord) == 16 && sizeof(SlotsOffer) == 56, "int64s on the wire");
+
+// The stream's small messages as tensors of int64, for Transfer: a FrameWord, a SlotsOffer, and
+// a rank's word on the read tag (its answer to the offer, 1 mapped / 0 not; then each frame it
+// read from a slot).
+const TensorInfo& frame_word_info();
+const TensorInfo& slots_offer_info();
+const TensorInfo& read_word_info();
+
+// The gateway's side of the offer: the memfd `fd` it mapped, `bytes` long.
+SlotsOffer describe_slots(int fd, size_t bytes);
+
+// A rank's side: the offered slots mapped read-only, or nothing (`data()` null) where they are
+// not this machine's or cannot be opened, or AUTODICE_MAP_SLOTS=0 says to take frames over MPI.
+class MappedSlots {
+ public:
+  MappedSlots() = default;
+  explicit MappedSlots(const SlotsOffer& offer);
+  ~MappedSlots();
+  MappedSlots(const MappedSlots&) = delete;
+  MappedSlots& operator=(const MappedSlots&) = delete;
+
+  const unsigned char* data() const { return data_; }
+
+ private:
+  unsigned char* data_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 StreamLayout stream_layout(const ProgramPlan& plan);
@@ -86,12 +145,17 @@ class Gateway {
   // answer sent. False if the session has gone.
   bool take_shared(const StreamHeader& offer, int passed_fd, size_t frame_bytes);
 
+  // The slots offered to every rank that reads a model input; `reads_slots_` their answers.
+  void offer_slots();
+
   const ProgramPlan& plan_;
   StreamLayout layout_;
   int fd_ = -1;
   bool session_gone_ = false;
   unsigned char* shared_ = nullptr;  // the session's frame slots, when it shares them
+  int shared_fd_ = -1;               // kept open: ranks on this machine open it through /proc
   size_t shared_bytes_ = 0, slots_ = 0;
+  std::vector<bool> reads_slots_;  // by rank: takes its inputs from the slots itself
 };
 
 }  // namespace autodice

@@ -103,7 +103,25 @@ def test_distinct_frames_come_back_in_order_equal_to_onnxruntime(built):
     by_key = {r["key"]: r for r in st["ranks"]}
     assert by_key["edge01_arm3"]["frames"] + by_key["edge01_arm4"]["frames"] == 301
     assert by_key["edge01_arm1"]["frames"] == 301
+    # The rank that reads the model input read it from the session's slots itself.
+    from_slots = [by_key[f"edge01_arm{k}"]["frames_from_slots"] for k in (1, 2, 3, 4)]
+    assert from_slots == [301, 0, 0, 0]
     assert not programs(built / "out")
+
+
+def test_ranks_that_do_not_map_the_slots_receive_each_frame(built, monkeypatch):
+    """AUTODICE_MAP_SLOTS=0: the ranks decline the gateway's slots, as ranks on another machine
+    find them not theirs, and the gateway sends them each frame from its slot over MPI."""
+    monkeypatch.setenv("AUTODICE_MAP_SLOTS", "0")
+    xs = frames(60, seed=3)
+    want = reference(built / "model.onnx", xs)
+    with autodice.open(built / "out") as s:
+        got = list(s.map(xs))
+    st = s.stats()
+    assert st["frames_via"] == "shared memory"
+    assert [r["frames_from_slots"] for r in st["ranks"]] == [0, 0, 0, 0]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), f"frame {i}"
 
 
 def test_the_ranks_say_how_long_they_waited_for_the_gateways_next_frame(built):
@@ -265,6 +283,7 @@ def test_a_forwarded_input_is_not_overwritten_by_a_later_frame(tmp_path):
     bad = [i for i, (g, w) in enumerate(zip(got, want))
            if np.abs(g - w).max() > 1e-4 * np.abs(w).max()]
     assert len(got) == 60 and not bad, f"frames {bad} differ from onnxruntime"
+    assert s.stats()["ranks"][0]["frames_from_slots"] == 60  # forwarded from its slot's copy
 
 
 def test_a_rank_that_dies_ends_the_session_naming_it_and_what_arrived(built):

@@ -15,7 +15,9 @@ memfd of ``slots`` frames beside a ``SHM`` header, and once taken writes each fr
 and sends the header alone. A frame then costs one copy instead of two through the socket: on
 this project's 2-core VM, 0.23 ms less CPU a SqueezeNet frame for the session and its gateway
 together, time the ranks' cores had been giving up. A gateway behind ssh's forward gets no fd
-and says no; frames then go on the socket as before.
+and says no; frames then go on the socket as before. Ranks on the gateway's machine map the
+same slots and read their inputs there (the gateway's business, not the session's: a slot is
+written again only once its frame's result came back, whoever read it).
 """
 
 from __future__ import annotations
