@@ -75,9 +75,9 @@ Args parse_args(int argc, char** argv) {
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
          peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
-  // Streams: how long the rank waited for the gateway's word of its next frame. Apart from
-  // recv_wait_s: it holds the application's own pauses, and a first stage that waits here is
-  // short of frames.
+  // Streams: how long the rank waited for the gateway's word of its next frame, after its
+  // first. Apart from recv_wait_s: it holds the application's own pauses, and a first stage
+  // that waits here is short of frames.
   double frame_wait_s = 0;
   // Streams: frames whose model inputs this rank read from the session's shared slots itself
   // (on the gateway's machine) instead of receiving them.
@@ -253,15 +253,17 @@ class FrameSource {
     return known_.frame;
   }
 
-  // The frame after the last one taken, waiting for the gateway's word if need be (that wait
-  // added to `waited_s`).
+  // The frame after the last one taken, waiting for the gateway's word if need be (a wait that
+  // ends with a frame added to `waited_s`; the stream's end is no frame's).
   int64_t take(double& waited_s) {
+    double waited_ms = 0;
     while (peek() == kUnknown) {
       const Timer timer;
       control_->wait(0);
-      waited_s += timer.elapsed_ms() / 1e3;
+      waited_ms += timer.elapsed_ms();
       arrived();
     }
+    if (known_.frame != kEnd) waited_s += waited_ms / 1e3;
     last_ = known_;
     known_ = FrameWord{kUnknown, 0};
     return last_.frame;
@@ -400,7 +402,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     for (; lockstep_frames < frame; ++lockstep_frames)
       barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of a frame");
   };
-  int64_t f = frames.take(st.frame_wait_s), last = -1;
+  double stream_start_s = 0;  // the wait for a first frame: the stream's start, not its pace
+  int64_t f = frames.take(stream_start_s), last = -1;
   if (f != FrameSource::kEnd) post_receives(f, 0);
   int local = 0, last_local = -1;
   while (f != FrameSource::kEnd) {
