@@ -21,7 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "autodice_runtime.h"
+#include "autodice_stream.h"
 
 using autodice::DType;
 using autodice::Shape;
@@ -260,6 +264,55 @@ static void test_log_timer_rss() {
   CHECK(autodice::wait_timeout() == 2.5);
 }
 
+// A dense frame into a Mat: the same memory while nothing else holds it, a new Mat once
+// something does (a send in flight from it must keep the frame it was given).
+static void test_dense_into_mat_reuses_only_a_free_mat() {
+  const Shape shape = {1, 3, 5, 7};  // 35 floats a channel: padded to cstep 36
+  std::vector<float> dense(105), back(105);
+  for (size_t i = 0; i < dense.size(); ++i) dense[i] = float(i);
+  ncnn::Mat m;
+  autodice::dense_into_mat(dense.data(), shape, m);
+  autodice::dense_from_mat(m, back.data());
+  CHECK(back == dense);
+  const void* first = m.data;
+  dense[0] = -1;
+  autodice::dense_into_mat(dense.data(), shape, m);
+  CHECK(m.data == first && static_cast<const float*>(m.data)[0] == -1);
+  const ncnn::Mat held = m;  // as a send in flight holds it
+  dense[0] = -2;
+  autodice::dense_into_mat(dense.data(), shape, m);
+  CHECK(m.data != first && static_cast<const float*>(held.data)[0] == -1);
+  CHECK(static_cast<const float*>(m.data)[0] == -2);
+}
+
+// A rank maps the gateway's frame slots only where the offer names this very file on this
+// boot of this kernel, and not with AUTODICE_MAP_SLOTS=0.
+static void test_shared_slots_map_only_the_same_file() {
+  const int fd = memfd_create("slots-test", MFD_CLOEXEC);
+  CHECK(fd >= 0);
+  const size_t bytes = 3 * 4096;
+  CHECK(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  CHECK(pwrite(fd, "frame", 5, 4096) == 5);
+  const autodice::SlotsOffer offer = autodice::describe_slots(fd, bytes);
+  {
+    const autodice::MappedSlots slots(offer);
+    CHECK(slots.data() != nullptr && std::memcmp(slots.data() + 4096, "frame", 5) == 0);
+  }
+  const auto declined = [&](const std::function<void(autodice::SlotsOffer&)>& change) {
+    autodice::SlotsOffer other = offer;
+    change(other);
+    return autodice::MappedSlots(other).data() == nullptr;
+  };
+  CHECK(declined([](autodice::SlotsOffer& o) { o.ino += 1; }));         // another file
+  CHECK(declined([](autodice::SlotsOffer& o) { o.boot[1] ^= 1; }));     // another machine
+  CHECK(declined([](autodice::SlotsOffer& o) { o.pid = 1 << 30; }));    // no such process
+  CHECK(declined([](autodice::SlotsOffer& o) { o.bytes = 1 << 20; }));  // longer than it is
+  setenv("AUTODICE_MAP_SLOTS", "0", 1);
+  CHECK(declined([](autodice::SlotsOffer&) {}));
+  unsetenv("AUTODICE_MAP_SLOTS");
+  close(fd);
+}
+
 // ---- two-rank tests --------------------------------------------------------------------------
 
 static int rank() {
@@ -394,7 +447,9 @@ int main(int argc, char** argv) {
              {"pack_odd_shapes", test_pack_odd_shapes},
              {"mat_datatype_describes_the_padding", test_mat_datatype_describes_the_padding},
              {"log_timer_rss", test_log_timer_rss},
-             {"activation_blocks_reuse_their_space", test_activation_blocks_reuse_their_space}};
+             {"activation_blocks_reuse_their_space", test_activation_blocks_reuse_their_space},
+             {"dense_into_mat_reuses_only_a_free_mat", test_dense_into_mat_reuses_only_a_free_mat},
+             {"shared_slots_map_only_the_same_file", test_shared_slots_map_only_the_same_file}};
   } else if (mode == "mpi") {
     tests = {{"mpi_transfers", test_mpi_transfers}};
   } else if (mode == "mismatch") {
