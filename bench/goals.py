@@ -138,6 +138,18 @@ def parallel(d: dict) -> Iterator[Goal]:
                f"4 ranks on {p['cores']} cores" if p["cores"] < 4 else "")
 
 
+def computing(m: dict, ms: dict) -> str:
+    """What the ranks computed a frame in the session against the repeat (wall time by their
+    own clocks): each rank since 2026-11-27's later runs, their sum before."""
+    if "median_compute_ms" in m:
+        rep, ses = (m["median_compute_ms"][k] for k in ("repeat", "session"))
+        each = ", ".join(f"rank {k} {s:.2f} ms ({r:.2f} in the repeat)"
+                         for k, (r, s) in enumerate(zip(rep, ses)))
+        return f"inside ncnn {each}, the slower stage setting the pace"
+    return (f"inside ncnn the ranks spent {ms['ranks computing']:.2f} ms, "
+            f"{ms['repeat computing']:.2f} in the repeat (wall time, their own clocks)")
+
+
 def session(d: dict) -> Iterator[Goal]:
     """Issue 22: frames fed from Python against the program's own repeat, latency, order."""
     for m in d["models"]:
@@ -150,8 +162,7 @@ def session(d: dict) -> Iterator[Goal]:
                    f"{1e3 * m['cores'] / med['session']:.2f} ms at the session's rate; the feed "
                    f"took {ms['python']:.2f} ms of CPU in Python and {ms['gateway']:.2f} in the "
                    f"gateway, the ranks' processes {ms['ranks']:.2f} (/proc, waiting included); "
-                   f"inside ncnn the ranks spent {ms['ranks computing']:.2f} ms, "
-                   f"{ms['repeat computing']:.2f} in the repeat (wall time, their own clocks)")
+                   + computing(m, ms))
         if "median_gateway_wakeups" in m:  # since 2026-11-27
             why += (f"; frames went through {m['frames_via']}, the gateway woke "
                     f"{m['median_gateway_wakeups']:.1f} times a frame on rank 0's core")

@@ -103,9 +103,10 @@ def switches(pid: int) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no voluntary_ctxt_switches")
 
 
-def compute_ms(ranks: list[dict], frames: int) -> float:
-    """The ranks' compute a frame, summed over ranks, by their own clocks (stats.json)."""
-    return 1e3 * sum(r["compute_s"] for r in ranks) / frames
+def compute_ms(ranks: list[dict], frames: int) -> list[float]:
+    """Each rank's compute a frame by its own clock (stats.json): the slower stage sets the
+    pace, and which one it is tells where the feed's CPU went."""
+    return [1e3 * r["compute_s"] / frames for r in ranks]
 
 
 def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
@@ -130,8 +131,8 @@ def stream(out: Path, ranks: int, xs: list, frames: int) -> dict:
                                     st["ranks"][0]["frame_wait_s"]) / frames,
             "ms_a_frame": {"python": 1e3 * own / frames,
                            "gateway": 1e3 * used.pop(ranks) / frames,
-                           "ranks": 1e3 * sum(used.values()) / frames,
-                           "ranks computing": compute_ms(st["ranks"], frames)}}
+                           "ranks": 1e3 * sum(used.values()) / frames},
+            "ranks_computing_ms": compute_ms(st["ranks"], frames)}
 
 
 def compiled(dest: Path, name: str) -> Path:
@@ -186,7 +187,7 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
     frames = max(frames, round(seconds * (warm["steady_fps"] or warm["fps"])))
     fps = {"repeat": [], "session": [], "beside a plain feed": [], "beside a Python feed": [],
            "lockstep": []}
-    latency, ms, repeat_compute, input_wait, wakeups = [], [], [], [], []
+    latency, ms, repeat_compute, session_compute, input_wait, wakeups = [], [], [], [], [], []
     for _ in range(rounds):
         res = run(out, feeds, frames)
         fps["repeat"].append(res.stats["steady_fps"])
@@ -194,6 +195,7 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
         got = stream(out, ranks, xs, frames)
         fps["session"].append(got["steady_fps"])
         ms.append(got["ms_a_frame"])
+        session_compute.append(got["ranks_computing_ms"])
         input_wait.append(got["input_wait_ms"])
         wakeups.append(got["gateway_wakeups"])
         via = got["frames_via"]
@@ -212,12 +214,14 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
             "frame_bytes": sum(t.nbytes for t in plan.model_inputs),
             "latency_p50_s": latency, "median_fps": med,
             "median_latency_s": statistics.median(latency),
-            "ms_a_frame": ms, "repeat_compute_ms": repeat_compute, "cores": os.cpu_count(),
+            "ms_a_frame": ms, "repeat_compute_ms": repeat_compute,
+            "session_compute_ms": session_compute, "cores": os.cpu_count(),
             "input_wait_ms": input_wait, "median_input_wait_ms": statistics.median(input_wait),
             "frames_via": via, "gateway_wakeups": wakeups,
             "median_gateway_wakeups": statistics.median(wakeups),
-            "median_ms_a_frame": {**{k: statistics.median(c[k] for c in ms) for k in ms[0]},
-                                  "repeat computing": statistics.median(repeat_compute)},
+            "median_ms_a_frame": {k: statistics.median(c[k] for c in ms) for k in ms[0]},
+            "median_compute_ms": {"repeat": per_rank_median(repeat_compute),
+                                  "session": per_rank_median(session_compute)},
             "ratios": {"session / repeat": statistics.median(
                            a / b for a, b in zip(fps["session"], fps["repeat"])),
                        "beside a plain feed / repeat": statistics.median(
@@ -225,6 +229,11 @@ def measure_model(name: str, work: Path, feed: Path, frames: int, seconds: float
                        "beside a Python feed / repeat": statistics.median(
                            a / b for a, b in zip(fps["beside a Python feed"], fps["repeat"])),
                        "latency / lockstep frame": statistics.median(latency) / lockstep_s}}
+
+
+def per_rank_median(rounds: list[list[float]]) -> list[float]:
+    """Each rank's median over rounds."""
+    return [statistics.median(r[k] for r in rounds) for k in range(len(rounds[0]))]
 
 
 def long_stream(work: Path, n: int) -> dict:
@@ -270,21 +279,21 @@ def main() -> int:
         copy = frame_copy(work, models[0]["frame_bytes"])
         print("steady frames/s (plain, py: the repeat beside a plain feed, a bare Python feed / "
               "the repeat); ms a frame "
-              "while the session streamed: CPU of the feed (Python, the gateway), the ranks "
-              "computing (the repeat's, the session's); the gateway's wake-ups a frame; rank 0's "
-              "wait for its frames")
+              "while the session streamed: CPU of the feed (Python, the gateway), each rank "
+              "computing (r0/r1, in the repeat and in the session); the gateway's wake-ups a "
+              "frame; rank 0's wait for its frames")
         print(f"{'model':<12}{'frames':>7}{'repeat':>9}{'session':>9}{'ratio':>7}{'plain':>7}"
-              f"{'py':>6}{'python':>8}{'gateway':>9}{'compute':>9}{'compute':>9}{'wakes':>7}"
+              f"{'py':>6}{'python':>8}{'gateway':>9}{'compute':>13}{'compute':>13}{'wakes':>7}"
               f"{'r0 wait':>9}"
               f"{'lockstep ms':>13}{'latency ms':>12}{'ratio':>7}")
         for m in models:
             med, r, ms = m["median_fps"], m["ratios"], m["median_ms_a_frame"]
+            ranks = {k: "/".join(f"{c:.2f}" for c in v) for k, v in m["median_compute_ms"].items()}
             print(f"{m['model']:<12}{m['frames']:>7}{med['repeat']:>9.1f}{med['session']:>9.1f}"
                   f"{r['session / repeat']:>7.2f}{r['beside a plain feed / repeat']:>7.2f}"
                   f"{r['beside a Python feed / repeat']:>6.2f}{ms['python']:>8.2f}"
-                  f"{ms['gateway']:>9.2f}{ms['repeat computing']:>9.2f}"
-                  f"{ms['ranks computing']:>9.2f}{m['median_gateway_wakeups']:>7.1f}"
-                  f"{m['median_input_wait_ms']:>9.2f}"
+                  f"{ms['gateway']:>9.2f}{ranks['repeat']:>13}{ranks['session']:>13}"
+                  f"{m['median_gateway_wakeups']:>7.1f}{m['median_input_wait_ms']:>9.2f}"
                   f"{1e3 / med['lockstep']:>13.2f}"
                   f"{m['median_latency_s'] * 1e3:>12.2f}{r['latency / lockstep frame']:>7.2f}")
         print(f"{models[0]['model']}'s frame ({copy['bytes']} bytes) out of shared memory "
