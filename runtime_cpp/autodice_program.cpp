@@ -291,12 +291,19 @@ class FrameSource {
     }
     if (known_.frame != kEnd) post();
   }
-  // The gateway's slots: mapped here if they are this machine's, and the answer sent.
+  // The gateway's slots: mapped here if they are this machine's, and the answer sent. Only
+  // float32 inputs are read from a slot: others take the receive's way (which refuses them).
   void offered() {
     SlotsOffer offer;
     Transfer::recv(MPI_COMM_WORLD, slots_offer_info(), &offer, gateway_, layout_.control_tag())
         .wait();
-    slots_.emplace(offer);
+    const bool floats = std::all_of(r_.inputs.begin(), r_.inputs.end(), [&](const ModelInput& in) {
+      return r_.tensors[in.tensor].dtype == DType::Float32;
+    });
+    if (floats)
+      slots_.emplace(offer);
+    else
+      slots_.emplace();
     const int64_t answer = slots_->data() != nullptr ? 1 : 0;
     Transfer::send(MPI_COMM_WORLD, read_word_info(), &answer, gateway_, layout_.read_tag())
         .wait();
