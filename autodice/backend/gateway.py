@@ -123,7 +123,7 @@ class Gateway:
         """
         self.job = job
         self._sock: socket.socket | None = sock
-        self._slots: list[memoryview] = []  # shared frame slots, if the gateway took them
+        self._slots: list[np.ndarray] = []  # shared frame slots (bytes), if the gateway took them
         self._sent = 0
         try:
             self.inputs, self.outputs, version = self._hello(plan)
@@ -178,8 +178,8 @@ class Gateway:
         slots = self._slots  # hang_up() may empty it under a feeder
         if slots:
             k, at = self._sent % len(slots), 0
-            for p in parts:
-                slots[k][at:at + p.nbytes] = p
+            for p in parts:  # numpy's copy lets go of the GIL: the caller's thread runs on
+                np.copyto(slots[k][at:at + p.nbytes], np.frombuffer(p, np.uint8))
                 at += p.nbytes
             sock.sendall(_HEADER.pack(_FRAME, k + 1, fid))
             self._sent += 1
@@ -275,7 +275,7 @@ class Gateway:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, frame_bytes)
         return inputs, outputs, version
 
-    def _share(self, slots: int) -> list[memoryview]:
+    def _share(self, slots: int) -> list[np.ndarray]:
         """Offer the gateway ``slots`` frames of shared memory; the slots if it took them (none,
         and no offer, where this system has no memfd or no room for one)."""
         frame_bytes = sum(t.nbytes for t in self.inputs)
@@ -300,8 +300,8 @@ class Gateway:
         if not taken:
             shared.close()
             return []
-        view = memoryview(shared)
-        return [view[k * frame_bytes:(k + 1) * frame_bytes] for k in range(slots)]
+        return [np.frombuffer(shared, np.uint8, frame_bytes, k * frame_bytes)
+                for k in range(slots)]
 
 
 def _accept(listener: socket.socket, job: Job, timeout_s: float) -> socket.socket:
