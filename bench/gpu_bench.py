@@ -1,7 +1,9 @@
 """GPU ranks on a real GPU: a model on one rank of the CPU's cores, on one GPU rank (``auto``
 precision: fp16 where the values fit, and fp32), and cut in two by measured time between the CPU
 rank and the GPU rank; each run under mpirun as ``autodice run`` runs it and checked against
-onnxruntime.
+onnxruntime. The GPU rank alone is fed distinct frames through a session too (``autodice.open``:
+the gateway, the shared slots the GPU rank reads its input from), against the program's own
+repeat of one frame.
 
     python bench/gpu_bench.py [--models squeezenet,resnet50] [--frames 200] [--rounds 3]
                               [--cores 8] [--json build/bench/gpu.json]
@@ -21,6 +23,7 @@ JSON keeps that profile's layer times and the cut's predicted stage times beside
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -32,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+import autodice
 from autodice.backend.build import build
 from autodice.backend.gen import gen
 from autodice.backend.run import run
@@ -94,13 +98,18 @@ def bench_model(name: str, frames: int, rounds: int, cores: int, work: Path) -> 
     x = np.random.default_rng(0).standard_normal(spec.types[spec.inputs[0]].shape)
     x = x.astype(np.float32)
     np.save(work / f"{name}.npy", x)
-    want = ort.InferenceSession(str(model)).run(None, {spec.inputs[0]: x})[0]
+    reference = ort.InferenceSession(str(model))
+    want = reference.run(None, {spec.inputs[0]: x})[0]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(x.shape).astype(np.float32) for _ in range(20)]
+    wants = [reference.run(None, {spec.inputs[0]: f})[0] for f in xs]
     start = time.monotonic()
     configs, profile = configurations(model, cores)
     outs = {c: prepare(model, m, p, cores, work / name / c.replace(" ", "-").replace("+", "-"))
             for c, (m, p) in configs.items()}
     prepared_s = time.monotonic() - start
     runs: dict[str, list[dict]] = {c: [] for c in configs}
+    sessions: list[dict] = []
     for _ in range(rounds):
         for c, out in outs.items():
             res = run(out, {spec.inputs[0]: work / f"{name}.npy"}, frames)
@@ -111,6 +120,7 @@ def bench_model(name: str, frames: int, rounds: int, cores: int, work: Path) -> 
                             "ranks": [{k: r[k] for k in ("key", "device", "precision",
                                                            "compute_s", "recv_wait_s")}
                                       for r in res.stats["ranks"]]})
+        sessions.append(stream(outs["gpu auto"], xs, wants, frames))
     rows = {}
     for c, rs in runs.items():
         rows[c] = {"fps": statistics.median(r["steady_fps"] for r in rs),
@@ -125,7 +135,24 @@ def bench_model(name: str, frames: int, rounds: int, cores: int, work: Path) -> 
                                               for a, b in zip(runs[c], runs[cpu]))
     rows["cpu+gpu"]["vs_gpu"] = statistics.median(
         a["steady_fps"] / b["steady_fps"] for a, b in zip(runs["cpu+gpu"], runs["gpu auto"]))
-    return {"prepare_s": prepared_s, "configs": rows, "profile": profile}
+    session = {"fps": statistics.median(r["steady_fps"] for r in sessions),
+               "vs_repeat": statistics.median(a["steady_fps"] / b["steady_fps"]
+                                              for a, b in zip(sessions, runs["gpu auto"])),
+               "rel_error": max(r["rel_error"] for r in sessions),
+               "frames_from_slots": min(r["frames_from_slots"] for r in sessions),
+               "runs": sessions}
+    return {"prepare_s": prepared_s, "configs": rows, "session": session, "profile": profile}
+
+
+def stream(out: Path, xs: list[np.ndarray], wants: list[np.ndarray], frames: int) -> dict:
+    """``frames`` frames (``xs`` in turn) through a session: its steady rate, its worst error
+    against onnxruntime, and how many frames the first rank read from the shared slots."""
+    with autodice.open(out) as s:
+        got = list(s.map(itertools.islice(itertools.cycle(xs), frames)))
+    st = s.stats()
+    return {"steady_fps": st["steady_fps"], "frames": len(got),
+            "rel_error": max(compare(g, wants[i % len(xs)])[1] for i, g in enumerate(got)),
+            "frames_from_slots": st["ranks"][0]["frames_from_slots"]}
 
 
 def main() -> None:
@@ -156,6 +183,10 @@ def print_model(name: str, m: dict) -> None:
         print(f"{c:<14}{r['fps']:>10.1f}{r['vs_cpu']:>8.2f}  {r['rel_error']:>9.2e} "
               f"{'same' if r['top1_same'] else 'DIFF'}  {ranks}")
     print(f"cpu+gpu against the GPU alone (auto): {m['configs']['cpu+gpu']['vs_gpu']:.2f}x")
+    se = m["session"]
+    print(f"the GPU alone fed distinct frames by a session: {se['fps']:.1f} frames/s, "
+          f"{se['vs_repeat']:.2f}x its repeat, rel err {se['rel_error']:.2e}, "
+          f"{se['frames_from_slots']} frames read from the shared slots")
     p = m["profile"]
     print("profile, ms per frame: whole model " + ", ".join(
         f"{k} {v:.2f}" for k, v in p["whole_ms"].items()) + "; its CPU layers summed " + ", ".join(

@@ -18,6 +18,7 @@ from conftest import requires_vulkan
 from graphs import past_fp16
 from rich.console import Console
 
+import autodice
 from autodice.backend.build import build
 from autodice.backend.gen import gen, render_program
 from autodice.backend.run import check_tolerance, run
@@ -129,3 +130,26 @@ def test_a_gpu_rank_whose_values_pass_fp16s_range_computes_in_fp32(tmp_path):
     res = run(out, {"input": tmp_path / "x.npy"}, frames=2)
     assert [r["precision"] for r in res.stats["ranks"]] == ["fp32", "fp16"]
     assert not np.isfinite(res.outputs["output"]).all()
+
+
+def test_a_gpu_rank_that_reads_the_model_input_takes_it_from_the_sessions_slots(fig2):
+    """The first stage on the GPU: it maps the session's frame slots as a CPU rank does, copies
+    each frame from there into the Mat it uploads, and every result equals onnxruntime's."""
+    (fig2 / "mapping.json").write_text(json.dumps(
+        {"edge01_gpu": ["MaxPool1", "Conv1", "FC1"], "edge01_arm1": ["Add1", "Relu1"]}))
+    out = fig2 / "out"
+    split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", out)
+    gen(out, precision="fp32")
+    build(out)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(40)]
+    ref = ort.InferenceSession(str(fig2 / "model.onnx"))
+    with autodice.open(out) as s:
+        got = list(s.map(xs))
+    st = s.stats()
+    assert [r["device"].split(":")[0] for r in st["ranks"]] == ["vulkan", "cpu"]
+    assert [r["frames_from_slots"] for r in st["ranks"]] == [40, 0]
+    assert len(got) == 40
+    for i, (g, x) in enumerate(zip(got, xs)):
+        want = ref.run(None, {"input": x})[0]
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"frame {i}")
