@@ -35,7 +35,7 @@ def fig2_built(fig2):
     """Figure 2 built: two of its ranks are GPU ranks (lavapipe here), in fp32 so the outputs
     can be held to 1e-5 (fp16 on GPU ranks is tests/test_gpu.py's)."""
     if not vulkan_available():
-        pytest.skip("no Vulkan loader and driver for Figure 2's GPU ranks")
+        pytest.skip("no Vulkan driver for Figure 2's GPU ranks")
     split(fig2 / "model.onnx", fig2 / "mapping.json", fig2 / "platform.txt", fig2 / "out")
     gen(fig2 / "out", precision="fp32")
     build(fig2 / "out")

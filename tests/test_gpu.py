@@ -80,8 +80,10 @@ def test_a_gpu_rank_without_a_vulkan_device_is_one_clear_error(fig2, monkeypatch
     gen(fig2 / "out")
     build(fig2 / "out")
     np.save(fig2 / "x.npy", np.ones((1, 4, 8, 8), np.float32))
-    # The Vulkan loader finds no driver: what a board without a GPU driver looks like.
-    monkeypatch.setenv("VK_ICD_FILENAMES", str(fig2 / "no-such-driver.json"))
+    # No driver to be found: what a board without a GPU driver looks like. Both variables, as
+    # a GPU machine names its driver in either (VK_DRIVER_FILES won on an H200's).
+    for name in ("VK_ICD_FILENAMES", "VK_DRIVER_FILES"):
+        monkeypatch.setenv(name, str(fig2 / "no-such-driver.json"))
     with pytest.raises(AutodiceError) as e:
         run(fig2 / "out", {"input": fig2 / "x.npy"}, frames=2)
     said = "\n".join(e.value.problems)
