@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <initializer_list>
 #include <stdexcept>
 #include <thread>
 
@@ -144,17 +146,33 @@ int connect_to(const std::string& path) {
   }
 }
 
-// Whole messages or nothing: false when the peer has gone (EOF, reset, broken pipe).
-bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+// Whole messages or nothing: false when the peer has gone (EOF, reset, broken pipe). A header
+// and its body go in one call: the session's reader, woken by a header alone, read it and slept
+// again for the body (2.3-2.4 sleeps a SqueezeNet result).
+bool write_all(int fd, std::initializer_list<iovec> message) {
+  std::vector<iovec> left(message);
+  size_t at = 0;
+  while (at < left.size()) {
+    msghdr m{};
+    m.msg_iov = left.data() + at;
+    m.msg_iovlen = left.size() - at;
+    const ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return false;
-    p += k;
-    n -= static_cast<size_t>(k);
+    for (size_t sent = static_cast<size_t>(k); at < left.size(); ++at) {
+      if (sent < left[at].iov_len) {  // this part went in part
+        left[at].iov_base = static_cast<char*>(left[at].iov_base) + sent;
+        left[at].iov_len -= sent;
+        break;
+      }
+      sent -= left[at].iov_len;
+    }
   }
   return true;
+}
+
+bool write_all(int fd, const void* data, size_t n) {
+  return write_all(fd, {iovec{const_cast<void*>(data), n}});
 }
 
 bool read_all(int fd, void* data, size_t n) {
@@ -318,8 +336,8 @@ int64_t Gateway::serve() {
       polling = false;
       if (!session_gone_) {
         StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
-        session_gone_ = !write_all(fd_, &h, sizeof h) ||
-                        !write_all(fd_, front.out.data(), front.out.size());
+        session_gone_ = !write_all(fd_, {iovec{&h, sizeof h},
+                                         iovec{front.out.data(), front.out.size()}});
       }
       if (!front.in.empty()) spare_in.push_back(std::move(front.in));
       spare_out.push_back(std::move(front.out));
@@ -487,7 +505,8 @@ void Gateway::finish(const std::string& stats_json) {
   if (session_gone_) return;
   StreamHeader h{static_cast<uint32_t>(StreamKind::kStats), 0,
                  static_cast<int64_t>(stats_json.size())};
-  if (write_all(fd_, &h, sizeof h)) write_all(fd_, stats_json.data(), stats_json.size());
+  write_all(fd_, {iovec{&h, sizeof h},
+                  iovec{const_cast<char*>(stats_json.data()), stats_json.size()}});
   shutdown(fd_, SHUT_WR);
 }
 

@@ -194,11 +194,13 @@ class Gateway:
         Raises:
             Gone: the gateway hung up (the job ended).
         """
-        kind, _, _ = _HEADER.unpack(self.read(_HEADER.size))
+        # Header and body in one read, as the gateway writes them (mid-stream it sends results
+        # alone): a read of the header alone costs a second wake-up whenever the body is late.
+        data = self.read(_HEADER.size + self._result_bytes)
+        kind, _, _ = _HEADER.unpack_from(data)
         if kind != _RESULT:
             raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
-        data = self.read(self._result_bytes)
-        arrays, offset = {}, 0
+        arrays, offset = {}, _HEADER.size
         for t in self.outputs:
             arrays[t.name] = np.frombuffer(data, t.dtype, t.size, offset).reshape(t.shape)
             offset += t.nbytes
