@@ -33,8 +33,6 @@ from graphs import conv_chain, figure2, input_skip, wide_chain
 import autodice
 from autodice.backend import figures
 from autodice.backend.frames import ImageRecipe, frames_from
-from autodice.backend.run import feed_cores
-from autodice.core.plan import load_plan
 from autodice.backend.session import FrameError, SessionError
 from autodice.cli import main
 from autodice.frontend.check import session as ort_session
@@ -260,46 +258,6 @@ def test_results_larger_than_the_socket_holds(tmp_path):
     assert len(got) == 24
     for g, x in zip(got, xs):
         assert np.abs(g - 1 / (1 + np.exp(-np.maximum(x, 0)))).max() <= 1e-5
-
-
-def test_the_feed_runs_beside_the_stages_it_serves_when_ranks_fill_every_core(tmp_path):
-    """Ranks bound to every core this process may use: the gateway shares the core of the rank
-    returning results, and the session's feeding thread (which runs the caller's iterable)
-    keeps to the core of the rank reading frames; the caller's own thread is left as it was.
-    With a core free, the thread goes anywhere."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("one core: no stages to put the feed beside")
-    first, rest = cpus[0], cpus[1:]
-    (tmp_path / "platform.txt").write_text(f"edge01, x86, slots=0-{cpus[-1]}\n")
-    (tmp_path / "mapping.json").write_text(json.dumps(
-        {f"edge01_cpu{first}": ["Relu1"], f"edge01_cpu{','.join(map(str, rest))}": ["Sigmoid1"]}))
-    onnx.save(wide_chain(8), tmp_path / "model.onnx")
-    out = tmp_path / "out"
-    autodice.split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
-                   out)
-    autodice.gen(out)
-    autodice.build(out)
-    xs = frames(30, seed=9)
-    seen = []
-
-    def source():
-        for x in xs:
-            seen.append(os.sched_getaffinity(0))
-            yield x
-
-    mine = os.sched_getaffinity(0)
-    with autodice.open(out) as s:
-        got = list(s.map(source()))
-        gateway = os.sched_getaffinity(rank_pid(out, 2))
-    assert seen and all(cores == {first} for cores in seen), seen
-    assert os.sched_getaffinity(0) == mine
-    assert gateway == {rest[0]}
-    for g, x in zip(got, xs, strict=True):
-        assert np.abs(g - 1 / (1 + np.exp(-np.maximum(x, 0)))).max() <= 1e-5
-    plan = load_plan(out)
-    assert feed_cores(plan, set(cpus)) == (rest[0], frozenset({first}))
-    assert feed_cores(plan, {*cpus, cpus[-1] + 1}) == (rest[0], None)
 
 
 def test_a_forwarded_input_is_not_overwritten_by_a_later_frame(tmp_path):

@@ -24,9 +24,6 @@ class Job(Protocol):
     def wait(self, timeout: float) -> int | None: ...  # None if still running then
     def stop(self) -> None: ...  # end it now; nothing of it left running anywhere
     def failure(self, code: int | None) -> list[str]: ...  # what brought it down, one line each
-    # The cores of this machine the session's feeding thread keeps to (run.feed_cores), or
-    # None: anywhere (a job elsewhere, or ranks not bound to cores).
-    feed_cores: frozenset[int] | None
 
 
 @dataclass

@@ -61,24 +61,6 @@ def local_binding(plan: Plan, cpus: set[int]) -> list[str] | None:
     return [f"rank {r.rank}=localhost slots={','.join(map(str, r.slots))}" for r in plan.ranks]
 
 
-def feed_cores(plan: Plan, cpus: set[int]) -> tuple[int, frozenset[int] | None]:
-    """Where a session's feed runs beside ranks bound to this machine's cores: the gateway's
-    core, and the cores the session's feeding thread keeps to (None: anywhere).
-
-    The gateway takes each result from the rank returning the model's first output, and sits
-    on that rank's first core; the feeding thread writes each frame into the slot the ranks
-    reading model inputs copy it from, and keeps to their cores. So the feed's CPU splits
-    between the first and the last stage instead of landing where the scheduler puts it (most
-    often on the slower stage's core): SqueezeNet cut over this project's 2 cores, 1.042x
-    frames/s against the gateway on rank 0's core and the thread anywhere (10 of 12 rounds in
-    turns). The thread goes anywhere while a core no rank uses is free.
-    """
-    returns = next(r for r in plan.ranks if r.outputs)
-    readers = frozenset(c for r in plan.ranks if r.inputs for c in r.slots)
-    free = cpus - {c for r in plan.ranks for c in r.slots}
-    return returns.slots[0], None if free or not readers else readers
-
-
 def omp_wait_policy(plan: Plan, n_cpus: int) -> dict[str, str]:
     """The OpenMP wait policy for the ranks' environment.
 
@@ -187,8 +169,7 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
                  gateway: bool = False) -> tuple[list[str], dict[str, str]]:
     """The mpirun command and environment that run every rank of ``plan`` here (the rankfile,
     when the plan's cores exist here, written into ``folder``), plus a stream's gateway as the
-    last rank when ``gateway``: it shares a rank's core (``feed_cores``), where it mostly
-    sleeps."""
+    last rank when ``gateway``: it shares rank 0's first core, where it mostly sleeps."""
     cpus = os.sched_getaffinity(0)
     cmd = [str(mpi_prefix() / "bin" / "mpirun"), "-np", str(len(plan.ranks) + gateway)]
     lines = local_binding(plan, cpus)
@@ -196,7 +177,7 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
         cmd += ["--oversubscribe", "--bind-to", "none"]
     else:
         if gateway:
-            lines.append(f"rank {len(plan.ranks)}=localhost slots={feed_cores(plan, cpus)[0]}")
+            lines.append(f"rank {len(plan.ranks)}=localhost slots={plan.ranks[0].slots[0]}")
             cmd += ["--bind-to", "core:overload-allowed"]
         (folder / "rankfile.local").write_text("\n".join(lines) + "\n")
         cmd += ["--rankfile", str(folder / "rankfile.local")]
@@ -209,11 +190,9 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
 class LocalJob(ProcessJob):
     """Every rank and the gateway on this machine under mpirun, output to ``log``."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan,
-                 feed_cores: frozenset[int] | None = None):
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan):
         super().__init__(argv, log, env)
         self.plan = plan
-        self.feed_cores = feed_cores
 
     def stop(self) -> None:
         if self.proc.poll() is None:  # mpirun ends its ranks on SIGTERM
@@ -230,9 +209,8 @@ class LocalJob(ProcessJob):
 
 
 def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = False) -> LocalJob:
-    """Start every rank of ``out_dir``'s built program here, plus the gateway on a rank's core
-    (its files beside the socket, in the session's folder). The job says where the session's
-    feeding thread goes (``feed_cores``) when its ranks are bound to cores."""
+    """Start every rank of ``out_dir``'s built program here, plus the gateway on rank 0's core
+    (its files beside the socket, in the session's folder)."""
     program = out_dir / "packages" / plan.ranks[0].host / "build" / "program"
     if not program.exists():
         raise AutodiceError(f"{program}: not built; run `autodice build {out_dir}` first")
@@ -241,9 +219,7 @@ def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = 
     argv, env = local_mpirun(plan, program, workdir, args + (["--gpu-fallback", "cpu"]
                                                              if gpu_fallback else []),
                              gateway=True)
-    cpus = os.sched_getaffinity(0)
-    cores = feed_cores(plan, cpus)[1] if local_binding(plan, cpus) is not None else None
-    return LocalJob(argv, env, workdir / "job.log", plan, cores)
+    return LocalJob(argv, env, workdir / "job.log", plan)
 
 
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,

@@ -22,7 +22,6 @@ comes twice. The wire to the gateway, and the job under it, is ``gateway.py``'s.
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
 import tempfile
@@ -55,16 +54,6 @@ def _take(tokens: queue.SimpleQueue, timeout: float) -> bool:
         return True
     except queue.Empty:
         return False
-
-
-def _keep_to(cores: frozenset[int] | None) -> None:
-    """Keep the calling thread (the session's own feeding thread, never the caller's) to
-    ``cores`` (None: anywhere; see ``run.feed_cores`` for why)."""
-    if cores:
-        try:
-            os.sched_setaffinity(0, cores)  # 0: this thread alone, on Linux
-        except (AttributeError, OSError):  # not Linux, or cores this process may not use
-            pass
 
 
 @dataclass
@@ -241,7 +230,6 @@ class Session:
         recovering = self._recovery is not None
 
         def feed() -> None:
-            _keep_to(self._gw.job.feed_cores)
             try:
                 for i, frame in enumerate(frames):
                     try:

@@ -20,8 +20,6 @@ _SOCKET_BYTES = 107  # sun_path holds 108 bytes with its terminating zero
 class RemoteJob:
     """Every rank on its host and the gateway on the head, under mpirun started over ssh."""
 
-    feed_cores = None  # the session's feeding thread runs anywhere: the ranks are elsewhere
-
     def __init__(self, shipped: Shipped, local_socket: str, gpu_fallback: bool = False):
         self.shipped = shipped
         head = shipped.hosts[0]
