@@ -17,9 +17,11 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,7 @@ from conftest import SPECS
 from graphs import conv_chain, figure2, input_skip, wide_chain
 
 import autodice
-from autodice.backend import figures
+from autodice.backend import figures, frame_copy
 from autodice.backend.frames import ImageRecipe, frames_from
 from autodice.backend.session import FrameError, SessionError
 from autodice.cli import main
@@ -140,16 +142,19 @@ def test_the_ranks_say_how_long_they_waited_for_the_gateways_next_frame(built):
 
 def test_frames_go_on_the_socket_where_no_shared_memory_can_be_made(built, monkeypatch):
     """No memfd (another OS, an old kernel, no room): no offer is made, and the frames travel on
-    the socket as to a gateway behind ssh."""
+    the socket as to a gateway behind ssh, checked there too."""
     def no_memfd(*_):
         raise OSError(errno.ENOSYS, "memfd_create is not implemented")
 
     monkeypatch.setattr(os, "memfd_create", no_memfd)
     xs = frames(40)
     want = reference(built / "model.onnx", xs)
+    nan = xs[0].copy()
+    nan[0, 0, 0, 0] = np.nan
     with autodice.open(built / "out") as s:
-        got = list(s.map(xs))
+        got = list(s.map(xs[:20] + [nan] + xs[20:]))
     assert s.stats()["frames_via"] == "socket"
+    assert isinstance(got.pop(20), FrameError)
     assert len(got) == 40
     for i, (g, w) in enumerate(zip(got, want)):
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max(), f"frame {i}"
@@ -189,6 +194,99 @@ def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(built):
             assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
         with pytest.raises(FrameError, match="frame 0: input"):
             s.infer(bad_shape)
+
+
+@pytest.mark.parametrize("helper", ["C", "numpy"])
+def test_a_frame_is_copied_into_its_slot_and_checked_in_one_pass(helper, monkeypatch):
+    """runtime_cpp/frame_copy.c against numpy: the same bytes wherever the slot starts and however
+    long the tensor (its streaming stores go 64 bytes at a time from a 32-byte boundary), and NaN
+    or infinity found before, in and after that body. A machine without a compiler copies with
+    numpy: the same answers."""
+    if helper == "numpy":
+        monkeypatch.setattr(frame_copy, "_helper", lambda: (None, "numpy asked for"))
+    else:
+        assert frame_copy.prepare() is None  # this machine builds it: the fast path runs
+    rng = np.random.default_rng(0)
+    buf = np.zeros(4 * 150528 + 64, np.uint8)
+    base = (-buf.ctypes.data) % 32  # a 32-byte boundary in buf
+    for n in (0, 1, 3, 4, 5, 16, 17, 31, 33, 1000, 150528):
+        x = rng.standard_normal(n).astype(np.float32)
+        for offset in (0, 4, 12, 16, 28):
+            dst = buf[base + offset:base + offset + 4 * n]
+            assert frame_copy.copy_frame(dst, memoryview(x).cast("B"), True)
+            assert dst.tobytes() == x.tobytes()
+            for at in {0, n // 2, n - 1} if n else ():
+                for bad in (np.nan, np.inf, -np.inf):
+                    y = x.copy()
+                    y[at] = bad
+                    assert not frame_copy.copy_frame(dst, memoryview(y).cast("B"), True)
+                    assert dst.tobytes() == y.tobytes()  # copied all the same
+                    assert frame_copy.copy_frame(dst, memoryview(y).cast("B"), False)
+    ints = np.arange(-7, 9, dtype=np.int64)  # an int64 input: bytes, never a check
+    dst = buf[base + 4:base + 4 + ints.nbytes]
+    assert frame_copy.copy_frame(dst, memoryview(ints).cast("B"), False)
+    assert dst.tobytes() == ints.tobytes()
+
+
+_ARM_HARNESS = r"""
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+int autodice_copy_frame(void* dst, const void* src, size_t bytes, int f32);
+static float src[40000], dst[40004];
+int main(void) {
+  int fails = 0, at[] = {0, 4095, 4096, 20000, 39999};
+  for (int i = 0; i < 40000; ++i) src[i] = (float)i * 0.5f - 7;
+  for (int shift = 0; shift < 4; ++shift) {
+    fails += !autodice_copy_frame(dst + shift, src, sizeof src, 1);
+    fails += memcmp(dst + shift, src, sizeof src) != 0;
+    for (int k = 0; k < 5; ++k) {
+      src[at[k]] = k % 2 ? INFINITY : -NAN;
+      fails += autodice_copy_frame(dst + shift, src, sizeof src, 1);
+      fails += memcmp(dst + shift, src, sizeof src) != 0;
+      fails += !autodice_copy_frame(dst + shift, src, sizeof src, 0);
+      src[at[k]] = 1;
+    }
+  }
+  printf("fails %d\n", fails);
+  return fails != 0;
+}
+"""
+
+
+def test_the_frame_copy_of_an_aarch64_board(tmp_path):
+    """A session on an aarch64 board builds the helper's portable path: cross-compiled here and
+    run under qemu-user, it copies and finds NaN and infinity as x86-64's does."""
+    from autodice.deploy.arm_board import QEMU
+    if not (QEMU.exists() and shutil.which("aarch64-linux-gnu-gcc")):
+        pytest.skip("needs qemu-user-static and gcc-aarch64-linux-gnu (`make test` installs them)")
+    (tmp_path / "main.c").write_text(_ARM_HARNESS)
+    source = resources.files("autodice.runtime_cpp").joinpath(frame_copy.SOURCE)
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O3", "-Wall", "-Wextra", "-Werror", "-static",
+                    "-o", str(tmp_path / "t"), str(tmp_path / "main.c"), str(source)], check=True)
+    got = subprocess.run([str(QEMU), str(tmp_path / "t")], capture_output=True, text=True)
+    assert (got.returncode, got.stdout) == (0, "fails 0\n")
+
+
+def test_without_a_compiler_frames_are_copied_by_numpy(built, tmp_path, monkeypatch):
+    """No C compiler: the helper says why, and a session still refuses a NaN frame and serves the
+    others (numpy copies them)."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-cc"))
+    monkeypatch.setenv("AUTODICE_CACHE", str(tmp_path / "cache"))
+    frame_copy._helper.cache_clear()
+    try:
+        assert "no C compiler" in frame_copy.prepare()
+        good = frames(2, seed=5)
+        nan = good[0].copy()
+        nan[0, 3, 7, 7] = np.inf
+        with autodice.open(built / "out") as s:
+            got = list(s.map([good[0], nan, good[1]]))
+            assert s.stats()["frames_via"] == "shared memory"
+        assert isinstance(got[1], FrameError) and got[1].index == 1
+        for g, w in zip([got[0], got[2]], reference(built / "model.onnx", good)):
+            assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+    finally:
+        frame_copy._helper.cache_clear()
 
 
 def test_a_caller_that_stops_early_leaves_the_session_in_step(built):

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan
+from .frame_copy import copy_frame, prepare
 from .job import Job
 
 _HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
@@ -77,7 +78,8 @@ def encode(inputs: list[StreamTensor], frame, index: int) -> list[memoryview]:
     """Frame ``index``'s bytes in the gateway's order, or a FrameError saying what is wrong.
 
     A frame is an array (a model with one input) or a dict by input name; its shape is the
-    input's, with or without the leading batch dimension of 1.
+    input's, with or without the leading batch dimension of 1. Its values are checked as it goes
+    out (:meth:`Gateway.stage`: in the pass that copies it into its shared slot).
     """
     if isinstance(frame, dict):
         names = {t.name for t in inputs}
@@ -105,8 +107,6 @@ def encode(inputs: list[StreamTensor], frame, index: int) -> list[memoryview]:
                                     f"{'x'.join(map(str, a.shape))} {a.dtype}")
         if a.dtype != t.dtype:
             raise FrameError(index, f'input "{t.name}" must be {t.dtype.name}, got {a.dtype}')
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise FrameError(index, f'input "{t.name}" holds NaN or infinite values')
         parts.append(memoryview(np.ascontiguousarray(a)).cast("B"))
     return parts
 
@@ -125,6 +125,7 @@ class Gateway:
         self._sock: socket.socket | None = sock
         self._slots: list[np.ndarray] = []  # shared frame slots (bytes), if the gateway took them
         self._sent = 0
+        self._staged: list[memoryview] | None = None  # the frame in the next slot, checked
         try:
             self.inputs, self.outputs, version = self._hello(plan)
             self._result_bytes = sum(t.nbytes for t in self.outputs)
@@ -166,21 +167,43 @@ class Gateway:
         """Whether frames go through shared memory (the gateway took the offer)."""
         return bool(self._slots)
 
+    def stage(self, index: int, parts: list[memoryview]) -> None:
+        """Check the caller's frame ``index`` before it is in flight: a FrameError if an input
+        holds NaN or infinity. With shared slots the check is the pass that copies the frame
+        into its slot (``frame_copy.py``), and :meth:`send` does not copy it again."""
+        slots = self._slots  # hang_up() may empty it under a feeder
+        at = 0
+        for t, p in zip(self.inputs, parts):
+            float32 = t.dtype.kind == "f"
+            if slots:
+                k = self._sent % len(slots)
+                ok = copy_frame(slots[k][at:at + p.nbytes], p, float32)
+                at += p.nbytes
+            else:
+                ok = not float32 or bool(np.isfinite(np.frombuffer(p, t.dtype)).all())
+            if not ok:
+                raise FrameError(index, f'input "{t.name}" holds NaN or infinite values')
+        self._staged = parts if slots else None
+
     def send(self, fid: int, parts: list[memoryview]) -> None:
         """Frame ``fid`` to the gateway. Raises OSError when the connection is gone.
 
         With shared slots, the n-th frame sent goes into slot n % slots: the caller keeps at
-        most ``slots`` frames in flight, so that slot's last frame has its result back.
+        most ``slots`` frames in flight, so that slot's last frame has its result back. The
+        frame :meth:`stage` copied there last is not copied again (a frame sent again after a
+        restart is copied here).
         """
         sock = self._sock
         if sock is None:
             raise OSError("the session's socket is closed")
-        slots = self._slots  # hang_up() may empty it under a feeder
+        slots = self._slots
         if slots:
             k, at = self._sent % len(slots), 0
-            for p in parts:  # numpy's copy lets go of the GIL: the caller's thread runs on
-                np.copyto(slots[k][at:at + p.nbytes], np.frombuffer(p, np.uint8))
-                at += p.nbytes
+            if self._staged is not parts:
+                for p in parts:  # checked when first sent
+                    copy_frame(slots[k][at:at + p.nbytes], p, False)
+                    at += p.nbytes
+            self._staged = None
             sock.sendall(_HEADER.pack(_FRAME, k + 1, fid))
             self._sent += 1
             return
@@ -302,6 +325,7 @@ class Gateway:
         if not taken:
             shared.close()
             return []
+        prepare()  # the copy into a slot, built or loaded before the first frame waits on it
         return [np.frombuffer(shared, np.uint8, frame_bytes, k * frame_bytes)
                 for k in range(slots)]
 

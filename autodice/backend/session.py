@@ -200,15 +200,17 @@ class Session:
                 self._lock.release()
 
     def _post(self, index: int, parts: list[memoryview]) -> _Sent:
-        """Keep a frame until its result is read, and send it to the gateway (once no restart is
-        under way). An OSError means the job is gone: the reader restarts it and sends the frame
-        again, or says why."""
+        """Check a frame, keep it until its result is read, and send it to the gateway (once no
+        restart is under way). A FrameError leaves nothing in flight. An OSError means the job
+        is gone: the reader restarts it and sends the frame again, or says why."""
+        at = time.perf_counter()
         with self._sending:
             while self._paused:
                 self._sending.wait()
-            sent = _Sent(index, parts, time.perf_counter())
-            self._inflight.append(sent)
             gw = self._gw
+            gw.stage(index, parts)  # before a restart could send it again unchecked
+            sent = _Sent(index, parts, at)
+            self._inflight.append(sent)
         self._send(gw, parts)  # OSError if hung up under a feeder: the reader says why
         return sent
 
@@ -244,12 +246,16 @@ class Session:
                             return
                     if stop.is_set():
                         return
-                    tickets.put(("frame", i))
                     try:
                         self._post(i, parts)
+                    except FrameError as e:  # not sent: its slot is free
+                        slots.put(None)
+                        tickets.put(("error", e))
+                        continue
                     except OSError:
                         if not recovering:
                             raise  # else the reader restarts the job and sends it again
+                    tickets.put(("frame", i))
             except OSError as e:  # the gateway is gone: the reader says why
                 tickets.put(("gone", e))
             except BaseException as e:  # the caller's iterable raised: raise it there
