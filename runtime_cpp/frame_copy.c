@@ -6,8 +6,8 @@
  * then fill the cache of the core the feeder ran on: a rank's core, on a board whose ranks use
  * every core. Here it is one pass, and on x86-64 the stores stream past the cache (the ranks read
  * the slot from memory either way: it is written on one core and read on another). SqueezeNet
- * on this project's 2-core VM, in turns against numpy's feed: 1.016x and 1.018x frames/s (8 and
- * 7 of 12 rounds), the session's Python 0.45-0.47 ms of CPU a frame against 0.56-0.59
+ * on this project's 2-core VM, in turns against numpy's feed: 1.018x frames/s (7 of 12 rounds),
+ * 0.995x in a slower hour; the session's Python 0.45-0.47 ms of CPU a frame against 0.56-0.59
  * (bench/RESULTS.md). Elsewhere each piece is checked, then copied while still in cache.
  */
 #include <stddef.h>

@@ -194,6 +194,10 @@ def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(built):
             assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
         with pytest.raises(FrameError, match="frame 0: input"):
             s.infer(bad_shape)
+        with pytest.raises(FrameError, match="NaN"):  # refused before it is in flight
+            s.infer(nan)
+        y = s.infer(good[1])
+        assert np.abs(y - want[1]).max() <= 1e-5 * np.abs(want[1]).max()
 
 
 @pytest.mark.parametrize("helper", ["C", "numpy"])
