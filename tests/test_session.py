@@ -293,6 +293,19 @@ def test_without_a_compiler_frames_are_copied_by_numpy(built, tmp_path, monkeypa
         frame_copy._helper.cache_clear()
 
 
+def test_a_replay_cut_short_by_another_restart_keeps_the_feeder_waiting(built):
+    """A job that dies while frames are sent to it again is restarted once more; the first
+    replay's end must not let the feeder into the third job's slots beside its own replay."""
+    with autodice.open(built / "out") as s:
+        first = s._pause()   # the job died: restarted, its replay under way
+        second = s._pause()  # died again during that replay
+        s._resume(first)     # the first replay ends (its sends failed)
+        assert s._paused
+        s._resume(second)
+        assert not s._paused
+        s._abandon()
+
+
 def test_a_caller_that_stops_early_leaves_the_session_in_step(built):
     xs = frames(40, seed=2)
     want = reference(built / "model.onnx", xs)

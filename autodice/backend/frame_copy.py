@@ -51,8 +51,8 @@ def _helper() -> tuple[Callable | None, str | None]:
     """The helper's function, or None and why not."""
     try:
         fn = ctypes.CDLL(str(_build())).autodice_copy_frame
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - no cache folder, no compiler...: numpy copies
+        return None, f"{type(e).__name__}: {e}"
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn, None
@@ -74,7 +74,8 @@ def _build() -> Path:
         (Path(tmp) / SOURCE).write_bytes(source)
         out = Path(tmp) / lib.name
         proc = subprocess.run([*cc, "-O3", "-shared", "-fPIC", "-o", str(out), SOURCE], cwd=tmp,
-                              capture_output=True, text=True, timeout=120, check=False)
+                              capture_output=True, text=True, errors="replace", timeout=120,
+                              check=False)
         if proc.returncode != 0:
             raise OSError(f"{' '.join(cc)} failed on {SOURCE}: "
                           + " ".join(proc.stderr.split())[:300])

@@ -94,6 +94,7 @@ class Session:
         self._inflight: deque[_Sent] = deque()
         self._sending = threading.Condition()  # guards _inflight, _gw's swap and _paused
         self._paused = False  # a restart is under way: frames wait
+        self._pauses = 0  # restarts begun: a replay ends only the pause it was started in
         self._move: Restart | None = None  # rebalance() ready, started at the next result
         self._ids = 0
         self._jobs = 0
@@ -203,10 +204,10 @@ class Session:
         """Check a frame, keep it until its result is read, and send it to the gateway (once no
         restart is under way). A FrameError leaves nothing in flight. An OSError means the job
         is gone: the reader restarts it and sends the frame again, or says why."""
-        at = time.perf_counter()
         with self._sending:
             while self._paused:
                 self._sending.wait()
+            at = time.perf_counter()
             gw = self._gw
             gw.stage(index, parts)  # before a restart could send it again unchecked
             sent = _Sent(index, parts, at)
@@ -332,7 +333,7 @@ class Session:
         if self._recovery is None:
             self._fail(last)
         t0 = time.monotonic()
-        self._pause()
+        pause = self._pause()
         try:
             restart = self._recovery.recover(self._gw.job)
         except AutodiceError as e:
@@ -342,27 +343,35 @@ class Session:
             self._resume()
             self._abandon(keep=True)
             raise
-        self._restart(restart, t0, last)
+        self._restart(restart, t0, last, pause)
 
     def _moved(self, last: int) -> None:
         """rebalance(): its job started, the frames in flight sent to it again."""
         restart, self._move = self._move, None
         t0 = time.monotonic()
-        self._pause()
-        self._restart(restart, t0, last)
+        self._restart(restart, t0, last, self._pause())
 
-    def _pause(self) -> None:
-        """No frame goes out until :meth:`_resume`; our end of the job's stream is closed."""
+    def _pause(self) -> int:
+        """No frame goes out until :meth:`_resume`; our end of the job's stream is closed.
+        Returns this pause's number."""
         with self._sending:
             self._paused = True
+            self._pauses += 1
+            pause = self._pauses
         self._hang_up()
+        return pause
 
-    def _resume(self) -> None:
+    def _resume(self, pause: int | None = None) -> None:
+        """Frames go out again, unless ``pause`` is not the latest: a job that died while
+        frames were sent to it again is being restarted once more, and its own replay, with
+        the feeder held back, must not meet a feeder in the new job's slots (None: the session
+        ends, let any feeder go)."""
         with self._sending:
-            self._paused = False
-            self._sending.notify_all()
+            if pause is None or pause == self._pauses:
+                self._paused = False
+                self._sending.notify_all()
 
-    def _restart(self, restart: Restart, t0: float, last: int) -> None:
+    def _restart(self, restart: Restart, t0: float, last: int, pause: int) -> None:
         """Start ``restart``'s job, then send it every frame still in flight, in order (from a
         thread: the gateway returns results while we send), then let the feeder go on."""
         t1 = time.monotonic()
@@ -391,7 +400,7 @@ class Session:
             except OSError:
                 pass  # died again: the reader finds out
             finally:
-                self._resume()
+                self._resume(pause)
 
         threading.Thread(target=replay, name="autodice-replay", daemon=True).start()
 
