@@ -3,7 +3,7 @@
 The copy is ``runtime_cpp/frame_copy.c`` (why a C pass and not numpy's: its header), compiled
 once per machine, compiler and source into autodice's cache and called through ctypes, which lets
 go of the GIL as numpy's copy does. Where no C compiler runs (or it fails) the session copies with
-numpy as before: the same bytes and the same check, only slower; :func:`helper_error` says why.
+numpy as before: the same bytes and the same check, only slower; :func:`prepare` says why.
 """
 
 from __future__ import annotations

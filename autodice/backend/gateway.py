@@ -172,11 +172,10 @@ class Gateway:
         holds NaN or infinity. With shared slots the check is the pass that copies the frame
         into its slot (``frame_copy.py``), and :meth:`send` does not copy it again."""
         slots = self._slots  # hang_up() may empty it under a feeder
-        at = 0
+        k, at = (self._sent % len(slots) if slots else 0), 0
         for t, p in zip(self.inputs, parts):
             float32 = t.dtype.kind == "f"
             if slots:
-                k = self._sent % len(slots)
                 ok = copy_frame(slots[k][at:at + p.nbytes], p, float32)
                 at += p.nbytes
             else:
@@ -196,7 +195,7 @@ class Gateway:
         sock = self._sock
         if sock is None:
             raise OSError("the session's socket is closed")
-        slots = self._slots
+        slots = self._slots  # as in stage()
         if slots:
             k, at = self._sent % len(slots), 0
             if self._staged is not parts:
