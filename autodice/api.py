@@ -83,9 +83,19 @@ def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool =
         gpu_fallback: bool = False):
     """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times)."""
     from .backend.run import run as job
+    from .backend.session import check_count
 
-    return job(out, {k: Path(v) for k, v in inputs.items()}, frames, pipeline=pipeline,
-               gpu_fallback=gpu_fallback)
+    check_count("frames", frames, "frame")
+    return job(out, _inputs(inputs), frames, pipeline=pipeline, gpu_fallback=gpu_fallback)
+
+
+def _inputs(inputs) -> dict[str, Path]:
+    """``{input name: path}`` as given to :func:`run` and :func:`deploy`, checked before any
+    process starts."""
+    if not isinstance(inputs, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (str, Path)) for k, v in inputs.items()):
+        raise AutodiceError(f"inputs {inputs!r}: a dict of model input name -> .npy path")
+    return {k: Path(v) for k, v in inputs.items()}
 
 
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
@@ -114,6 +124,9 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
         AutodiceError: not built (here) or not deployable (as ``deploy``), or the job failed to
             start (the rank and host named).
     """
+    from .backend.session import check_window
+
+    check_window(window)
     if inventory is not None:
         from .deploy.stream import open_deployed
 
@@ -129,9 +142,11 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
 def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frames: int = 1,
            run: bool = False, pipeline: bool = True):
     """Deploy to the inventory's hosts over ssh (and run there with ``run``)."""
+    from .backend.session import check_count
     from .deploy.deploy import deploy as job
 
-    given = {k: Path(v) for k, v in inputs.items()} if inputs else None
+    check_count("frames", frames, "frame")
+    given = _inputs(inputs) if inputs else None
     return job(out, inventory, run=run, inputs=given, frames=frames, pipeline=pipeline)
 
 

@@ -73,3 +73,20 @@ def zoo_model(tmp_path_factory):
         return path
 
     return get
+
+
+@pytest.fixture(scope="session")
+def fig2_built(tmp_path_factory):
+    """Figure 2 with all three kinds of parallelism (specs/figure2/three-kinds.json) split, gen'd
+    and built once for the run: ``fig2_built / "out"``. Tests read it and write only results
+    folders of their own."""
+    import autodice
+
+    d = tmp_path_factory.mktemp("fig2_built")
+    shutil.copy(SPECS / "figure2" / "platform.txt", d / "platform.txt")
+    shutil.copy(SPECS / "figure2" / "three-kinds.json", d / "mapping.json")
+    onnx.save(figure2(), d / "model.onnx")
+    autodice.split(d / "model.onnx", d / "mapping.json", d / "platform.txt", d / "out")
+    autodice.gen(d / "out")
+    autodice.build(d / "out")
+    return d

@@ -377,6 +377,35 @@ def test_ctrl_c_in_a_deployed_session_leaves_nothing_on_the_hosts(fig2_three_hos
     assert not list((remote(emu, "edge01") / "job").glob("stream-*.sock"))  # the forward's
 
 
+@pytest.mark.parametrize("source", ["repeat", "stream"])
+def test_sigkill_of_a_deploy_run_ends_its_job_on_every_host(fig2_three_hosts, emu, source):
+    """No code of ours runs on SIGKILL: the launch script on the head sees its ssh go (EOF on
+    the stdin we held) and ends mpirun, which ends every rank on every host."""
+    d = fig2_three_hosts
+    if source == "stream":
+        xs = np.lib.format.open_memmap(d / "many.npy", "w+", np.float32, (20_000, 4, 8, 8))
+        xs[:] = np.load(d / "x.npy")[0]
+        xs.flush()
+    args = (["--input", str(d / "x.npy"), "--frames", "100000000"] if source == "repeat"
+            else ["--input", str(d / "many.npy")])
+    proc = subprocess.Popen([sys.executable, "-m", "autodice", "deploy", str(d / "out"), "-i",
+                             str(d / "inventory.toml"), "--run", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len([h for h, ps in _leftovers().items() if any(b"program" in p for p in ps)]) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.kill()
+    proc.wait()
+    time.sleep(2.0)
+    left = {h: [p.split(b"\0")[0] for p in ps] for h, ps in _leftovers().items()}
+    # What may stay: the deploy's master connections (sshd's side), kept for the next deploy.
+    assert all(p == b"sshd: root@notty" for ps in left.values() for p in ps), left
+    close_connections(load_inventory(d / "inventory.toml").targets.values())
+    assert _no_leftovers() == {}
+
+
 def test_deploy_run_streams_a_batch_from_the_cli(fig2_three_hosts, emu):
     d = fig2_three_hosts
     xs = np.random.default_rng(8).standard_normal((30, 4, 8, 8)).astype(np.float32)

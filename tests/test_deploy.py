@@ -346,8 +346,8 @@ def test_cli_deploy_refuses_a_bad_window_or_front_before_the_network(fig2_plan, 
            str(d / "batch.npy")]
     (tmp_path / "front").mkdir()
     (tmp_path / "front" / "pareto.json").write_text('{"points": [{"point": "p0"}]}')
-    for extra, said in ((["--window", "0"], "error: --window 0: at least 1 frame in flight"),
-                        (["--window", "-1"], "error: --window -1: at least 1 frame in flight"),
+    for extra, said in ((["--window", "0"], "error: --window 0: a whole number, at least 1"),
+                        (["--window", "-1"], "error: --window -1: a whole number, at least 1 frame"),
                         (["--recover", "--front", str(tmp_path)], "pareto.json: not a dse output"),
                         (["--recover", "--front", str(tmp_path / "front")],
                          "front/pareto.json: not a dse output (KeyError: 'throughput_fps')")):
@@ -421,14 +421,27 @@ def test_a_killed_rank_leaves_its_marker_though_the_abort_comes_as_the_wrapper_w
     assert {e.code for e in ends} == {128 + signal.SIGKILL}
 
 
-def _launch(tmp_path: Path, script: str) -> tuple[int, str, float]:
+def _launch(tmp_path: Path, script: str, hold: bool = True) -> tuple[int, str, float]:
     """Run the head's launch script here around ``sh -c script`` (standing in for mpirun);
     (exit code, what it printed, seconds)."""
     start = time.monotonic()
-    proc = subprocess.run(["sh", "-c", launch._LAUNCH, "sh", str(tmp_path / "mpirun.pid"),
-                           str(tmp_path / "mpirun.log"), "2", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=60)
+    owner, held = os.pipe()  # its stdin, held open as HeadJob holds it: EOF means we went
+    try:
+        proc = subprocess.run(["sh", "-c", launch._LAUNCH, "sh", str(tmp_path / "mpirun.pid"),
+                               str(tmp_path / "mpirun.log"), "2", "sh", "-c", script],
+                              stdin=owner if hold else subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        os.close(owner)
+        os.close(held)
     return proc.returncode, proc.stdout, time.monotonic() - start
+
+
+def test_the_launch_script_ends_mpirun_once_its_owner_is_gone(tmp_path):
+    """EOF on the script's stdin (the autodice process, or the ssh that carries the script, went
+    however it went) ends mpirun with SIGTERM, which ends every rank of the job."""
+    code, _, seconds = _launch(tmp_path, "exec sleep 600", hold=False)
+    assert code == 128 + 15 and seconds < 2
 
 
 def test_the_launch_script_stops_an_mpirun_that_hangs_after_its_job(tmp_path):

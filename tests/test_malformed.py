@@ -515,7 +515,7 @@ CASES = [
     ("run-input-name", "split", {"x.npy": npy((1, 4, 8, 8))}, "run {d}/out --input nope={d}/x.npy",
      "--input nope="),
     ("run-input-missing", "split", {"out/packages": fake_program},
-     "run {d}/out --input {d}/nope.npy", "nope.npy: not a .npy array"),
+     "run {d}/out --input {d}/nope.npy", "nope.npy: cannot read it (No such file"),
     ("run-input-not-npy", "split", {"out/packages": fake_program, "x.npy": "hello"},
      "run {d}/out --input {d}/x.npy", "x.npy: not a .npy array"),
     ("run-input-shape", "split", {"out/packages": fake_program, "x.npy": npy((1, 4, 4, 4))},

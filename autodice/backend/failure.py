@@ -87,3 +87,25 @@ def _signal_name(code: int) -> str:
         return f"signal {code - 128} ({signal.Signals(code - 128).name})"
     except ValueError:
         return f"exit code {code}"
+
+
+_RULE = "-" * 20
+
+
+def without_notices(lines: list[str]) -> list[str]:
+    """``lines`` less Open MPI's boxed notices that tell nothing of a failure (the deprecation
+    of ``--rankfile``, which 5.x prints at every start and which must stay the spelling 4.x
+    boards understand): a box between two rules that opens with ``WARNING: A deprecated``."""
+    kept, box = [], None
+    for line in lines:
+        if box is None and line.startswith(_RULE):
+            box = [line]
+        elif box is not None:
+            box.append(line)
+            if line.startswith(_RULE):
+                if not any("deprecated" in b for b in box[1:3]):
+                    kept.extend(box)
+                box = None
+        else:
+            kept.append(line)
+    return kept + (box or [])

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, JobError
 from ..core.plan import Plan
 from .frame_copy import copy_frame, prepare
 from .job import Job
@@ -252,12 +252,16 @@ class Gateway:
                 k = self._sock.recv_into(view[got:])
             except (OSError, AttributeError):  # AttributeError: our end was closed (None)
                 k = 0
+            except BaseException:  # Ctrl-C: a message read in part leaves the wire out of step
+                if got:
+                    self.hang_up()
+                raise
             if k == 0:
                 if why is None:
                     raise Gone()
                 self.hang_up()
                 code = self.job.wait(10)
-                raise AutodiceError(why, *self.job.failure(code))
+                raise JobError(why, *self.job.failure(code))
             got += k
         return buf
 
@@ -342,6 +346,6 @@ def _accept(listener: socket.socket, job: Job, timeout_s: float) -> socket.socke
             pass
         code = job.poll()
         if code is not None:
-            raise AutodiceError(*job.failure(code))
+            raise JobError(*job.failure(code))
         if time.monotonic() > deadline:
             raise AutodiceError(f"the job did not start within {timeout_s:.0f} s")

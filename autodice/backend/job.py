@@ -9,16 +9,39 @@ How a job is started and stopped is the launcher's business: every rank here und
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
-from ..core.errors import AutodiceError
+from ..core.errors import JobError
 from ..core.plan import Plan
+from .engine import cache_root
+
+LOGS_KEPT = 20  # failed jobs' logs kept in the cache, newest first
+
+
+def job_log() -> Path:
+    """A new file for a session job's output, in the cache's ``logs/`` (a session's own folder
+    goes with it, whatever its end): a failed job's log outlives its session for the error that
+    names it; the oldest beyond :data:`LOGS_KEPT` are removed."""
+    folder = cache_root() / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in sorted(folder.glob("job-*.log"), key=lambda p: p.stat().st_mtime)[:-LOGS_KEPT]:
+        old.unlink(missing_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"job-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log",
+                                dir=folder)
+    os.close(fd)
+    return Path(path)
 
 
 class Job(Protocol):
     """A started job: mpirun here, or on a head node over ssh."""
+
+    log: Path  # what mpirun (or the ssh that runs it) said
 
     def poll(self) -> int | None: ...  # exit code once it ended
     def wait(self, timeout: float) -> int | None: ...  # None if still running then
@@ -45,7 +68,7 @@ class Recovery(Protocol):
     def close(self) -> None: ...  # the session ended: nothing of the recovery's left running
 
 
-class SessionError(AutodiceError):
+class SessionError(JobError):
     """The job ended under the session. ``delivered``: the index (in the current ``map``) of the
     last frame whose result was handed out, -1 if none: resend the frames after it."""
 

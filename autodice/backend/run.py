@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, JobError
 from ..core.outdir import claim, tensor_files
+from ..core.owned import spawn
 from ..core.plan import Plan, load_plan
 from .engine import mpi_prefix
-from .failure import explain_failure
+from .failure import explain_failure, without_notices
+from .frames import open_npy
+from .job import job_log
 from .session import Session
 
 FP32_RTOL = 1e-4
@@ -88,19 +91,14 @@ def check_inputs(plan: Plan, inputs: dict[str, Path]) -> dict[str, np.ndarray]:
         if path is None:
             raise AutodiceError(f'no input given for model input "{t.name}" '
                                 f"(shape {'x'.join(map(str, t.shape))} {t.dtype})")
-        try:
-            with open(path, "rb") as f:
-                if f.read(6) != b"\x93NUMPY":
-                    raise ValueError("no .npy header; write it with numpy.save")
-            array = np.load(path, allow_pickle=False)
-        except OSError as e:
-            raise AutodiceError(f"{path}: not a .npy array ({e.strerror})") from None
-        except ValueError as e:
-            raise AutodiceError(f"{path}: not a .npy array ({e})") from None
+        array = open_npy(path)
         if array.shape != t.shape or array.dtype != np.dtype(t.dtype):
             raise AutodiceError(f'{path}: model input "{t.name}" must be '
                                 f"{'x'.join(map(str, t.shape))} {t.dtype}, got "
                                 f"{'x'.join(map(str, array.shape))} {array.dtype}")
+        array = np.array(array)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():  # as a stream refuses it
+            raise AutodiceError(f'{path}: model input "{t.name}" holds NaN or infinite values')
         arrays[t.name] = array
     return arrays
 
@@ -146,23 +144,34 @@ def check_tolerance(stats: dict) -> tuple[float, str]:
 
 class ProcessJob:
     """A job's one process here (mpirun, or the ssh that runs mpirun on a head node), its output
-    into ``log``. Its own process group: Ctrl-C reaches Python, which stops the job in order."""
+    into ``log``. Its own process group: Ctrl-C reaches Python, which stops the job in order.
+    It ends with this process, however this one ends (:mod:`~autodice.core.owned`).
 
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None):
+    ``held``: its stdin is a pipe nothing writes and this process holds open while the job runs;
+    EOF there means that its owner went (an ssh carries it to the command on the host).
+    """
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None,
+                 held: bool = False):
         self.log = log
         with open(log, "wb") as f:
-            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = spawn(argv, env=env, stdin=subprocess.PIPE if held else subprocess.DEVNULL,
+                              stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self._done(self.proc.poll())
 
     def wait(self, timeout: float) -> int | None:
         """The exit code, or None if it still runs after ``timeout`` seconds."""
         try:
-            return self.proc.wait(timeout)
+            return self._done(self.proc.wait(timeout))
         except subprocess.TimeoutExpired:
             return None
+
+    def _done(self, code: int | None) -> int | None:
+        if code is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        return code
 
 
 def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
@@ -204,8 +213,9 @@ class LocalJob(ProcessJob):
     def failure(self, code: int | None) -> list[str]:
         said = self.log.read_text(errors="replace")
         ranks_said = [ln for ln in said.splitlines() if ln.startswith("[rank")]
+        rest = [ln for ln in without_notices(said.splitlines()) if ln.strip()]
         return [f"the job failed (exit {code}):", *explain_failure(self.plan, said),
-                *(ranks_said[-5:] or said.strip().splitlines()[-8:]), f"log: {self.log}"]
+                *(ranks_said[-5:] or rest[-8:]), f"log: {self.log}"]
 
 
 def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = False) -> LocalJob:
@@ -219,7 +229,7 @@ def local_job(out_dir: Path, plan: Plan, socket_path: str, gpu_fallback: bool = 
     argv, env = local_mpirun(plan, program, workdir, args + (["--gpu-fallback", "cpu"]
                                                              if gpu_fallback else []),
                              gateway=True)
-    return LocalJob(argv, env, workdir / "job.log", plan)
+    return LocalJob(argv, env, job_log(), plan)
 
 
 def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
@@ -259,7 +269,9 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
                             ["--models", str(out_dir / "ncnn"), "--inputs",
                              str(results / "inputs"), "--results", str(results),
                              *program_flags(frames, pipeline, gpu_fallback)])
-    (results / "stats.json").unlink(missing_ok=True)
+    files = tensor_files(plan)
+    for name in ("stats.json", *(files[t.name] for t in plan.model_outputs)):
+        (results / name).unlink(missing_ok=True)  # an earlier run's: none may pass for this one's
     job = LocalJob(cmd, env, results / "job.log", plan)  # its own process group
     try:
         code = job.wait(timeout_s)
@@ -269,9 +281,8 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
         raise AutodiceError(f"the job ran past {timeout_s:.0f} s and was stopped "
                             f"(log: {job.log})")
     if code != 0 or not (results / "stats.json").exists():
-        raise AutodiceError(*job.failure(code))
+        raise JobError(*job.failure(code))
     stats = json.loads((results / "stats.json").read_text())
-    files = tensor_files(plan)
     outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
     return RunResult(results, stats, outputs, tuple(binding_problems(plan, stats)))
 

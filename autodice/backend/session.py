@@ -22,6 +22,7 @@ comes twice. The wire to the gateway, and the job under it, is ``gateway.py``'s.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
 import tempfile
@@ -32,19 +33,39 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, JobError
 from ..core.plan import Plan
 from .figures import Figures, per_frame
 from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
 from .job import Job, Recovery, Restart, SessionError
 
-__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError", "check_window"]
+__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError", "check_count",
+           "check_window"]
 
 
 def check_window(window: int | None) -> None:
     """Raises AutodiceError unless ``window`` is None (the default) or at least 1 frame."""
-    if window is not None and window < 1:
-        raise AutodiceError(f"--window {window}: at least 1 frame in flight")
+    if window is not None:
+        check_count("--window", window, "frame in flight")
+
+
+def check_count(name: str, value, what: str) -> None:
+    """Raises AutodiceError unless ``value`` is a whole number of at least 1 (of ``what``),
+    before any process starts: ``open(window="3")`` once died in a comparison, and
+    ``window=2.5`` only once the job ran."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AutodiceError(f"{name} {value!r}: a whole number, at least 1 {what}")
+
+
+def session_folder() -> Path:
+    """A new folder for a session's socket and launch files, named after this process; those of
+    sessions whose process died without removing theirs (SIGKILL) are removed first."""
+    tmp = Path(tempfile.gettempdir())
+    for stale in tmp.glob("autodice-session-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"autodice-session-{os.getpid()}-"))
 
 
 def _take(tokens: queue.SimpleQueue, timeout: float) -> bool:
@@ -82,7 +103,7 @@ class Session:
         check_window(window)
         self.plan = plan
         self.window = window or 2 * len(plan.ranks) + 2
-        self._tmp = Path(tempfile.mkdtemp(prefix="autodice-session-"))
+        self._tmp = session_folder()
         self._gw: Gateway | None = None  # the running job and its gateway's connection
         self._broken: SessionError | None = None
         self._lock = threading.Lock()
@@ -234,7 +255,17 @@ class Session:
 
         def feed() -> None:
             try:
-                for i, frame in enumerate(frames):
+                source = iter(frames)
+                i = -1
+                while True:
+                    try:  # the caller's iterable: whatever it raises is the caller's error
+                        frame = next(source)
+                    except StopIteration:
+                        return
+                    except BaseException as e:  # noqa: BLE001 - raised where the caller reads
+                        tickets.put(("raise", e))
+                        return
+                    i += 1
                     try:
                         if isinstance(frame, FrameError):  # the source could not make it
                             raise frame
@@ -257,9 +288,9 @@ class Session:
                         if not recovering:
                             raise  # else the reader restarts the job and sends it again
                     tickets.put(("frame", i))
-            except OSError as e:  # the gateway is gone: the reader says why
+            except OSError as e:  # our socket: the gateway is gone, the reader says why
                 tickets.put(("gone", e))
-            except BaseException as e:  # the caller's iterable raised: raise it there
+            except BaseException as e:  # noqa: BLE001 - a fault of ours: raised in the reader
                 tickets.put(("raise", e))
             finally:
                 tickets.put(("end",))
@@ -267,13 +298,12 @@ class Session:
         feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True)
         feeder.start()
         last = -1
-        clean = False
+        owed = 0  # a frame's ticket taken, its result not yet read
         try:
             while True:
                 ticket = tickets.get()
                 kind = ticket[0]
                 if kind == "end":
-                    clean = True
                     return
                 if kind == "raise":
                     raise ticket[1]
@@ -282,22 +312,36 @@ class Session:
                     continue
                 if kind == "gone":
                     self._fail(last)
+                owed = 1
                 sent, result = self._next_result(last)
+                owed = 0
                 slots.put(None)
                 self._figures.delivered_one(sent.at, first=last < 0)
                 last = sent.index
                 yield result
+        except BaseException:
+            # The caller stopped early (a break, its own error, Ctrl-C): take the results of the
+            # frames already sent, so the session is in step for the next map. One that cannot
+            # is abandoned; the caller's exception is still the one raised.
+            stop.set()
+            if self._broken is None:
+                try:
+                    self._drain(tickets, last, owed)
+                except Exception:  # noqa: BLE001, S110 - _drain closed it; the next call says
+                    pass
+            raise
         finally:
             stop.set()
-            if not clean and self._broken is None:
-                self._drain(tickets, last)
             # A feeder inside the caller's iterable (a camera that blocks) ends on its next frame.
             feeder.join(timeout=None if self._broken is None else 1.0)
 
-    def _drain(self, tickets: queue.SimpleQueue, last: int) -> None:
-        """The caller stopped early: take the results of frames already sent, so the stream is
-        in step for the next map; a session that cannot is closed."""
+    def _drain(self, tickets: queue.SimpleQueue, last: int, owed: int) -> None:
+        """The caller stopped early: take the results of frames already sent (``owed`` of them
+        whose tickets were taken), so the stream is in step for the next map; a session that
+        cannot is closed."""
         try:
+            for _ in range(owed):
+                self._next_result(last)
             while True:
                 ticket = tickets.get()
                 if ticket[0] == "end":
@@ -451,7 +495,7 @@ class Session:
                 code = self._gw.job.wait(60)
                 if code not in (0, None):
                     self._abandon(keep=True)
-                    raise AutodiceError(*self._gw.job.failure(code))
+                    raise JobError(*self._gw.job.failure(code))
         finally:
             self._abandon()
 
@@ -465,8 +509,8 @@ class Session:
             self._gw.hang_up()
 
     def _abandon(self, keep: bool = False) -> None:
-        """Close the socket and stop the job if it still runs; remove the session's folder
-        unless ``keep`` (a failure: its log is named in the error)."""
+        """Close the socket, stop the job if it still runs and remove the session's folder; the
+        job's log too, unless ``keep`` (a failure: the error names it)."""
         self._hang_up()
         try:
             if self._gw is not None:
@@ -474,9 +518,10 @@ class Session:
         finally:
             if self._recovery is not None:
                 self._recovery.close()
-        if not keep and self._tmp.exists() and not self._kept:
             shutil.rmtree(self._tmp, ignore_errors=True)
-        self._kept = self._kept or keep
+            if self._gw is not None and not keep and not self._kept:
+                self._gw.job.log.unlink(missing_ok=True)
+            self._kept = self._kept or keep
 
     def __enter__(self) -> Session:
         return self

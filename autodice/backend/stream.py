@@ -10,13 +10,16 @@ frames/s, latency percentiles, each rank's share).
 from __future__ import annotations
 
 import json
+import math
+import os
+import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, read_text
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
 from .session import FrameError, Session
@@ -29,18 +32,26 @@ class StreamResult:
     errors: list[FrameError] = field(default_factory=list)
     # --check: per model output, the largest (abs, rel) difference from onnxruntime over frames
     worst: dict[str, tuple[float, float]] = field(default_factory=dict)
+    delivered: int = 0  # frames whose result (or error) was handed out, in order
+    interrupted: str | None = None  # the signal that stopped the stream early ("SIGINT", ...)
 
 
-def read_labels(path: str | Path) -> list[str]:
-    """One class name per line (ImageNet's synset files work as they are).
+def read_labels(path: str | Path, plan: Plan | None = None) -> list[str]:
+    """One class name per line (ImageNet's synset files work as they are); with ``plan``,
+    checked to name each score of the model's first output, before any job starts.
 
     Raises:
-        AutodiceError: the file cannot be read.
+        AutodiceError: the file cannot be read, is not UTF-8 text, or has another number of
+            labels than the output has scores.
     """
-    try:
-        return [ln.strip() for ln in Path(path).read_text().splitlines()]
-    except OSError as e:
-        raise AutodiceError(f"{path}: cannot read the labels ({e.strerror})") from None
+    names = [ln.strip() for ln in read_text(path).splitlines()]
+    if plan is not None:
+        scores = math.prod(plan.model_outputs[0].shape)
+        if len(names) != scores:
+            raise AutodiceError(f"{path}: {len(names)} labels, but the model's output "
+                                f'"{plan.model_outputs[0].name}" has {scores} scores: not a '
+                                "classifier for these labels")
+    return names
 
 
 def top_k(scores: np.ndarray, labels: list[str], k: int) -> list[tuple[str, float]]:
@@ -57,10 +68,76 @@ def top_k(scores: np.ndarray, labels: list[str], k: int) -> list[tuple[str, floa
     return [(labels[i], float(flat[i])) for i in best]
 
 
+PARTIAL = ".partial"  # a results file being written; renamed into place once whole
+
+
+class Stacks:
+    """Each model output stacked over frames (frame i at index i) into ``results``, under a
+    hidden partial name until :meth:`close` renames it into place: whatever stops the stream
+    (an error, a signal, a kill), no file under a result's name is half-written. Partial files
+    that a killed stream left are removed by the next one."""
+
+    def __init__(self, results: Path, outputs, files: dict[str, str], count: int | None):
+        self.results, self.outputs, self.files, self.count = results, outputs, files, count
+        results.mkdir(parents=True, exist_ok=True)
+        for stale in results.glob(f".*{PARTIAL}*"):
+            stale.unlink(missing_ok=True)
+        self._stacks: dict[str, list | np.ndarray] = {}
+
+    def _partial(self, file: str) -> Path:
+        return self.results / f".{file}{PARTIAL}"
+
+    def put(self, i: int, arrays: dict[str, np.ndarray]) -> None:
+        """Frame ``i``'s outputs (frames that failed before it stay zero)."""
+        for t in self.outputs:
+            stack = self._stacks.get(t.name)
+            if stack is None:
+                stack = (np.lib.format.open_memmap(self._partial(self.files[t.name]), "w+",
+                                                   t.dtype, (self.count, *t.shape))
+                         if self.count is not None else [])
+                self._stacks[t.name] = stack
+            if isinstance(stack, list):
+                stack.extend(np.zeros(t.shape, t.dtype) for _ in range(i - len(stack)))
+                stack.append(arrays[t.name].copy())
+            else:
+                stack[i] = arrays[t.name]
+
+    def close(self, n: int) -> None:
+        """Write the first ``n`` frames of every output under its own name."""
+        for t in self.outputs:
+            stack = self._stacks.pop(t.name, None)
+            final, partial = self.results / self.files[t.name], self._partial(self.files[t.name])
+            if isinstance(stack, np.ndarray) and n == len(stack):
+                stack.flush()
+            else:  # cut short, or a stream of unknown length: a file of n frames
+                cut = np.lib.format.open_memmap(partial.with_name(partial.name + "2"), "w+",
+                                                t.dtype, (n, *t.shape))
+                for at in range(0, min(n, 0 if stack is None else len(stack)), 256):
+                    part = stack[at:min(n, at + 256)]
+                    cut[at:at + len(part)] = np.stack(part) if isinstance(part, list) else part
+                cut.flush()
+                del cut
+                partial.unlink(missing_ok=True)
+                partial = partial.with_name(partial.name + "2")
+            del stack
+            os.replace(partial, final)
+
+
+def write_json(path: Path, data) -> None:
+    """``data`` as ``path`` (indented JSON), whole or not at all."""
+    partial = path.with_name(f".{path.name}{PARTIAL}")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(partial, path)
+
+
 def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, results: Path,
            whole=None,
            on_frame: Callable[[str, object], None] | None = None) -> StreamResult:
     """Every ``(label, frame)`` of ``frames`` through ``session``; results stacked in ``results``.
+
+    Ctrl-C (or SIGTERM: :class:`~autodice.core.errors.Stopped`) ends the stream early and
+    cleanly: the results of the frames delivered so far are written, cut to them, and
+    ``interrupted`` names the signal. A job that fails writes them too, then raises.
 
     Args:
         count: how many frames there are, when known (the stacked files are written in place).
@@ -68,11 +145,10 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
             its run of the frame (``out.worst``).
         on_frame: called with each frame's label and its result (or FrameError), in order.
     """
-    results.mkdir(parents=True, exist_ok=True)
-    files = tensor_files(plan)
+    stacks = Stacks(results, session.outputs, tensor_files(plan), count)
+    (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
     labels: list[str] = []
     status: list[dict] = []
-    stacks: dict[str, list | np.ndarray] = {}
     out = StreamResult(results, {})
     name_in = session.inputs[0].name
     pending: list = []  # frames sent, kept only to check them
@@ -84,39 +160,29 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
                 pending.append(frame)
             yield frame
 
-    for i, result in enumerate(session.map(frames_only())):
-        frame = pending.pop(0) if whole is not None else None
-        if isinstance(result, FrameError):
-            out.errors.append(result)
-            status.append({"frame": labels[i], "error": str(result)})
-        else:
-            status.append({"frame": labels[i]})
-            arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
-            for t in session.outputs:
-                a = arrays[t.name]
-                stack = stacks.get(t.name)
-                if stack is None:
-                    stack = (np.lib.format.open_memmap(results / files[t.name], "w+", t.dtype,
-                                                       (count, *t.shape))
-                             if count is not None else [])
-                    stacks[t.name] = stack
-                if isinstance(stack, list):
-                    stack.append(a.copy())
-                else:
-                    stack[i] = a
-            if whole is not None:
-                _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
-                    session.inputs[0].shape)}, arrays)
-        if on_frame is not None:
-            on_frame(labels[i], result)
-    for t in session.outputs:
-        stack = stacks.get(t.name)
-        if isinstance(stack, list):
-            np.save(results / files[t.name], np.stack(stack) if stack else
-                    np.zeros((0, *t.shape), t.dtype))
-        elif stack is not None:
-            stack.flush()
-    (results / "frames.json").write_text(json.dumps(status, indent=1) + "\n")
+    results_of = session.map(frames_only())
+    try:
+        for i, result in enumerate(results_of):
+            frame = pending.pop(0) if whole is not None else None
+            if isinstance(result, FrameError):
+                out.errors.append(result)
+                status.append({"frame": labels[i], "error": str(result)})
+            else:
+                status.append({"frame": labels[i]})
+                arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
+                stacks.put(i, arrays)
+                if whole is not None:
+                    _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
+                        session.inputs[0].shape)}, arrays)
+            out.delivered = i + 1
+            if on_frame is not None:
+                on_frame(labels[i], result)
+    except KeyboardInterrupt as e:
+        out.interrupted = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
+        results_of.close()  # the frames in flight are taken: the session stays in step
+    finally:
+        stacks.close(out.delivered)
+        write_json(results / "frames.json", status[:out.delivered])
     return out
 
 
@@ -131,8 +197,11 @@ def _check(worst: dict, whole, feeds: dict, arrays: dict) -> None:
 
 
 def finish(session: Session, res: StreamResult) -> StreamResult:
-    """Close ``session`` and write its figures (the ranks' own included) as stats.json."""
+    """Close ``session`` and write its figures (the ranks' own included) as stats.json, which
+    says when the stream was interrupted."""
     session.close()
     res.stats = session.stats()
-    (res.results / "stats.json").write_text(json.dumps(res.stats, indent=1) + "\n")
+    if res.interrupted:
+        res.stats["interrupted"] = res.interrupted
+    write_json(res.results / "stats.json", res.stats)
     return res

@@ -8,12 +8,14 @@ rich is imported on first use, not with the command: it costs a tenth of a secon
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
 
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, JobError, Stopped
 from ..core.plan import human_bytes
 
 
@@ -82,6 +84,7 @@ def text_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]
                left: tuple[str, ...] = ()) -> str:
     """``rows`` under ``columns`` as aligned plain text (columns named in ``left`` align left,
     the rest right), below ``title``: a table printed without importing rich."""
+    rows = [tuple(map(visible, r)) for r in rows]  # keys and names are data
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
 
     def line(cells) -> str:
@@ -92,29 +95,52 @@ def text_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]
                       *(line(r) for r in rows)])
 
 
+# Exit codes (README, "Exit codes"): besides 0, and 1 for a --check that failed.
+EXIT_REFUSED = 2  # bad input or an unusable environment, said before anything ran
+EXIT_FRAMES_FAILED = 3  # a stream delivered what it could; some frames (or all) failed
+EXIT_JOB_FAILED = 4  # the job started and then failed (a rank died, a board was lost)
+
+
+def _stop_on(signum, frame):
+    raise Stopped(signum)
+
+
 class Main(click.Group):
-    """Turns AutodiceError into one ``error:`` line per problem and exit code 2.
+    """Turns AutodiceError into one ``error:`` line per problem and exit code 2 (4 for a job that
+    failed once started), and a signal into a clean stop with exit code 128 + its number.
 
     click's own complaints about the command line (an unknown option, a value that is not a
     number, a file that is a directory) get the same one-line form, and so does an error of
     the machine (a full disk, a folder autodice may not write) that no check foresaw.
+    SIGTERM and SIGHUP stop a verb as Ctrl-C does (:class:`~autodice.core.errors.Stopped`): the
+    job ends in order, and a stream writes what it delivered.
     """
 
     def invoke(self, ctx):
+        main_thread = threading.current_thread() is threading.main_thread()
+        before = {s: signal.signal(s, _stop_on) for s in (signal.SIGTERM, signal.SIGHUP)
+                  if main_thread}  # (a test's runner in-process: its handlers come back)
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+            click.echo(f"stopped by {signal.Signals(signum).name}", err=True)
+            sys.exit(128 + signum)
         except AutodiceError as e:
             for line in e.problems:
                 click.echo(f"error: {visible(line)}", err=True)
-            sys.exit(2)
+            sys.exit(EXIT_JOB_FAILED if isinstance(e, JobError) else EXIT_REFUSED)
         except click.UsageError as e:
             hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
-            click.echo(f"error: {e.format_message()}{hint}", err=True)
-            sys.exit(2)
+            click.echo(f"error: {visible(e.format_message())}{hint}", err=True)
+            sys.exit(EXIT_REFUSED)
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
-            click.echo(f"error: {where}{e.strerror or e}", err=True)
-            sys.exit(2)
+            click.echo(f"error: {visible(where + (e.strerror or str(e)))}", err=True)
+            sys.exit(EXIT_REFUSED)
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def visible(line: str) -> str:
@@ -272,9 +298,12 @@ def rate_line(stats: dict, *more: str):
 
 
 def stats_table(stats: dict) -> None:
-    """One row per rank: where it ran (device, precision, cores) and where its time went."""
+    """One row per rank: where it ran (device, precision, cores) and where its time went
+    (nothing from a job that did not end in order)."""
     from rich.table import Table
 
+    if not stats.get("ranks"):
+        return
     table = Table()
     for col in ("rank", "key", "device", "precision", "on cores", "load s", "compute s",
                 "recv wait s", "send wait s", "sent", "peak RSS"):
@@ -283,7 +312,7 @@ def stats_table(stats: dict) -> None:
     for r in stats["ranks"]:
         device = r.get("device", "?")  # "vulkan:llvmpipe (LLVM 15.0.6, 256 bits)" in full
         device = "cpu (fallback)" if device.startswith("cpu (") else device.split(" (")[0]
-        table.add_row(str(r["rank"]), r["key"], device, r.get("precision", "?"),
+        table.add_row(str(r["rank"]), visible(r["key"]), visible(device), r.get("precision", "?"),
                       ",".join(map(str, r["omp_cpus"])), f"{r['load_s']:.3f}",
                       f"{r['compute_s']:.3f}", f"{r['recv_wait_s']:.3f}",
                       f"{r['send_wait_s']:.3f}", human_bytes(r["bytes_sent"]),

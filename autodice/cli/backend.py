@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import click
 
-from ..core.errors import AutodiceError
-from .app import (INPUT_HELP, console, job_options, main, model_inputs, out, progress, rate_line,
-                  report_run, stats_table, stream_options, visible)
+from ..core.errors import AutodiceError, Stopped
+from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, model_inputs, out,
+                  progress, rate_line, report_run, stats_table, stream_options, visible)
 
 
 @main.command()
@@ -37,7 +39,7 @@ def gen(output, precision, fp16, verify):
                             total=n)
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
                        verify=verify, console=console)
-    out.print(f"wrote {output}/packages/ for {', '.join(plan.hosts())}")
+    out.print(visible(f"wrote {output}/packages/ for {', '.join(plan.hosts())}"))
 
 
 @main.command()
@@ -48,7 +50,7 @@ def build(output):
 
     with console.status("building (ncnn once, then the program)"):
         program = run_build(output, console=console)
-    out.print(f"built {program}")
+    out.print(visible(f"built {program}"))
 
 
 @main.command()
@@ -69,7 +71,7 @@ def run(output, inputs, results, frames, preprocess, labels, top, window, no_pip
     if is_a_stream(plan, given, no_pipeline):
         return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
                           check, rtol, gpu_fallback)
-    names = one_frame_labels(given, preprocess, labels)
+    names = one_frame_labels(plan, given, preprocess, labels)
     res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
                        check, rtol, gpu_fallback)
     if names is not None:
@@ -106,14 +108,14 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
                            f"results in {res.results}"))
     stats_table(s)
     for line in res.warnings:
-        console.print(Text.assemble(("warning:", "yellow"), f" {line}"))
+        console.print(Text.assemble(("warning:", "yellow"), f" {visible(line)}"))
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
         report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
     return res
 
 
-def one_frame_labels(given: dict, preprocess, labels) -> list[str] | None:
+def one_frame_labels(plan, given: dict, preprocess, labels) -> list[str] | None:
     """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` is refused
     there, as it is for any source of no images."""
     from ..backend.stream import read_labels
@@ -121,7 +123,7 @@ def one_frame_labels(given: dict, preprocess, labels) -> list[str] | None:
     if preprocess:
         raise AutodiceError(f"--preprocess: {', '.join(map(str, given.values()))} holds no "
                             "images, its frame is fed as it is")
-    return read_labels(labels) if labels else None
+    return read_labels(labels, plan) if labels else None
 
 
 def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int) -> None:
@@ -134,7 +136,8 @@ def print_top_k(label: str, scores, names: list[str], k: int, console=out) -> No
     """One frame's ``k`` best classes on one line (``--labels``)."""
     from ..backend.stream import top_k
 
-    console.print(f"{label}: " + ", ".join(f"{n} ({v:.3g})" for n, v in top_k(scores, names, k)))
+    console.print(visible(f"{label}: " + ", ".join(f"{n} ({v:.3g})"
+                                                   for n, v in top_k(scores, names, k))))
 
 
 def run_stream(output, plan, given, frames, results, preprocess, labels, top, window, check,
@@ -167,7 +170,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     if frames is not None:
         count = min(count, frames) if count is not None else frames
         source = islice(source, frames)
-    names = read_labels(labels) if labels else None
+    names = read_labels(labels, plan) if labels else None
     whole = whole_session(plan, Path(output), None) if check else None
     if results is None:
         claim(Path(output), "results/")
@@ -182,7 +185,8 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
             def shown(label, result):
                 bar.advance(task)
                 if isinstance(result, AutodiceError):
-                    console.print(Text.assemble(("error:", "red"), f" {result}"))
+                    console.print(Text.assemble(("error:", "red"), f" {visible(str(result))}"),
+                                  soft_wrap=True)
                 elif names is not None:
                     scores = result if not isinstance(result, dict) else next(iter(result.values()))
                     print_top_k(label, scores, names, top, bar.console)
@@ -198,9 +202,15 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
     stats_table(s)
     for incident in s.get("incidents", []):
         out.print(incident_line(incident))
+    if res.interrupted:  # the frames delivered are written; now end as the signal asked
+        console.print(f"{res.delivered} frames delivered before {res.interrupted}; their "
+                      f"results are in {res.results}")
+        raise Stopped(getattr(signal, res.interrupted))
     if check:
         diffs = [OutputDiff(n, a, r) for n, (a, r) in res.worst.items()]
         report_run(diffs, rtol, s)
+    if res.errors:
+        sys.exit(EXIT_FRAMES_FAILED)
 
 
 def incident_line(i: dict):

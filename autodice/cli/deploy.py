@@ -145,7 +145,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
         return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
                           check, rtol, gpu_fallback, open_session=opener)
     frames = 1 if frames is None else frames
-    names = one_frame_labels(given, preprocess, labels) if run_job else None
+    names = one_frame_labels(plan, given, preprocess, labels) if run_job else None
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
                   TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}

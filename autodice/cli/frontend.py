@@ -102,10 +102,10 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
             given = load_profile(profile_path) if profile_path else None
             done = by_time(graph, model, keys, given, console=console, input_shapes=shapes)
             where = f"by {profile_path}" if profile_path else "measured on this machine's CPU"
-            console.print("predicted compute per frame, " + where + ": " + ", ".join(
-                f"{k} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))
+            console.print("predicted compute per frame, " + visible(where) + ": " + ", ".join(
+                f"{visible(k)} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))
             for note in done.notes:
-                console.print(f"note: {note}")
+                console.print(f"note: {visible(note)}")
             mapping = done.mapping
         click.echo(mapping_json(mapping), nl=False)
         return
@@ -115,12 +115,13 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title=f"{model}: {sum(not r['follows'] for r in rows)} layers to map "
-                        f"({sum(r['follows'] for r in rows)} constants/shape ops follow them)")
+    table = Table(title=f"{visible(model)}: {sum(not r['follows'] for r in rows)} layers to "
+                        f"map ({sum(r['follows'] for r in rows)} constants/shape ops follow them)")
     for col in ("name", "op", "output shape", "params", "FLOPs", ""):
         table.add_column(col, justify="right" if col in ("params", "FLOPs") else "left")
-    for r in rows:
-        table.add_row(r["name"], r["op"], r["shape"], human_bytes(r["param_bytes"]),
+    for r in rows:  # names are the model's: data, never terminal controls
+        table.add_row(visible(r["name"]), visible(r["op"]), r["shape"],
+                      human_bytes(r["param_bytes"]),
                       f"{r['flops'] / 1e6:.1f} M", "follows" if r["follows"] else "")
     out.print(table)
 

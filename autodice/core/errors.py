@@ -20,6 +20,21 @@ class AutodiceError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+class JobError(AutodiceError):
+    """A job that started and then failed (a rank died, a board was lost): not the input's
+    fault, so the CLI exits with its own code (4), not 2."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt, so that every path that
+    stops cleanly on Ctrl-C (a job stopped in order, the frames delivered so far written) does so
+    on them too. ``signum``: which signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 SHOWN = 20  # problems of one kind listed one by one before a count
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend.failure import Death, explain_failure
+from ..backend.failure import Death, explain_failure, without_notices
 from ..backend.run import ProcessJob, RunResult
-from ..core.errors import AutodiceError
+from ..core.errors import AutodiceError, JobError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
 from .inventory import Inventory
@@ -58,7 +58,10 @@ done
 exit 0
 """
 # Start mpirun on the head with its output in a file (a daemon it leaves behind must not hold
-# the ssh channel open), record its pid, wait, then print the output.
+# the ssh channel open), record its pid, wait, then print the output. The script's stdin is a
+# pipe the autodice process holds and never writes (``ProcessJob``'s ``held``): EOF there means
+# that process or its ssh went, however (SIGKILL included), and a watcher then ends mpirun,
+# which ends every rank: a job never outlives its owner on the hosts either.
 # Open MPI 5's mpirun now and then hangs once its job has ended (openpmix/prrte#1839: every
 # process gone, mpirun deadlocked in its teardown; 1 run in 5 of the killed-rank test here). A
 # watchdog beside it: once mpirun has had children and none of them has been alive for
@@ -75,11 +78,14 @@ HUNG_AFTER_S = 5
 _LAUNCH = r"""
 pidfile=$1; log=$2; patience=$3; shift 3
 rm -f "$pidfile.hung"
+exec 3<&0
 tries=3
 while :; do
   "$@" > "$log" 2>&1 < /dev/null &
   job=$!
   echo $job > "$pidfile"
+  ( while read -r _; do :; done; kill -TERM $job ) <&3 > /dev/null 2>&1 &
+  owner=$!
   (
     seen=; idle=0
     while sleep 1; do
@@ -98,7 +104,7 @@ while :; do
   watch=$!
   wait $job 2> /dev/null
   code=$?
-  kill $watch 2>/dev/null
+  kill $watch $owner 2>/dev/null
   tries=$((tries - 1))
   [ $code -ne 0 ] && [ $tries -gt 0 ] && grep -q "$STARTLESS" "$log" || break
 done
@@ -273,7 +279,7 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
         raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
                             f"(log: {log_path})")
     if code != 0:
-        raise AutodiceError(*run_failure(plan, inv, output, code, elapsed, log_path,
+        raise JobError(*run_failure(plan, inv, output, code, elapsed, log_path,
                                          rank_deaths(ssh, hosts)))
     return _collect(ssh, plan, hosts, out_dir, progress)
 
@@ -318,12 +324,12 @@ class HeadJob(ProcessJob):
         job = f"{build.root(head)}/job"
         self.pid_file = f"{job}/mpirun.pid"
         cmd = ssh.script(head.target, _LAUNCH, self.pid_file, f"{job}/mpirun.log",
-                         str(HUNG_AFTER_S), *argv)
+                         str(HUNG_AFTER_S), *argv, held=True)
         cmd[1:1] = ssh_options
         self._start = time.monotonic()
         self._ended: float | None = None
         self._patience_s = 15.0
-        super().__init__(cmd, log_path)
+        super().__init__(cmd, log_path, held=True)
 
     def lose(self, hosts: set[str]) -> None:
         """``hosts`` no longer answer: stopping the job reaps nothing there, and gives mpirun
@@ -337,7 +343,7 @@ class HeadJob(ProcessJob):
         return (self._ended or time.monotonic()) - self._start
 
     def poll(self) -> int | None:
-        return self.outcome(self.proc.poll())
+        return self.outcome(super().poll())
 
     def wait(self, timeout: float) -> int | None:
         return self.outcome(super().wait(timeout))
@@ -424,7 +430,8 @@ def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: flo
     if not lines and (m := _FIRST.search(flat)) and int(m.group(1)) < len(plan.ranks):
         lines.append(f"{name(int(m.group(1)))} failed first (exit code {m.group(2)})")
     if not lines:
-        tail = [ln for ln in output.strip().splitlines() if ln.strip() and "setpgid" not in ln]
+        tail = [ln for ln in without_notices(output.strip().splitlines())
+                if ln.strip() and "setpgid" not in ln]
         lines.append(f"run: mpirun failed (exit {code})")
         said = tail[-8:]
     return [*lines, *said[:5], f"after {seconds:.1f} s; full log: {log}"]

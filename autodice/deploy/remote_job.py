@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-from pathlib import Path
 
+from ..backend.job import job_log
 from ..core.errors import AutodiceError
 from .deploy import Shipped
 from .launch import HeadJob, mpirun_argv, run_failure
@@ -34,7 +34,7 @@ class RemoteJob:
         flags = ["--stream", self.socket] + (["--gpu-fallback", "cpu"] if gpu_fallback else [])
         argv = mpirun_argv(plan, shipped.inv, {h.target.host: h for h in shipped.hosts}, flags,
                            gateway=True)
-        self.log = Path(local_socket).parent / "job.log"
+        self.log = job_log()
         # A connection of its own (not the shared master): the forward lives and dies with it.
         self.job = HeadJob(ssh, shipped.hosts, argv, self.log, ssh_options=(
             "-o", "ControlPath=none", "-o", "ExitOnForwardFailure=yes",

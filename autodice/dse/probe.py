@@ -19,6 +19,7 @@ import numpy as np
 
 from ..backend.engine import mpi_prefix
 from ..core.errors import AutodiceError
+from ..core.owned import spawn
 from .profile import Corun, link_from_rows, six_digits
 
 # mpirun refuses root unless told (the emulated cluster's hosts are reached as root). OpenMP's
@@ -90,8 +91,8 @@ class Here:
 def with_progress(cmd: list[str], on_progress, env: dict | None) -> tuple[int, list[str]]:
     """Run ``cmd``, passing its ``progress DONE TOTAL`` lines to ``on_progress``; returns the
     exit code and everything else it said (stdout and stderr)."""
-    proc = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True,
-                            env=env, stdin=subprocess.DEVNULL)
+    proc = spawn(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True,
+                 env=env, stdin=subprocess.DEVNULL)
     said = []
     assert proc.stdout is not None
     for line in proc.stdout:

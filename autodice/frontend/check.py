@@ -123,7 +123,7 @@ def chain_values(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
             if pos[r.rank] >= len(r.steps):
                 continue
             if r.rank not in sessions:
-                sessions[r.rank] = session(out_dir / r.submodel)
+                sessions[r.rank] = rank_session(out_dir, r)
             sess = sessions[r.rank]
             steps = r.steps
             while pos[r.rank] < len(steps) and all(t in values for t in steps[pos[r.rank]].wait):
@@ -139,6 +139,29 @@ def chain_values(plan: Plan, out_dir: Path, feeds: dict[str, np.ndarray],
         if not moved:
             raise AutodiceError("internal error: the plan's steps cannot all run")
     return values
+
+
+def rank_session(out_dir: Path, r) -> object:
+    """onnxruntime's session of rank ``r``'s sub-model, checked to be the one plan.json
+    describes (its inputs, and the outputs its steps extract): a hand-edited plan must not
+    reach onnxruntime's own complaint.
+
+    Raises:
+        AutodiceError: the file cannot be loaded, or reads or makes other tensors.
+    """
+    path = out_dir / r.submodel
+    sess = session(path)
+    reads = sorted(i.name for i in sess.get_inputs())
+    makes = {o.name for o in sess.get_outputs()}
+    want_reads = sorted(t.name for t in r.submodel_inputs)
+    want_makes = {t for step in r.steps for t in step.extract}
+    if reads != want_reads or not want_makes <= makes:
+        raise AutodiceError(f"{path}: not rank {r.rank}'s sub-model as plan.json says: it reads "
+                            f"{', '.join(reads) or 'nothing'} and makes "
+                            f"{', '.join(sorted(makes))}; the plan's reads "
+                            f"{', '.join(want_reads) or 'nothing'} and makes "
+                            f"{', '.join(sorted(want_makes))}")
+    return sess
 
 
 def compare(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
