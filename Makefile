@@ -47,7 +47,7 @@ test-tools:
 	fi
 
 test: $(STAMP) test-tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
 # every goal with the figure measured and ✔/✘. The deploy, cost-model, recovery and ARM ones need
@@ -65,13 +65,16 @@ bench: $(STAMP) test-tools
 	  "(emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
 
-# The fidelity suite (tests/test_fidelity.py, marked slow) once per torch release: the pinned
+# ONNX's node conformance cases for CNN operators (tests/test_conformance.py, marked slow, no
+# torch: counts per operator into build/conformance.json), then the fidelity suite
+# (tests/test_fidelity.py, marked slow) once per torch release: the pinned
 # one and the previous minor, each in its own venv under ~/.cache/autodice/torch (torch and
-# torchvision from the package index: 1-6 GB each). FIDELITY passes options to pytest, e.g.
+# torchvision from the package index: 1-6 GB each). FIDELITY passes options to that pytest, e.g.
 # FIDELITY="-k swin_t".
 TORCH_RELEASES := 2.14.1:0.29.1 2.13.0:0.28.0
 TORCH_HOME_DIR := $(HOME)/.cache/autodice/torch
 fidelity: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests/test_conformance.py
 	@for r in $(TORCH_RELEASES); do t=$${r%%:*}; v=$${r##*:}; d=$(TORCH_HOME_DIR)/$$t; \
 	  [ -x $$d/bin/python ] || { $(PY) -m venv $$d && $$d/bin/pip install -q "torch==$$t" \
 	    "torchvision==$$v" "onnxscript>=0.5,<0.8" onnx; } || exit 1; \

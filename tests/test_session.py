@@ -30,7 +30,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper
 from conftest import SPECS
-from graphs import conv_chain, figure2, input_skip, wide_chain
+from graphs import conv_chain, input_skip, wide_chain
 
 import autodice
 from autodice.backend import figures, frame_copy

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,7 +23,7 @@ import onnx
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
 from .engine import cache_root
-from .verify import missing_rewrites
+from .verify import missing_rewrites, model_ops
 
 PNNX_VERSION = "20261020"
 # Part of the cache key: bumped when the way pnnx is called changes what it writes (2: external
@@ -77,13 +78,15 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                    *(f"{k}={v}" for k, v in outputs.items())],
                                   cwd=work, capture_output=True, text=True)
             if proc.returncode != 0 or not (work / "out.ncnn.param").exists():
-                tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+                tail = " | ".join(pnnx_said(proc.stdout + proc.stderr))
                 more = "..." if len(rank.layers) > 6 else ""
-                why = missing_rewrites(onnx.load(str(onnx_path), load_external_data=False))
+                model = onnx.load(str(onnx_path), load_external_data=False)
+                why, ops = missing_rewrites(model), model_ops(model)
                 raise AutodiceError(f'rank {rank.rank} (key "{rank.key}", layers '
-                                    f'{", ".join(rank.layers[:6])}{more}): '
-                                    f"pnnx could not convert {onnx_path.name}"
-                                    + (f" ({why})" if why else "") + f": {tail}")
+                                    f'{", ".join(rank.layers[:6])}{more}; ONNX ops '
+                                    f'{", ".join(ops[:8])}): pnnx could not convert '
+                                    f"{onnx_path.name}" + (f" ({why})" if why else "")
+                                    + f": {tail}")
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             try:
                 for suffix in ("param", "bin"):
@@ -103,6 +106,21 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
         Path(f"{dest}.{suffix}").unlink(missing_ok=True)
     Path(f"{dest}.param").write_text(param)
     shutil.copyfile(entry / "model.ncnn.bin", f"{dest}.bin")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def pnnx_said(output: str, lines: int = 3) -> list[str]:
+    """What pnnx said last that explains a failure: its text without terminal colours,
+    onnxruntime's warnings, or the tables pnnx draws (box-drawing lines)."""
+    said = []
+    for line in _ANSI.sub("", output).splitlines():
+        line = line.strip()
+        if not line or "[W:onnxruntime" in line or line[0] in "┌│├└─┏┃┡┗━╭╰":
+            continue
+        said.append(line[:300])
+    return said[-lines:]
 
 
 def _place(src: Path, dest: Path) -> None:

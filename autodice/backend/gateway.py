@@ -296,6 +296,10 @@ class Gateway:
         if ({t.name for t in inputs}, {t.name for t in outputs}) != want:
             raise AutodiceError("the running program was built from another plan: "
                                 "run `autodice gen` and `autodice build` again")
+        # Frames and results in the model's own shapes (a Mat's form is the same bytes).
+        shapes = {t.name: t.onnx_shape for t in (*plan.model_inputs, *plan.model_outputs)}
+        inputs, outputs = ([StreamTensor(t.name, t.dtype, shapes[t.name]) for t in ts]
+                           for ts in (inputs, outputs))
         # Room for a whole frame in the socket (up to the system's cap): one hand-over, not
         # one per 208 KiB (the default) with the gateway woken for each.
         frame_bytes = sum(t.nbytes for t in inputs) + _HEADER.size

@@ -25,13 +25,12 @@ import onnx
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
+from ..frontend.check import RTOL, RTOL_FP16, difference
+from ..frontend.nodes import origin
 from ..frontend.views import NCNN_AXES
 from .engine import ensure_ncnn
 from .fp16_range import Largest
 from .tools import build_tools
-
-RTOL = 1e-3  # fp32 on both sides agrees to ~1e-6 of the output's scale; a wrong layer by far more
-RTOL_FP16 = 5e-2  # fp16 weights (gen --fp16)
 
 
 def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
@@ -85,8 +84,10 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
         return [_unknown_layers(rank, out_dir, proc.stdout)]
     if proc.returncode != 0:
         said = (proc.stdout + proc.stderr).strip().splitlines()
+        ops = model_ops(onnx.load(str(out_dir / rank.submodel), load_external_data=False))
         return [f"{_who(rank)}: ncnn cannot load {base.name}.param "
-                f"({said[-1] if said else f'exit {proc.returncode}'})"]
+                f"({said[-1] if said else f'exit {proc.returncode}'}), converted from ONNX "
+                f"{', '.join(ops[:8])}{' ...' if len(ops) > 8 else ''}"]
     if not feeds:
         return []  # integer inputs: ncnn computes in floats; the load check is what we can do
     problems = []
@@ -95,21 +96,87 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
         got = np.load(work / f"out{k}.npy")
         ref = np.asarray(ref, dtype=np.float32)
         if got.size != ref.size:
-            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}" with {got.size} '
-                            f"elements, onnxruntime {ref.size}: pnnx mis-converted it")
+            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}"'
+                            f"{_made_by(rank, out_dir, spec.name)} with {got.size} elements, "
+                            f"onnxruntime {ref.size}: pnnx mis-converted it")
             continue
-        diff = float(np.max(np.abs(got.ravel() - ref.ravel()))) if ref.size else 0.0
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-        rel = diff / scale if scale > 0 else diff
+        diff, rel = difference(got, ref)
         if not rel <= rtol:
-            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}" off by {rel:.3g} of its '
+            problems.append(f'{_who(rank)}: ncnn computes "{spec.name}"'
+                            f"{_made_by(rank, out_dir, spec.name)} off by {rel:.3g} of its "
                             f"scale (max |diff| {diff:.3g}, tolerance {rtol:g}) against "
                             f"onnxruntime: {cause}")
     return problems
 
 
+# pnnx's names for what it could not lower, by the ONNX ops they come from (its torch-level
+# ops: ``F.linear`` is a Gemm or a MatMul, ``Tensor.slice`` a Slice).
+PNNX_OPS = {
+    "F.linear": ("Gemm", "MatMul"), "F.conv1d": ("Conv",), "F.conv2d": ("Conv",),
+    "F.conv3d": ("Conv",), "F.conv_transpose2d": ("ConvTranspose",),
+    "F.max_pool1d": ("MaxPool",), "F.max_pool2d": ("MaxPool",), "F.max_pool3d": ("MaxPool",),
+    "F.avg_pool1d": ("AveragePool",), "F.avg_pool2d": ("AveragePool",),
+    "F.avg_pool3d": ("AveragePool",), "F.layer_norm": ("LayerNormalization",),
+    "F.group_norm": ("GroupNormalization",), "F.instance_norm": ("InstanceNormalization",),
+    "F.batch_norm": ("BatchNormalization",), "F.local_response_norm": ("LRN",),
+    "F.prelu": ("PRelu",), "F.pad": ("Pad",), "F.interpolate": ("Resize", "Upsample"),
+    "F.pixel_shuffle": ("DepthToSpace",), "F.pixel_unshuffle": ("SpaceToDepth",),
+    "Tensor.slice": ("Slice",), "Tensor.reshape": ("Reshape",), "Tensor.view": ("Reshape",),
+    "torch.permute": ("Transpose",), "torch.cat": ("Concat",), "Tensor.expand": ("Expand",),
+    "torch.flatten": ("Flatten",), "torch.squeeze": ("Squeeze",),
+    "torch.unsqueeze": ("Unsqueeze",), "torch.mean": ("ReduceMean",),
+}
+
+
+def onnx_ops(kind: str) -> tuple[str, ...]:
+    """The ONNX op types an ncnn or pnnx layer type ``kind`` comes from (its own name when it is
+    one: ``Selu``, or pnnx's ``F.selu``)."""
+    if kind in PNNX_OPS:
+        return PNNX_OPS[kind]
+    bare = kind.split(".")[-1].replace("_", "").lower()
+    return tuple(op for op in _ONNX_OPS if op.lower() == bare) or (kind,)
+
+
+_ONNX_OPS = sorted({s.name for s in onnx.defs.get_all_schemas()})
+
+
+def model_ops(model: onnx.ModelProto) -> list[str]:
+    """The op types of a sub-model as the user's model has them: a node a rewrite made counts
+    as the op it came from (a Split, not the Slices it became)."""
+    ops = {(origin(n) or (n.op_type,))[0] for n in model.graph.node}
+    return sorted(ops - {"Constant"})
+
+
+def describe(node: onnx.NodeProto) -> str:
+    """``Gemm node "fc" (transB=1, alpha=0.5)``: an ONNX node as errors name it, with the
+    attributes it sets (among them, the one at fault)."""
+    attrs = []
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, (int, float, str)) or (isinstance(value, list) and len(value) <= 8):
+            attrs.append(f"{a.name}={value}")
+    came = origin(node)
+    return (f'{node.op_type} node "{node.name or node.output[0]}"'
+            + (f" ({', '.join(attrs)})" if attrs else "")
+            + (f', from {came[0]} node "{came[1]}"' if came and came[0] != node.op_type else ""))
+
+
+def _made_by(rank: Rank, out_dir: Path, tensor: str) -> str:
+    """`` (the output of ONNX Conv node "c1" (...))``: the node of the rank's sub-model that
+    makes ``tensor`` (through the Reshapes a rewrite put at its edge), or ""."""
+    model = onnx.load(str(out_dir / rank.submodel), load_external_data=False)
+    producer = {t: n for n in model.graph.node for t in n.output}
+    node = producer.get(tensor)
+    while node is not None and node.op_type == "Reshape" and node.input[0] in producer \
+            and node.input[0].startswith(tensor):
+        node = producer[node.input[0]]
+    return f" (the output of ONNX {describe(node)})" if node is not None else ""
+
+
 def _unknown_layers(rank: Rank, out_dir: Path, said: str) -> str:
-    """One line: the layer types ncnn lacks, and the ONNX nodes of those op types."""
+    """One line: the layer types ncnn lacks, and the ONNX nodes they come from."""
     unknown: dict[str, list[str]] = {}
     for line in said.splitlines():
         parts = line.split()
@@ -118,9 +185,12 @@ def _unknown_layers(rank: Rank, out_dir: Path, said: str) -> str:
     model = onnx.load(str(out_dir / rank.submodel), load_external_data=False)
     found = []
     for kind, layers in unknown.items():
-        nodes = [n.name or n.output[0] for n in model.graph.node if n.op_type == kind]
-        where = (f"from ONNX {kind} node{'s' if len(nodes) > 1 else ''} "
-                 f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''}" if nodes
+        ops = onnx_ops(kind)
+        nodes = [describe(n) for n in model.graph.node if n.op_type in ops] or [
+            describe(n) for n in model.graph.node  # pnnx's own kinds: by the layers' names,
+            if n.name in layers or set(n.output) & set(layers)] or [  # or what they feed
+            describe(n) for n in model.graph.node if set(n.input) & set(layers)]
+        where = (f"from ONNX {'; '.join(nodes[:3])}{' ...' if len(nodes) > 3 else ''}" if nodes
                  else f"ncnn layer{'s' if len(layers) > 1 else ''} {', '.join(layers[:5])}")
         found.append(f"{kind} ({where})")
     why = missing_rewrites(model)

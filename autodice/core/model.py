@@ -113,6 +113,13 @@ def build_graph(path: Path, lazy: LazyModel,
     weights = lazy.tensors
     inputs = [i.name for i in graph.input if i.name not in weights]
     outputs = [o.name for o in graph.output]
+    untensored = [f'{path}: {kind} "{v.name}" is of '
+                  f'{(v.type.WhichOneof("value") or "no").removesuffix("_type")} type, not a '
+                  "tensor; autodice splits models of tensors" for kind, vs in
+                  (("input", graph.input), ("output", graph.output)) for v in vs
+                  if v.name not in weights and v.type.WhichOneof("value") != "tensor_type"]
+    if untensored:
+        raise AutodiceError(*untensored)
     producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):

@@ -18,9 +18,17 @@ PLAN_VERSION = 1
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # as the ranks hold and exchange it (at most four axes of a Mat)
     dtype: str  # numpy name: "float32", "int64", ...
     nbytes: int
+    # The shape the model gives it, where that is not ``shape`` (a 5-D output, or one with unit
+    # axes ncnn drops, carried as its Mat form: the same bytes): what results are shaped as.
+    model_shape: tuple[int, ...] | None = None
+
+    @property
+    def onnx_shape(self) -> tuple[int, ...]:
+        """The shape the model gives this tensor."""
+        return self.model_shape or self.shape
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,8 @@ def human_bytes(n: float) -> str:
 
 
 def _tensor_json(t: TensorSpec) -> dict:
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes}
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes,
+            **({"model_shape": list(t.model_shape)} if t.model_shape else {})}
 
 
 def _edge_json(e: Edge) -> dict:
@@ -179,7 +188,9 @@ def dumps(obj) -> str:
 
 
 def _tensor(d: dict) -> TensorSpec:
-    return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d["bytes"])
+    model_shape = d.get("model_shape")
+    return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d["bytes"],
+                      tuple(model_shape) if model_shape else None)
 
 
 def plan_from_json(data: dict) -> Plan:

@@ -9,6 +9,7 @@ edges must agree, before a :class:`~autodice.core.plan.Plan` is built from it.
 
 from __future__ import annotations
 
+import math
 from pathlib import PurePosixPath
 
 import numpy as np
@@ -138,13 +139,14 @@ class _Checker:
             return []
         return value
 
-    def shape(self, obj: dict, key: str, at: str) -> None:
+    def shape(self, obj: dict, key: str, at: str) -> list:
         dims = self.wholes(obj, key, at, 0, MAX_ELEMENTS)
         count = 1
         for d in dims:
             count *= d
         if count > MAX_ELEMENTS:
             self._bad(at, key, "a shape of at most 2^31 elements", dims)
+        return dims
 
     def dtype(self, obj: dict, key: str, at: str) -> None:
         value = self.field(obj, key, at)
@@ -160,9 +162,14 @@ class _Checker:
 
     def tensor(self, t: dict, at: str) -> None:
         self.text(t, "name", at)
-        self.shape(t, "shape", at)
+        shape = self.shape(t, "shape", at)
         self.dtype(t, "dtype", at)
         self.whole(t, "bytes", at, 0, None)
+        if isinstance(t, dict) and "model_shape" in t:
+            model_shape = self.shape(t, "model_shape", at)
+            if shape and model_shape and math.prod(shape) != math.prod(model_shape):
+                self.p.add(f"{self.where}: {at}.model_shape {_show(model_shape)} holds another "
+                           f"number of elements than its shape {_show(shape)}")
 
     def rank(self, r: dict, i: int, tags: dict[int, dict], keys: set[str]) -> None:
         at, where, p = f"ranks[{i}]", self.where, self.p

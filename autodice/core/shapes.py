@@ -31,7 +31,8 @@ UNSUPPORTED_OPS = frozenset({
 DTYPE_NAMES = {t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).name
                for t in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE,
                          TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16,
-                         TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL)}
+                         TensorProto.UINT16, TensorProto.INT32, TensorProto.UINT32,
+                         TensorProto.INT64, TensorProto.UINT64, TensorProto.BOOL)}
 
 Dim = int | str | None  # a static size, a symbolic name, or unknown
 
@@ -47,7 +48,9 @@ class TensorType:
 
     @property
     def dtype(self) -> str:
-        return DTYPE_NAMES.get(self.elem_type, str(self.elem_type))
+        return DTYPE_NAMES.get(self.elem_type) or TensorProto.DataType.Name(
+            self.elem_type).lower() if self.elem_type in TensorProto.DataType.values() \
+            else str(self.elem_type)
 
     @property
     def nbytes(self) -> int:

@@ -18,10 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from ..backend.failure import Death, explain_failure, without_notices
-from ..backend.run import ProcessJob, RunResult
+from ..backend.run import ProcessJob, RunResult, model_outputs
 from ..core.errors import AutodiceError, JobError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
@@ -461,5 +459,4 @@ def _collect(ssh: Ssh, plan: Plan, hosts: list[Host], out_dir: Path,
         raise AutodiceError(f"collect: the job ended but {', '.join(absent)} did not "
                             f"come back into {results}")
     stats = json.loads((results / "stats.json").read_text())
-    outputs = {t.name: np.load(results / files[t.name]) for t in plan.model_outputs}
-    return RunResult(results, stats, outputs)
+    return RunResult(results, stats, model_outputs(plan, results))

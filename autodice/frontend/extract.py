@@ -24,6 +24,7 @@ from .legalize import (
     gelu_in_pnnx_order,
     ir_version,
     legalize,
+    lowest_equivalent_opset,
     main_opset,
     pin_batch,
     reduce_axes_as_attributes,
@@ -71,10 +72,11 @@ def submodel_proto(graph: Graph, rank: Rank, nodes: list[int]) -> tuple[onnx.Mod
     g.node.extend(rewritten)
     constants = Constants(model, graph)  # and the Constant nodes the Gathers' rewrites made
     lower_ranks(g, graph, constants, opset, rank.submodel_inputs, rank.submodel_outputs)
-    reduce_axes_as_attributes(model, constants)
     pin_batch(g, rank.submodel_inputs)
     g.input.extend(_value_info(graph, s) for s in rank.submodel_inputs)
     g.output.extend(_value_info(graph, s) for s in rank.submodel_outputs)
+    lowest_equivalent_opset(model)  # once inputs and outputs are listed: it checks the model
+    reduce_axes_as_attributes(model, constants)
     gelu_in_pnnx_order(g, constants)  # once the outputs are listed: it leaves those as they are
     model.ir_version = ir_version(model)
     # A weight only a rewritten node read (Gather's indices) is not needed any more.

@@ -18,7 +18,8 @@ and each keeps the function exactly:
 * Dynamo's GELU (Erf, then the halving, then x) in TorchScript's order, which pnnx fuses into
   one ncnn GELU layer (speed only: both orders compute the same bits).
 * The IR version: pnnx's bundled onnxruntime refuses IR 14 (what onnx 1.23's make_model stamps)
-  and pnnx then crashes; a sub-model gets the lowest IR its opsets allow.
+  and pnnx then crashes; a sub-model gets the lowest opset its ops allow (the same schemas) and
+  the lowest IR that opset allows.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from onnx import helper, numpy_helper
 from ..core.model import Graph
 from ..core.onnxio import read_array
 from ..core.plan import TensorSpec
+from .exporters import respell
+from .nodes import mark_origin
 
 LEGACY_SOFTMAX = ("Softmax", "LogSoftmax", "Hardmax")
 
@@ -114,6 +117,17 @@ def _explicit_pads(graph: Graph, node: onnx.NodeProto, pads: list[int]) -> list[
 
 
 def legalize(graph: Graph, node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
+    """The same function in a spelling pnnx converts correctly, or None if ``node`` is fine:
+    the rules for what exporters write (:mod:`.exporters`), then the ones here on what those
+    give."""
+    spelled = respell(graph, node, opset)
+    if spelled is None:
+        rewrite = _legalize(graph, node, opset)
+        return mark_origin(rewrite, node) if rewrite is not None else None
+    return mark_origin([m for n in spelled for m in (_legalize(graph, n, opset) or [n])], node)
+
+
+def _legalize(graph: Graph, node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
     """The same function in a spelling pnnx converts correctly, or None if ``node`` is fine.
 
     Before opset 13, Softmax(axis=a) flattens the input to 2-D at ``a``; pnnx converts that
@@ -121,6 +135,8 @@ def legalize(graph: Graph, node: onnx.NodeProto, opset: int) -> list[onnx.NodePr
     Reshape to 2-D, Softmax, Reshape back. AveragePool with asymmetric pads: see
     ``_explicit_pads``.
     """
+    if node.input and node.input[0] not in graph.types:
+        return None  # a node a rule of .exporters made: it spells what pnnx converts
     shape = graph.types[node.input[0]].shape if node.input else ()
     if node.op_type == "AveragePool" and len(shape) == 4:
         pads = list(_ints(node, "pads") or [0, 0, 0, 0])
@@ -330,12 +346,71 @@ def reduce_axes_as_attributes(model: onnx.ModelProto, constants: Constants) -> N
     for n in reduces:
         axes = constants.get(n.input[1]) if len(n.input) > 1 and n.input[1] else None
         keep = [a for a in n.attribute if a.name != "noop_with_empty_axes"]
-        if axes is not None:
+        if axes is not None and axes.size:  # (empty: every axis, as no attribute says at 17)
             keep.append(helper.make_attribute("axes", [int(v) for v in axes.ravel()]))
         del n.input[1:]
         del n.attribute[:]
         n.attribute.extend(keep)
     opset.version = 17
+
+
+def _same_but_types(old, new) -> bool:
+    """Whether two versions of an op's schema differ in the element types they admit alone
+    (DepthToSpace at opset 28 took more types, float among them as at 13): the same text, the
+    same attributes with the same defaults, the same inputs and outputs. (Softmax 11 and 13,
+    whose axis changed meaning, differ in their text and default.)"""
+    def form(schema):
+        return (schema.doc,
+                {a: (v.type, v.description, v.default_value.SerializeToString())
+                 for a, v in schema.attributes.items()},
+                [(i.name, i.option) for i in schema.inputs],
+                [(o.name, o.option) for o in schema.outputs])
+
+    floats = {c.type_param_str: "tensor(float)" in c.allowed_type_strs
+              for c in old.type_constraints}
+    return form(old) == form(new) and all(floats.values())
+
+
+# Opsets up to 22 need IR 10 at most, which every onnxruntime and pnnx of this project reads;
+# only a model stamped later is moved down.
+READ_EVERYWHERE = 22
+
+
+def lowest_equivalent_opset(model: onnx.ModelProto) -> None:
+    """Stamp the model with the lowest default-domain opset at which every op of it computes
+    what it computes now on float tensors (each op's schema back to where it last changed in
+    more than the types it admits): onnx 1.23's test models say opset 28, which needs IR 14,
+    and neither the installed onnxruntime nor pnnx's reads that, for a DepthToSpace that has
+    meant the same on floats since opset 13. Not below :data:`READ_EVERYWHERE`, and only where
+    onnx's strict inference accepts the model there; a model with an op unknown to this onnx, or
+    with functions, keeps its opset."""
+    opset = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or model.functions or opset.version <= READ_EVERYWHERE:
+        return
+    least = READ_EVERYWHERE
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(n.op_type, opset.version)
+        except onnx.defs.SchemaError:
+            return
+        while schema.since_version > 1:
+            try:
+                older = onnx.defs.get_schema(n.op_type, schema.since_version - 1)
+            except onnx.defs.SchemaError:  # the op's first version
+                break
+            if not _same_but_types(older, schema):
+                break
+            schema = older
+        least = max(least, schema.since_version)
+    if least >= opset.version:
+        return
+    was, opset.version = opset.version, least
+    try:  # a type an op takes only since its later version (Pow's int exponent): keep it there
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception:  # noqa: BLE001 - onnx's inference errors have no one type
+        opset.version = was
 
 
 IR_MIN_FOR_FUNCTIONS = 8  # model-local functions arrived with IR 8

@@ -361,11 +361,34 @@ class _Lowering:
             return None
         return self.RULES.get(node.op_type)
 
+    def layout_shape(self, node: onnx.NodeProto) -> None:
+        """The output shape of a Reshape to a constant target or of a Transpose, where the
+        model's own shapes do not say it (tensors a rewrite of ``.exporters`` made)."""
+        x = self.shape(node.input[0])
+        if x is None:
+            return
+        if node.op_type == "Transpose":
+            perm = _attr(node, "perm", range(len(x))[::-1])
+            self.shapes[node.output[0]] = tuple(x[a] for a in perm)
+            return
+        target = self.constants.get(node.input[1]) if len(node.input) > 1 else None
+        if target is None:
+            return
+        dims = [x[i] if d == 0 and not _attr(node, "allowzero", 0) else int(d)
+                for i, d in enumerate(target.ravel())]
+        if dims.count(-1) == 1:
+            known = math.prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = math.prod(x) // known if known else 0
+        if -1 not in dims and math.prod(dims) == math.prod(x):
+            self.shapes[node.output[0]] = tuple(dims)
+
     def run(self, opset: int) -> None:
         self.opset = opset
         for node in self.g.node:
             if node.op_type == "Slice" and self.shape(node.output[0]) is None:
                 self.slice_shape(node)
+            if node.op_type in ("Reshape", "Transpose") and self.shape(node.output[0]) is None:
+                self.layout_shape(node)
             rule = self.rule_for(node)
             if rule is None or not rule(self, node, node.name or node.output[0]):
                 self.nodes.append(node)

@@ -9,7 +9,8 @@ from ..core.errors import Problems
 from ..core.model import Graph
 from ..core.plan import Edge, Memory, Plan, Rank, Step, TensorSpec
 from ..core.shapes import mat_form
-from .lower import batched_tensors
+from .legalize import BATCH_OPS
+from .lower import ELEMENTWISE, batched_tensors
 from .place import Placement
 
 
@@ -18,10 +19,11 @@ def tensor_spec(graph: Graph, name: str, batched: frozenset[str] = frozenset()) 
     four axes, or a batch of one pnnx sees as such (``batched``) and four more), else in its
     ``mat_form``, which the sub-models reshape from and to at their edges."""
     t = graph.types[name]
-    shape = tuple(int(d) for d in t.shape)
+    shape = model_shape = tuple(int(d) for d in t.shape)
     if len(shape) > 4 and not (len(shape) == 5 and shape[0] == 1 and name in batched):
         shape = mat_form(shape)
-    return TensorSpec(name, shape, t.dtype, t.nbytes)
+    return TensorSpec(name, shape, t.dtype, t.nbytes,
+                      model_shape if model_shape != shape else None)
 
 
 def consumer_ranks(graph: Graph, placement: Placement, tensor: str) -> set[int]:
@@ -195,6 +197,46 @@ def static_memory(graph: Graph, nodes: list[int], sub_in: tuple[str, ...], kept:
                 live -= size.pop(t)
     return Memory(params, peak, sum(e.nbytes for e in recvs),
                   sum(e.nbytes * len(e.dst) for e in sends))
+
+
+# Ops that read axis 0 of their input as a batch of frames and axis 1 as channels (pnnx writes
+# them so, and an ncnn Mat has no batch axis): a leading axis above 1 there is a batch.
+BATCH_READERS = BATCH_OPS | {"SpaceToDepth", "DepthToSpace"}
+
+
+def batch_of_one(graph: Graph, model: Path) -> None:
+    """Raises AutodiceError naming every model input whose leading axis above 1 reaches an op
+    that takes that axis for the batch (directly or through element-wise ops): ncnn computes one
+    frame at a time, and such a model came out wrong (LRN by 2.5e-4, BatchNormalization by
+    150 %) or not at all. A leading axis that no such op reads is an axis like any other."""
+    problems = Problems()
+    for name in graph.inputs:
+        shape = graph.types[name].shape
+        if len(shape) < 3 or shape[0] <= 1:
+            continue
+        reach, todo, hit = {name}, [name], None
+        while todo and hit is None:
+            t = todo.pop()
+            for c in graph.consumers.get(t, ()):
+                node = graph.nodes[c]
+                if node.op_type in BATCH_READERS:
+                    hit = node
+                    break
+                if node.op_type in ELEMENTWISE:
+                    for o in node.output:
+                        if o not in reach and graph.types.get(o) is not None \
+                                and tuple(graph.types[o].shape[:1]) == tuple(shape[:1]):
+                            reach.add(o)
+                            todo.append(o)
+        if hit is not None:
+            dims = "x".join(map(str, shape))
+            one = "x".join(map(str, (1, *shape[1:])))
+            problems.add(f'{model}: input "{name}" is {dims}, a batch of {shape[0]} that '
+                         f'{hit.op_type} node "{hit.name or hit.output[0]}" reads as frames; '
+                         "ncnn computes one frame at a time: export the model with a batch of 1 "
+                         f"(or a symbolic one, and --input-shape {name}={one}) and stream the "
+                         f"{shape[0]} frames through it")
+    problems.raise_if_any()
 
 
 def float32_only(plan: Plan, model: Path) -> None:

@@ -20,7 +20,7 @@ from ..core.spec import (Mapping, Platform, parse_mapping, parse_mapping_text, p
                          parse_platform_text)
 from .extract import write_submodels
 from .horizontal import Split, split_layers
-from .partition import build_plan, find_edges, float32_only
+from .partition import batch_of_one, build_plan, find_edges, float32_only
 from .place import assign_ranks, bind_slots, check_resources
 from .replicas import add_replicas, without_replicas
 from .tables import write_tables
@@ -91,6 +91,7 @@ def partition_mapping(graph: Graph, mapping: Mapping, platform: Platform, out_di
         AutodiceError: any problem with the mapping, all of them listed.
     """
     resources = check_resources(mapping, platform)
+    batch_of_one(graph, graph.path)
     vertical = without_replicas(mapping)
     graph, vertical, derived = split_horizontally(graph, vertical, work)
     kept = [k for k, _ in vertical.entries]
@@ -109,7 +110,8 @@ def plan_graph(out_dir: Path, plan: Plan, model: Path | None = None) -> Graph:
     """The model a split output's plan was made of: the model itself, or, when layers were
     split across keys, the model as the split rewrote it (re-planned from the output's
     mapping.json and platform.txt)."""
-    graph = load_model(model or out_dir / plan.model, {t.name: t.shape for t in plan.model_inputs})
+    graph = load_model(model or out_dir / plan.model,
+                       {t.name: t.onnx_shape for t in plan.model_inputs})
     if not plan.derived:
         return graph
     return partition_mapping(graph, parse_mapping(out_dir / "mapping.json"),
