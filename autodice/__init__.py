@@ -16,8 +16,12 @@ from __future__ import annotations
 from importlib import import_module
 
 # (``autodice.api.deploy`` is not repeated here: ``autodice.deploy`` is the stage's package.)
-__all__ = ["AutodiceError", "FrameError", "SessionError", "build", "check", "gen", "open", "plan",
-           "predict", "profile", "run", "search", "split"]
+__all__ = ["AutodiceError", "FrameError", "ImageRecipe", "SessionError", "build", "check", "gen",
+           "open", "plan", "predict", "profile", "read_labels", "run", "search", "split", "top_k"]
+# Where the names that are not api.py's live: images into frames, scores into classes.
+_ELSEWHERE = {"FrameError": ".backend.session", "SessionError": ".backend.session",
+              "ImageRecipe": ".backend.frames", "read_labels": ".backend.stream",
+              "top_k": ".backend.stream"}
 
 
 def __getattr__(name: str):
@@ -25,8 +29,8 @@ def __getattr__(name: str):
         from .core.errors import AutodiceError
 
         return AutodiceError
-    if name in ("FrameError", "SessionError"):
-        return getattr(import_module(".backend.session", __name__), name)
+    if name in _ELSEWHERE:
+        return getattr(import_module(_ELSEWHERE[name], __name__), name)
     if name in __all__:
         return getattr(import_module(".api", __name__), name)
     raise AttributeError(f"module 'autodice' has no attribute {name!r}")

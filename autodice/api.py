@@ -79,14 +79,42 @@ def build(out):
     return run(out)
 
 
-def run(out, inputs: Mapping[str, str | Path], frames: int = 1, pipeline: bool = True,
-        gpu_fallback: bool = False):
-    """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times)."""
+def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None = None,
+        pipeline: bool = True, gpu_fallback: bool = False, preprocess: str | None = None,
+        labels: str | Path | None = None, top: int = 5):
+    """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times).
+
+    ``inputs``: ``{input name: .npy}`` of one frame, which the program streams ``frames``
+    times (default 1); or, for a model of one input, what ``run --input`` takes: a folder of
+    images, an image or a batch ``.npy``, streamed through a session (at most ``frames``),
+    each image made a frame by ``preprocess``, each frame's ``top`` classes by ``labels`` in
+    ``frames.json``. Returns the run's result, or the stream's (``errors`` for the frames that
+    failed).
+    """
+    if isinstance(inputs, (str, Path)):
+        return _run_source(out, inputs, frames, preprocess, labels, top, gpu_fallback)
     from .backend.run import run as job
     from .backend.session import check_count
 
+    frames = 1 if frames is None else frames
     check_count("frames", frames, "frame")
     return job(out, _inputs(inputs), frames, pipeline=pipeline, gpu_fallback=gpu_fallback)
+
+
+def _run_source(out, source, frames, preprocess, labels, top, gpu_fallback):
+    from .backend.run import open_session
+    from .backend.stream import finish, read_labels, source_frames, stream
+    from .core.outdir import claim
+    from .core.plan import load_plan
+
+    plan = load_plan(out)
+    count, pairs = source_frames(plan, source, frames, preprocess)
+    names = read_labels(labels, plan) if labels else None
+    claim(Path(out), "results/")
+    results = Path(out) / "results"
+    with open_session(out, None, gpu_fallback) as session:
+        res = stream(session, plan, pairs, count, results, names=names, top=top)
+    return finish(session, res)
 
 
 def _inputs(inputs) -> dict[str, Path]:
@@ -99,7 +127,8 @@ def _inputs(inputs) -> dict[str, Path]:
 
 
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
-         gpu_fallback: bool = False, recover: bool | str | Path = False, ahead: bool = True):
+         gpu_fallback: bool = False, recover: bool | str | Path = False, ahead: bool = True,
+         preprocess: str | None = None):
     """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
     inventory's hosts first, and frames streamed through in order.
 
@@ -109,6 +138,8 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
             for result in s.map(frames):   # arrays (or dicts by input name), results in order
                 ...
             y = s.infer(x)                 # one frame, blocking
+            y = s.infer("cat.jpg")         # an image (a path or a PIL image): preprocessed
+            print(autodice.top_k(y, autodice.read_labels("synset.txt"), 5))
             print(s.stats())               # frames/s, latency p50/p90/p99, per rank once closed
 
     With ``inventory`` and ``recover=True`` (or a ``dse`` output folder to pick from), a host
@@ -116,7 +147,8 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     again every frame whose result had not come back; ``s.rebalance()`` moves back to every
     host once the lost ones answer again; ``s.stats()["incidents"]`` says what happened.
     ``ahead`` (the default) prepares and ships the job for each host's loss while the stream
-    runs, so that recovery is a restart rather than a compile.
+    runs, so that recovery is a restart rather than a compile. ``preprocess``: how an image
+    becomes a frame, as ``run --preprocess`` (``resize=1,mean=0.5/0.5/0.5,...``).
 
     Returns:
         :class:`~autodice.backend.session.Session`.
@@ -124,19 +156,25 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
         AutodiceError: not built (here) or not deployable (as ``deploy``), or the job failed to
             start (the rank and host named).
     """
+    from .backend.frames import ImageRecipe
     from .backend.session import check_window
 
     check_window(window)
+    recipe = ImageRecipe.parse(preprocess)
     if inventory is not None:
         from .deploy.stream import open_deployed
 
-        return open_deployed(out, inventory, window, gpu_fallback, recover=recover, ahead=ahead)
-    if recover:
+        session = open_deployed(out, inventory, window, gpu_fallback, recover=recover,
+                                ahead=ahead)
+    elif recover:
         raise AutodiceError("recover needs an inventory: the ranks on this machine have no "
                             "other host to go on with")
-    from .backend.run import open_session
+    else:
+        from .backend.run import open_session
 
-    return open_session(out, window, gpu_fallback)
+        session = open_session(out, window, gpu_fallback)
+    session.preprocess = recipe
+    return session
 
 
 def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frames: int = 1,

@@ -32,6 +32,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 # Both hosts are namespaces of this machine: they share its caches and memory (machine=).
+CLUSTER = "bench"  # its own emulated cluster: a user's stays as it is
 PLATFORM = ("edge01, x86, slots=0, power_idle=5W, bandwidth=1gbit, machine=this-vm\n"
             "edge02, x86, slots=0, power_idle=5W, bandwidth=1gbit, machine=this-vm\n")
 
@@ -99,12 +100,13 @@ def main() -> None:
         work = Path(tmp)
         work.mkdir(parents=True, exist_ok=not args.keep)
         autodice("cluster", "up", "--hosts", "edge01,edge02", "--bandwidth", "1gbit",
-                 "--cores", "edge01=0", "--cores", "edge02=1", "-o", "inventory.toml", cwd=work)
+                 "--cores", "edge01=0", "--cores", "edge02=1", "--name", CLUSTER, "--replace",
+                 "-o", "inventory.toml", cwd=work)
         try:
             models = [bench_model(name, work / name, args.measure, args.rounds, args.frames)
                       for name in args.models.split(",")]
         finally:
-            autodice("cluster", "down", cwd=work)
+            autodice("cluster", "down", "--name", CLUSTER, cwd=work)
     print(f"\n{'model':<12} {'point':<6} {'predicted fps':>13} {'measured fps':>12} {'error':>6} "
           f"{'paced':>6} {'predicted MB':>12} {'measured MB':>11} {'error':>6}")
     for m in models:

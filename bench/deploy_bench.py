@@ -51,6 +51,7 @@ from autodice.frontend.suggest import balanced_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = [f"edge{i:02d}" for i in range(1, 9)]
+CLUSTER = "bench"  # its own emulated cluster: a user's stays as it is
 RATE = 125e6  # bytes/s of 1 Gbit/s
 
 
@@ -132,7 +133,7 @@ def bench_deploy_time(model: Path, work: Path, c: cluster.Cluster, repeat: int) 
 def bench_deploy_scale(model: Path, work: Path, n: int, repeat: int) -> list[dict]:
     """Redeploy with nothing changed to ``n`` hosts (after a first deploy to get there)."""
     hosts = [f"edge{i:02d}" for i in range(1, n + 1)]
-    c = cluster.up(hosts, bandwidth="1gbit")
+    c = cluster.up(hosts, bandwidth="1gbit", name=CLUSTER, replace=True)
     _, inventory = prepare(model, hosts, work, c)
     empty_remote_dirs(c)
     out = work / "out"
@@ -260,7 +261,7 @@ def main() -> None:
     deploy_rows, link_rows, e2e_rows = [], [], []
     try:
         if parts & {"deploy", "link", "e2e"}:
-            c = cluster.up(HOSTS, bandwidth="1gbit")
+            c = cluster.up(HOSTS, bandwidth="1gbit", name=CLUSTER, replace=True)
             if "deploy" in parts:
                 deploy_rows += bench_deploy_time(model_path(args.model), work / "time", c,
                                                  args.repeat)
@@ -273,7 +274,7 @@ def main() -> None:
                                               args.scale_hosts, args.repeat)
     finally:
         if not args.keep:
-            cluster.down()
+            cluster.down(CLUSTER)
     if deploy_rows:
         print(f"\n1. deploy {args.model} to {len(HOSTS)} emulated hosts, {args.scale_model} to "
               f"{args.scale_hosts} (median of {args.repeat}):")

@@ -51,6 +51,7 @@ import autodice
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ["edge01", "edge02", "edge03"]
 VICTIM = "edge02"
+CLUSTER = "bench"  # its own emulated cluster: a user's stays as it is
 
 
 def prepare(model: Path, work: Path, c: cluster.Cluster) -> tuple[Path, Path]:
@@ -95,7 +96,8 @@ def one_round(out: Path, inventory: Path, c: cluster.Cluster, ready: bool, xs: n
             delivered.append(time.monotonic())
             results.append(y)
             if i == at:
-                for pid in cluster.netns_pids(f"adc-{VICTIM}"):
+                for pid in cluster.netns_pids(
+                        next(h.netns for h in c.hosts if h.name == VICTIM)):
                     try:
                         if os.readlink(f"/proc/{pid}/exe") == program:
                             os.kill(pid, signal.SIGKILL)
@@ -125,7 +127,7 @@ def main() -> None:
     work = ROOT / "build" / "bench" / "recovery"
     shutil.rmtree(work, ignore_errors=True)
     model = zoo.cached(args.model)
-    c = cluster.up(HOSTS, bandwidth="1gbit")
+    c = cluster.up(HOSTS, bandwidth="1gbit", name=CLUSTER, replace=True)
     try:
         out, inventory = prepare(model, work, c)
         t = autodice.plan(model, out / "mapping.json", out / "platform.txt").model_inputs[0]
@@ -154,7 +156,7 @@ def main() -> None:
                       f"{len(got)} right (rel {worst:.1e})", flush=True)
     finally:
         if not args.keep:
-            cluster.down()
+            cluster.down(CLUSTER)
     summary = {}
     for name, ready, goal in (("ready", True, 3.0), ("cold", False, 10.0)):
         rs = [r for r in rounds if r["ready"] == ready]

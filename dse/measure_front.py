@@ -23,6 +23,7 @@ from autodice.dse.measure import measure
 from autodice.frontend import zoo
 
 ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "dse-measure"  # its own emulated cluster: a user's stays as it is
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         platform = args.out.parent / "emulated-boards.txt"
         platform.write_text("".join(f"{p[0]}, cpu,{p[2]}\n" for p in lines))
         inventory = args.out.parent / "inventory.toml"
-        cluster.up(hosts, "1gbit", inventory=inventory)
+        cluster.up(hosts, "1gbit", inventory=inventory, name=CLUSTER, replace=True)
     try:
         profile = autodice.profile(model, platform, runs=3 if args.fast else 15,
                                    inventory=inventory)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                           inventory=inventory)
     finally:
         if emulated:
-            cluster.down()
+            cluster.down(CLUSTER)
     print(f"{'point':>6} {'predicted fps':>14} {'measured fps':>13} {'error':>7} "
           f"{'memory error':>13}")
     for m in results:

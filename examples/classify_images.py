@@ -21,10 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from PIL import Image
+
 import autodice
-from autodice.backend.frames import ImageRecipe, frames_from
-from autodice.backend.session import FrameError
-from autodice.backend.stream import read_labels, top_k
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json, parse_platform
 from autodice.deploy import cluster
@@ -32,6 +31,7 @@ from autodice.frontend import zoo
 from autodice.frontend.suggest import balanced_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "classify-example"  # its own emulated cluster: a user's stays as it is
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,45 +68,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"splitting {model.name} over {' and '.join(keys)}, converting to ncnn", flush=True)
     plan = autodice.split(model, mapping, platform, out)
     autodice.gen(out)
-    names = read_labels(args.labels) if args.labels else None
-    x = plan.model_inputs[0]
-    count, images = frames_from(str(args.images), x.shape, x.dtype,
-                                ImageRecipe.parse(args.preprocess))
+    names = autodice.read_labels(args.labels, plan) if args.labels else None
+    images = sorted(p for p in args.images.iterdir()
+                    if p.suffix.lower() in Image.registered_extensions())
 
     inventory, emulated = args.inventory, args.inventory is None
     if emulated:
         inventory = args.work / "inventory.toml"
-        cluster.up([b.name for b in boards], "1gbit", inventory=inventory)
-    labels: list[str] = []
-
-    def frames():  # the images' file names, kept in order for the results
-        for label, frame in images:
-            labels.append(label)
-            yield frame
-
+        cluster.up([b.name for b in boards], "1gbit", inventory=inventory, name=CLUSTER,
+                   replace=True)
     try:
         print(f"deploying to {' and '.join(b.name for b in boards)} "
               f"({'emulated here' if emulated else inventory}), starting the job", flush=True)
-        with autodice.open(out, inventory=inventory) as session:
-            for i, result in enumerate(session.map(frames())):
-                # Frame i was taken (and its label kept) before its result could come back.
-                if isinstance(result, FrameError):
-                    print(f"{labels[i]}: {result}")
+        with autodice.open(out, inventory=inventory, preprocess=args.preprocess) as session:
+            # Paths go in as they are: the session decodes and preprocesses each image.
+            for path, result in zip(images, session.map(images)):
+                if isinstance(result, autodice.FrameError):
+                    print(f"{path.name}: {result}")
                 elif names is None:
                     flat = result.reshape(-1)
-                    print(f"{labels[i]}: class {int(flat.argmax())} ({float(flat.max()):.3g})")
+                    print(f"{path.name}: class {int(flat.argmax())} ({float(flat.max()):.3g})")
                 else:
-                    (name, score), = top_k(result, names, 1)
-                    print(f"{labels[i]}: {name} ({score:.3g})")
+                    (name, score), = autodice.top_k(result, names, 1)
+                    print(f"{path.name}: {name} ({score:.3g})")
         stats = session.stats()
     finally:
         if emulated:
-            cluster.down()
+            cluster.down(CLUSTER)
     lat = stats["latency_s"]
-    print(f"{stats['frames']} of {count} images on {' + '.join(keys)}: {stats['fps']:.1f} "
+    print(f"{stats['frames']} of {len(images)} images on {' + '.join(keys)}: {stats['fps']:.1f} "
           f"images/s, latency p50 {lat['p50'] * 1e3:.1f} ms, p99 {lat['p99'] * 1e3:.1f} ms")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except autodice.AutodiceError as e:  # a refusal is the user's to fix: its lines, no trace
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)

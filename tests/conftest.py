@@ -13,6 +13,16 @@ from graphs import figure2  # noqa: E402
 from autodice.frontend import zoo  # noqa: E402
 
 SPECS = Path(__file__).parent.parent / "specs"
+# The tests' own emulated cluster: a name and subnet of their own, so `make test` never
+# replaces or takes down a cluster a user brought up (the default one, or any other).
+TEST_CLUSTER = {"name": "autodice-tests", "subnet": "10.79.0.0/24"}
+
+
+def netns(host: str) -> str:
+    """The network namespace of ``host`` in the tests' cluster."""
+    from autodice.deploy.cluster_state import load_state
+
+    return next(h.netns for h in load_state(TEST_CLUSTER["name"]).hosts if h.name == host)
 
 
 def vulkan_available() -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import TEST_CLUSTER
 
 from autodice.backend.gen import gen
 from autodice.core.errors import AutodiceError
@@ -46,9 +47,10 @@ ELF_MACHINE = {b"\x3e\x00": "x86_64", b"\xb7\x00": "aarch64"}
 
 @pytest.fixture(scope="module")
 def emu():
-    c = cluster.up(HOSTS, bandwidth="1gbit", arch={"edge02": "aarch64"})
+    c = cluster.up(HOSTS, bandwidth="1gbit", arch={"edge02": "aarch64"}, **TEST_CLUSTER,
+                   replace=True)
     yield c
-    cluster.down()
+    cluster.down(TEST_CLUSTER["name"])
 
 
 def ssh(c, host: str, command: str) -> str:
@@ -156,8 +158,8 @@ def test_a_host_that_is_not_what_the_platform_says(emu, tmp_path, zoo_model):
     with pytest.raises(AutodiceError) as e:
         deploy(out, _inventory(emu, tmp_path))
     assert e.value.problems == [
-        "edge02 (root@10.77.0.12:22): the platform file says x86 but the host is aarch64 "
-        "(uname -m)"]
+        "edge02 (root@10.79.0.12:22): the platform file says x86 but the host is aarch64 "
+        "(uname -m): write arm or cpu (any architecture) for edge02 in the platform file"]
     assert not (out / "deploy" / "cross").exists()  # stopped before anything was built
 
 
@@ -168,7 +170,7 @@ def test_a_board_asked_to_build_itself_without_a_compiler(emu, tmp_path, zoo_mod
     with pytest.raises(AutodiceError) as e:
         deploy(out, _inventory(emu, tmp_path, edge02='build = "board"'))
     (line,) = e.value.problems
-    assert line.startswith("edge02 (root@10.77.0.12:22): check: missing c++, cmake, make")
+    assert line.startswith("edge02 (root@10.79.0.12:22): check: missing c++, cmake, make")
     assert line.endswith("or apt-get install g++-aarch64-linux-gnu here to cross-build for it")
 
 

@@ -169,3 +169,28 @@ def test_cli_measures_a_model_of_symbolic_size_at_the_given_input_shape(tmp_path
                                   "x=1x4x32x32", "--balance", "e1_x860,e1_x861"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == {"e1_x860": ["relu1"], "e1_x861": ["relu2"]}
+
+
+def test_balance_with_a_platform_counts_the_link_a_cut_crosses(tmp_path):
+    """Two boards on a slow link: by compute alone the cut is 3/3 and the note says the link
+    is not counted; with -p the second key also pays for receiving its 256-byte input over
+    the platform's link (bandwidth=, latency=), as `predict` would."""
+    onnx.save(chain(), tmp_path / "chain.onnx")
+    graph, keys = load_model(tmp_path / "chain.onnx"), ["e1_x860", "e2_x860"]
+    blind = balance(graph, tmp_path / "chain.onnx", keys, profile_of([1] * 6))
+    assert [len(v) for v in blind.mapping.values()] == [3, 3]
+    assert any("no link known between e1-e2" in n and "compute only" in n for n in blind.notes)
+    (tmp_path / "platform.txt").write_text(
+        "e1, x86, slots=0, bandwidth=2048kbit, latency=1ms\ne2, x86, slots=0\n")
+    save_profile(profile_of([1] * 6), tmp_path / "p.json")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "chain.onnx"), "--balance",
+                                  ",".join(keys), "--profile", str(tmp_path / "p.json"),
+                                  "-p", str(tmp_path / "platform.txt")])
+    assert r.exit_code == 0, r.output
+    # 256 bytes at 256 kB/s and 1 ms: 2 ms, as much as two layers: 4 layers, then 2 + 2 ms.
+    assert [len(v) for v in json.loads(r.stdout).values()] == [4, 2]
+    assert "e1_x860 4.00 ms, e2_x860 4.00 ms" in r.stderr and "not counted" not in r.stderr
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "chain.onnx"), "--balance",
+                                  "e1_x860,e3_x860", "--profile", str(tmp_path / "p.json"),
+                                  "-p", str(tmp_path / "platform.txt")])
+    assert r.exit_code == 2 and "platform.txt lists no e3" in r.output, r.output

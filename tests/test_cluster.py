@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from conftest import TEST_CLUSTER, netns
 from emulated import write_inventory
 
 import autodice
@@ -59,9 +60,9 @@ def fig2(fig2):
 
 @pytest.fixture(scope="module")
 def emu():
-    c = cluster.up(HOSTS, bandwidth="1gbit")
+    c = cluster.up(HOSTS, bandwidth="1gbit", **TEST_CLUSTER, replace=True)
     yield c
-    cluster.down()
+    cluster.down(TEST_CLUSTER["name"])
 
 
 @pytest.fixture
@@ -80,21 +81,21 @@ def remote(c, host: str) -> Path:
 
 
 def test_up_is_idempotent_and_hosts_are_separate(emu):
-    _, before = cluster.status()
-    assert cluster.up(HOSTS, bandwidth="1gbit") == emu
-    _, after = cluster.status()
+    _, before = cluster.status(TEST_CLUSTER["name"])
+    assert cluster.up(HOSTS, bandwidth="1gbit", **TEST_CLUSTER) == emu
+    _, after = cluster.status(TEST_CLUSTER["name"])
     assert [s.sshd_pid for s in after] == [s.sshd_pid for s in before]  # nothing restarted
     assert all(s.netns and s.sshd_pid for s in after)
     # Each host has its own address, name and /etc/hosts, and the rate is on both link ends.
-    got = subprocess.run(["ip", "netns", "exec", "adc-edge03", "sh", "-c",
+    got = subprocess.run(["ip", "netns", "exec", netns("edge03"), "sh", "-c",
                           "hostname; cat /etc/hosts; ip -4 -o addr show eth0; "
                           "tc qdisc show dev eth0"],
                          capture_output=True, text=True, check=True).stdout
-    assert "10.77.0.13/24" in got and "10.77.0.12 edge02" in got and "tbf" in got
-    assert "rate 1Gbit" in subprocess.run(["tc", "qdisc", "show", "dev", "adcv2"],
+    assert "10.79.0.13/24" in got and "10.79.0.12 edge02" in got and "tbf" in got
+    assert "rate 1Gbit" in subprocess.run(["tc", "qdisc", "show", "dev", emu.hosts[2].veth],
                                           capture_output=True, text=True).stdout
-    r = CliRunner().invoke(main, ["cluster", "status"])
-    assert r.exit_code == 0 and "edge04" in r.output and "10.77.0.14" in r.output
+    r = CliRunner().invoke(main, ["cluster", "status", "--name", TEST_CLUSTER["name"]])
+    assert r.exit_code == 0 and "edge04" in r.output and "10.79.0.14" in r.output
 
 
 def test_figure2_on_three_hosts(fig2_three_hosts, emu):
@@ -112,7 +113,7 @@ def test_figure2_on_three_hosts(fig2_three_hosts, emu):
     assert sorted(p.name for p in (remote(emu, "edge02") / "package" / "models").iterdir()) == [
         "edge02_gpu.ncnn.bin", "edge02_gpu.ncnn.param"]
     assert (d / "out" / "deploy" / "launch" / "rankfile").read_text() == (
-        "rank 0=10.77.0.11 slots=1,2,3\nrank 1=10.77.0.12 slots=0\nrank 2=10.77.0.14 slots=0\n")
+        "rank 0=10.79.0.11 slots=1,2,3\nrank 1=10.79.0.12 slots=0\nrank 2=10.79.0.14 slots=0\n")
 
 
 @pytest.fixture
@@ -235,7 +236,7 @@ def test_ctrl_c_during_a_remote_build_ends_the_build_on_the_host(fig2_three_host
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not any(b"cc1plus" in _read(Path(f"/proc/{p}/cmdline"))
-                  for p in cluster.netns_pids("adc-edge01")):
+                  for p in cluster.netns_pids(netns("edge01"))):
         assert proc.poll() is None and time.monotonic() < deadline, "no compiler ran"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
@@ -256,7 +257,7 @@ def test_failed_remote_build_shows_its_log_tail(fig2_three_hosts, emu):
         deploy(d / "out", d / "inventory.toml", run=True, inputs={"input": d / "x.npy"})
     log = remote(emu, "edge01").parent / "work" / "build.log"
     first, *tail = str(e.value).splitlines()
-    assert first == f"edge01 (root@10.77.0.11:22): build: compiling failed (log: edge01:{log}):"
+    assert first == f"edge01 (root@10.79.0.11:22): build: compiling failed (log: edge01:{log}):"
     assert any('error: #error "broken on purpose"' in line for line in tail)
     assert not (d / "out" / "deploy" / "run.log").exists()  # nothing ran
 
@@ -269,19 +270,39 @@ def test_stopped_sshd_is_named_before_anything_moves(fig2, emu):
     gen(fig2 / "out")
     inventory = write_inventory(emu, fig2, ["edge01", "edge02", "edge03"])
     shutil.rmtree(remote(emu, "edge03"), ignore_errors=True)
-    cluster.stop_sshd("edge02")
+    cluster.stop_sshd("edge02", TEST_CLUSTER["name"])
     try:
         with pytest.raises(AutodiceError) as e:
             deploy(fig2 / "out", inventory)
         assert e.value.problems == [(
-            "edge02 (root@10.77.0.12:22): connect: unreachable (ssh: connect to host 10.77.0.12 "
+            "edge02 (root@10.79.0.12:22): connect: unreachable (ssh: connect to host 10.79.0.12 "
             "port 22: Connection refused)")]
         assert not remote(emu, "edge03").exists()  # nothing was copied anywhere
         r = CliRunner().invoke(main, ["deploy", str(fig2 / "out"), "-i", str(inventory)])
-        assert r.exit_code == 2 and "error: edge02 (root@10.77.0.12:22): connect" in r.output
+        assert r.exit_code == 2 and "error: edge02 (root@10.79.0.12:22): connect" in r.output
     finally:
-        cluster.up(HOSTS, bandwidth="1gbit")  # repairs: starts the stopped sshd again
-    assert all(s.sshd_pid for s in cluster.status()[1])
+        cluster.up(HOSTS, bandwidth="1gbit", **TEST_CLUSTER)  # repairs: starts the sshd again
+    assert all(s.sshd_pid for s in cluster.status(TEST_CLUSTER["name"])[1])
+
+
+def test_a_platform_written_for_pis_names_the_next_step_on_emulated_hosts(fig2, emu):
+    """A platform file for real boards (arm) against the emulated x86 hosts: refused before
+    anything moves, saying what to write instead, or how to make the host a board."""
+    platform = fig2 / "platform.txt"
+    platform.write_text(platform.read_text().replace(", cpu,", ", arm,"))
+    (fig2 / "mapping.json").write_text(mapping_json(
+        {"edge01_arm123": ["Conv1", "Relu1", "MaxPool1", "Add1"], "edge02_gpu": ["FC1"]}))
+    split(fig2 / "model.onnx", fig2 / "mapping.json", platform, fig2 / "out")
+    gen(fig2 / "out")
+    inventory = write_inventory(emu, fig2, ["edge01", "edge02"])
+    shutil.rmtree(remote(emu, "edge01"), ignore_errors=True)
+    r = CliRunner().invoke(main, ["deploy", str(fig2 / "out"), "-i", str(inventory)])
+    assert r.exit_code == 2, r.output
+    assert ("error: edge01 (root@10.79.0.11:22): the platform file says arm but the host is "
+            "x86_64 (uname -m): write x86 or cpu (any architecture) for edge01 in the platform "
+            "file, or, on an emulated cluster, make it a board: `autodice cluster up --arch "
+            "edge01=aarch64 ...`") in r.output
+    assert not remote(emu, "edge01").exists()
 
 
 def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
@@ -301,7 +322,7 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     program = str(remote(emu, "edge02") / "build" / "program")
     victim = None
     while victim is None and thread.is_alive():
-        victim = next((p for p in cluster.netns_pids("adc-edge02") if _exe(p) == program), None)
+        victim = next((p for p in cluster.netns_pids(netns("edge02")) if _exe(p) == program), None)
         time.sleep(0.05)
     assert victim is not None, "rank 1 never started on edge02"
     time.sleep(1)
@@ -310,7 +331,7 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     thread.join(60)
     assert failure["at"] - killed_at < 10
     assert failure["error"].problems[0] == (
-        "edge02 (root@10.77.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
+        "edge02 (root@10.79.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
     # No rank, Open MPI daemon or ssh of the job is left: each namespace holds only its sshd
     # (once the connections deploy keeps open for the next deploy are closed).
     close_connections(load_inventory(Path(emu.state_dir) / "inventory.toml").targets.values())
@@ -350,14 +371,14 @@ def test_a_host_lost_mid_session_is_named_with_the_last_frame_delivered(fig2_thr
             for i, _ in enumerate(s.map(itertools.repeat(x))):
                 delivered.append(i)
                 if i == 50:
-                    victim = next(p for p in cluster.netns_pids("adc-edge02")
+                    victim = next(p for p in cluster.netns_pids(netns("edge02"))
                                   if _exe(p) == program)
                     killed_at = time.monotonic()
                     os.kill(victim, signal.SIGKILL)
     assert time.monotonic() - killed_at < 10
     e = lost.value
     assert e.problems[0] == (
-        "edge02 (root@10.77.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
+        "edge02 (root@10.79.0.12:22): run: rank 1 (edge02_gpu) died: killed by signal 9 (SIGKILL)")
     assert e.delivered == delivered[-1] >= 50
     assert e.problems[-1] == f"the last frame delivered: {e.delivered}"
     close_connections(load_inventory(d / "inventory.toml").targets.values())
@@ -458,10 +479,10 @@ def _read(path: Path) -> bytes:
 
 
 def _leftovers() -> dict:
-    _, rows = cluster.status()
+    _, rows = cluster.status(TEST_CLUSTER["name"])
     left = {}
     for s in rows:
-        others = [p for p in cluster.netns_pids(f"adc-{s.name}") if p != s.sshd_pid]
+        others = [p for p in cluster.netns_pids(netns(s.name)) if p != s.sshd_pid]
         if others:
             left[s.name] = [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in others
                             if Path(f"/proc/{p}").exists()]
@@ -532,18 +553,18 @@ def test_dse_measures_front_points_on_the_hosts(fig2, emu):
     assert m["where"] == str(inventory) and len(m["runs_fps"]) == 2 and m["frames"] == 5
     assert all(f > 0 for f in m["runs_fps"]) and m["measured_peak_rss_bytes"] > 0
     # It ran through deploy: the point's deploy report names the hosts it used.
-    report = json.loads((fig2 / "front" / "measure" / "p0" / "deploy" / "report.json").read_text())
+    report = json.loads((fig2 / "front" / "measure" / "p00" / "deploy" / "report.json").read_text())
     assert set(report["hosts"]) <= {"edge01", "edge02"}
 
 
 def _fault(emu, host: str, fault: str) -> None:
     """Take ``host`` away as a board is lost: its ranks killed or frozen, or its link down."""
     if fault == "link":
-        subprocess.run(["ip", "netns", "exec", f"adc-{host}", "ip", "link", "set", "eth0",
+        subprocess.run(["ip", "netns", "exec", netns(host), "ip", "link", "set", "eth0",
                         "down"], check=True)
         return
     program = str(remote(emu, host) / "build" / "program")
-    ranks = [p for p in cluster.netns_pids(f"adc-{host}") if _exe(p) == program]
+    ranks = [p for p in cluster.netns_pids(netns(host)) if _exe(p) == program]
     assert ranks, f"no rank of ours on {host}"
     for p in ranks:
         try:
@@ -591,14 +612,14 @@ def test_a_host_lost_mid_stream_is_left_out_and_no_frame_is_lost(fig2_three_host
                 with pytest.raises(AutodiceError, match="edge02"):
                     s.rebalance()  # still down: an error, and the stream goes on as it was
                 assert len(list(s.map(iter(xs[:5])))) == 5
-                subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0",
+                subprocess.run(["ip", "netns", "exec", netns("edge02"), "ip", "link", "set", "eth0",
                                 "up"], check=True)
                 _answers(emu, "edge02")
             s.rebalance()
             again = list(s.map(iter(xs[:20])))
             assert s.stats()["incidents"][-1]["rebalanced"] == ["edge02"]
     finally:
-        subprocess.run(["ip", "netns", "exec", "adc-edge02", "ip", "link", "set", "eth0", "up"])
+        subprocess.run(["ip", "netns", "exec", netns("edge02"), "ip", "link", "set", "eth0", "up"])
     assert len(got) == 2000
     for i, (x, g) in enumerate(zip(xs, got)):
         np.testing.assert_allclose(g, ref.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6,
@@ -640,7 +661,7 @@ def test_a_second_host_lost_finds_its_job_prepared_too(fig2, emu):
             first, second = s.stats()["incidents"]
     finally:
         for host in ("edge02", "edge03"):
-            subprocess.run(["ip", "netns", "exec", f"adc-{host}", "ip", "link", "set", "eth0",
+            subprocess.run(["ip", "netns", "exec", netns(host), "ip", "link", "set", "eth0",
                             "up"])
     assert (first["lost"], second["lost"]) == (["edge02"], ["edge03"])
     assert first["prepared_ahead"] and second["prepared_ahead"]
@@ -678,7 +699,7 @@ def test_deploy_run_recover_from_the_cli_goes_on_without_a_killed_host(fig2_thre
     def kill_when_running():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ranks = [p for p in cluster.netns_pids("adc-edge02") if _exe(p) == program]
+            ranks = [p for p in cluster.netns_pids(netns("edge02")) if _exe(p) == program]
             if ranks:
                 time.sleep(2.5)  # the session is streaming by then
                 _fault(emu, "edge02", "kill")
@@ -715,16 +736,30 @@ def test_without_root_a_clear_message(tmp_path):
 
 
 def test_down_leaves_nothing_behind(emu):
-    removed = cluster.down()
-    assert "bridge adcbr0" in removed and "namespace adc-edge01" in removed
-    assert not [ln for ln in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                            text=True).stdout.splitlines() if ln.startswith("adc-")]
-    assert not [n for n in os.listdir("/sys/class/net") if n.startswith("adc")]
-    etc = Path("/etc/netns")
-    assert not etc.is_dir() or not [n for n in os.listdir(etc) if n.startswith("adc-")]
-    assert not cluster.state_dir().exists()
-    state = str(cluster.state_dir()).encode()
-    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
-                and state in _read(p / "cmdline")]  # no sshd (nor anything) of the cluster
-    assert cluster.down() == []  # nothing left to remove
-
+    """Everything of the tests' cluster goes, and nothing of any other cluster: a cluster of
+    another name brought up beside it (as a user's would be) is still up, its sshd alive."""
+    other = {"name": "autodice-tests-other", "subnet": "10.80.0.0/24"}
+    beside = cluster.up(["edge01"], bandwidth=None, **other, replace=True)
+    try:
+        assert beside.bridge != emu.bridge and beside.hosts[0].netns != emu.hosts[0].netns
+        with pytest.raises(AutodiceError, match="is up with other settings"):
+            cluster.up(["edge01", "edge02"], bandwidth=None, **other)  # someone's: refused
+        prefix = emu.hosts[0].netns[:-len("edge01")]
+        removed = cluster.down(TEST_CLUSTER["name"])
+        assert f"bridge {emu.bridge}" in removed and f"namespace {prefix}edge01" in removed
+        assert not [ln for ln in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                text=True).stdout.splitlines()
+                    if ln.startswith(prefix)]
+        assert not [n for n in os.listdir("/sys/class/net")
+                    if n == emu.bridge or n in {h.veth for h in emu.hosts}]
+        etc = Path("/etc/netns")
+        assert not etc.is_dir() or not [n for n in os.listdir(etc) if n.startswith(prefix)]
+        assert not cluster.state_dir(TEST_CLUSTER["name"]).exists()
+        state = str(cluster.state_dir(TEST_CLUSTER["name"])).encode() + b"/"  # not -other's
+        assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                    and state in _read(p / "cmdline")]  # no sshd (nor anything) of the cluster
+        assert cluster.down(TEST_CLUSTER["name"]) == []  # nothing left to remove
+        _, rows = cluster.status(other["name"])
+        assert [(r.netns, bool(r.sshd_pid)) for r in rows] == [(True, True)]
+    finally:
+        cluster.down(other["name"])

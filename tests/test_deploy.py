@@ -330,7 +330,7 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
     (["--cores", "edge01"], "--cores edge01: expected HOST=CPUS, e.g. edge01=0-1"),
 ])
 def test_cli_cluster_up_takes_boards_of_another_architecture(args, said):
-    """`cluster up --arch edge02=aarch64`, as the README says (the option was missing): its
+    """`cluster up --arch edge02=aarch64`, as docs/boards.md says (the option was missing): its
     values are checked before anything is made (and before root is asked for)."""
     r = CliRunner().invoke(main, ["cluster", "up", "--hosts", "edge01,edge02", *args])
     assert r.exit_code == 2 and r.output.startswith(f"error: {said}"), r.output

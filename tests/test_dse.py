@@ -263,18 +263,18 @@ def test_measure_reruns_front_points(tmp_path):
     assert r.exit_code == 0, r.output
     assert "predicted vs measured" in r.output and "pace" in r.output, r.output
     (m,) = json.loads((tmp_path / "out" / "measure.json").read_text())
-    assert m["point"] == "p0" and m["frames"] == 5 and m["where"] == "here"
+    assert m["point"] == "p00" and m["frames"] == 5 and m["where"] == "here"
     assert len(m["runs_fps"]) == 3 and m["measured_fps"] == sorted(m["runs_fps"])[1]
     assert m["measured_fps"] > 0 and m["predicted_fps"] > 0 and m["measured_peak_rss_bytes"] > 0
     assert m["fps_error"] == pytest.approx(m["measured_fps"] / m["predicted_fps"] - 1, rel=1e-3)
     # Measured is each run's rate with its pipeline full, as predicted; the whole run's beside.
-    last = json.loads((tmp_path / "out" / "measure" / "p0" / "results" / "stats.json").read_text())
+    last = json.loads((tmp_path / "out" / "measure" / "p00" / "results" / "stats.json").read_text())
     assert m["runs_fps"][-1] == pytest.approx(last["steady_fps"], rel=1e-5)
     assert m["runs_fps_with_fill"][-1] == pytest.approx(last["fps"], rel=1e-5)
     # --pace: each round also ran the whole model alone on one core of the host; its frames/s
     # over what the model predicts for it is the host's pace; the point's rounds at that pace.
     mapping = json.loads((tmp_path / "out" / "measure" / "pace" / "here.json").read_text())
-    point = json.loads((tmp_path / "out" / "mappings" / "p0.json").read_text())
+    point = json.loads((tmp_path / "out" / "mappings" / "p00.json").read_text())
     assert list(mapping) == ["here_x860"]
     assert sorted(mapping["here_x860"]) == sorted(n for layers in point.values() for n in layers)
     alone = m["hosts_pace"]["here"]

@@ -2,8 +2,8 @@
 misuse of the API on the run and session paths, each against a real job (Figure 2 with all
 three kinds of parallelism, ``fig2_built``).
 
-The rules under test (README, "Exit codes"): a job never outlives the autodice process that
-started it, however that ends (SIGKILL included: within 2 s, its shared memory released);
+The rules under test (docs/running.md, "Exit codes and signals"): a job never outlives the
+autodice process that started it, however that ends (SIGKILL included: within 2 s, its shared memory released);
 SIGINT/SIGTERM/SIGHUP stop a stream cleanly (what was delivered is written, cut to it, with
 exit 128 + the signal); input refused up front exits 2 before any job starts; a stream whose
 frames failed, some or all, exits 3; no result file is ever half-written; the caller's own errors

@@ -53,7 +53,7 @@ def test_a_gpu_stage_between_two_cpu_stages_matches_onnxruntime(tmp_path, zoo_mo
     res = run(tmp_path / "out", {plan_input: tmp_path / "x.npy"}, frames=2)
     devices = [(r["device"].split(":")[0], r["precision"]) for r in res.stats["ranks"]]
     assert devices == [("cpu", "fp32"), ("vulkan", "fp16"), ("cpu", "fp32")]
-    assert check_tolerance(res.stats) == (1e-2, "fp16 on rank 1")  # the README's figure
+    assert check_tolerance(res.stats) == (1e-2, "fp16 on rank 1")  # docs/gpu.md's figure
     (name_out,) = res.outputs
     want = ort.InferenceSession(str(path)).run(None, {plan_input: x})[0]
     got = res.outputs[name_out]

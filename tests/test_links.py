@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import TEST_CLUSTER
 from emulated import write_inventory
 
 from autodice.cli import main
@@ -46,9 +47,9 @@ def invoke(*args):
 
 @pytest.fixture(scope="module")
 def emu():
-    c = cluster.up(HOSTS, bandwidth=RATE)
+    c = cluster.up(HOSTS, bandwidth=RATE, **TEST_CLUSTER, replace=True)
     yield c
-    cluster.down()
+    cluster.down(TEST_CLUSTER["name"])
 
 
 def _running(exe: str) -> list[int]:
@@ -94,7 +95,7 @@ def test_cli_profile_writes_the_measured_link(fig2, emu):
 
 def test_inventory_hosts_must_be_platform_hosts(fig2):
     """Checked before any network use: no cluster needed."""
-    (fig2 / "inventory.toml").write_text('[hosts.edge09]\naddress = "10.77.0.19"\n'
+    (fig2 / "inventory.toml").write_text('[hosts.edge09]\naddress = "10.79.0.19"\n'
                                          'remote_dir = "/srv/autodice/edge09"\n')
     r = invoke("profile", fig2 / "model.onnx", "-p", fig2 / "platform.txt",
                "-i", fig2 / "inventory.toml")

@@ -1,6 +1,6 @@
 """A probe of the run, stream and API paths: over a hundred hostile cases, each against the real
 job of ``fig2_built`` (Figure 2 with all three kinds of parallelism, input 1x4x8x8 float32,
-output 1x4x4x4), each held to the same rules (README, "Exit codes"):
+output 1x4x4x4), each held to the same rules (docs/running.md, "Exit codes and signals"):
 
 - no traceback, ever; the exit code the case deserves (2: refused before any job started, and
   then no results folder; 3: some or all frames failed, the rest delivered; 0 otherwise), and a

@@ -11,9 +11,11 @@ size, centre crop to the input, RGB scaled to [0, 1], normalised by ImageNet's m
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,8 +83,9 @@ class ImageRecipe:
                 raise AutodiceError(f"--preprocess {item}: not a number") from None
         return recipe
 
-    def apply(self, path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """The image at ``path`` as a frame of ``shape`` (N=1, C=3, H, W in ``layout``).
+    def apply(self, path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The image at ``path`` (or a PIL image) as a frame of ``shape`` (N=1, C=3, H, W in
+        ``layout``).
 
         Raises:
             ValueError: the image cannot be read or the shape is not an image's.
@@ -97,16 +100,17 @@ class ImageRecipe:
         if mode is None:
             raise ValueError(f"the input has {channels} channels: an image gives 1 (grey), "
                              "3 (RGB) or 4 (RGBA)")
+        given = isinstance(path, Image.Image)  # the caller's: used, not closed
         with warnings.catch_warnings():  # Pillow's own bomb check: ours below, one message
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             try:
-                img = Image.open(path)
+                img = path if given else Image.open(path)
             except Image.DecompressionBombError:
                 img = None
         if img is None or img.width * img.height > MAX_PIXELS:  # from the header: not decoded
             size = f"{img.width}x{img.height} pixels" if img else "more pixels"
             raise ValueError(f"{size}, past the {MAX_PIXELS // 10**6} million autodice decodes")
-        with img:
+        with nullcontext(img) if given else img:
             img = img.convert(mode)
             # torchvision's recipe (shorter side scaled, then the centre cropped), computed as
             # one resample of the crop's region of the source: the same filter at the same
@@ -235,8 +239,33 @@ def _image_frames(images: list[Path], shape, dtype, recipe: ImageRecipe) -> Iter
         try:
             yield p.name, recipe.apply(p, shape, dtype)
         except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
-            why = str(e).replace(f" '{p}'", "")  # Pillow names the file again
-            yield p.name, FrameError(i, f"{p}: cannot make a frame of it ({why})")
+            yield p.name, _cannot(i, p, e)
+
+
+def _cannot(index: int, image, e: Exception) -> FrameError:
+    why = str(e).replace(f" '{image}'", "")  # Pillow names the file again
+    return FrameError(index, f"{image}: cannot make a frame of it ({why})")
+
+
+def image_frame(item, index: int, inputs, recipe: ImageRecipe):
+    """``item`` of a session's stream as a frame: an image (a path or a PIL image) made into
+    one by ``recipe`` for the model's one input, anything else as it is (an array, a dict).
+
+    Raises:
+        FrameError: the image cannot be read, or the model's input is no image's.
+    """
+    from PIL import Image
+
+    if not isinstance(item, (str, os.PathLike, Image.Image)):
+        return item
+    name = item if not isinstance(item, Image.Image) else "the image"
+    if len(inputs) != 1:
+        raise FrameError(index, f"{name}: the model has inputs "
+                                f"{', '.join(t.name for t in inputs)}: an image feeds one")
+    try:
+        return recipe.apply(item, inputs[0].shape, inputs[0].dtype)
+    except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
+        raise _cannot(index, name, e) from None
 
 
 def _stdin_frames(shape, dtype) -> Iterator:

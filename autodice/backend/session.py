@@ -36,6 +36,7 @@ from pathlib import Path
 from ..core.errors import AutodiceError, JobError
 from ..core.plan import Plan
 from .figures import Figures, per_frame
+from .frames import ImageRecipe, image_frame
 from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
 from .job import Job, Recovery, Restart, SessionError
 
@@ -121,6 +122,7 @@ class Session:
         self._jobs = 0
         self._incidents: list[dict] = []
         self._frames_via = "socket"
+        self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
         try:
             self._gw = self._start(start, plan)
         except BaseException:
@@ -159,9 +161,10 @@ class Session:
         """Each frame's result, in input order, while up to ``window`` frames are in flight.
 
         A frame is an array (a model with one input) or a dict by input name; its shape is the
-        input's, with or without the leading batch dimension of 1. A result is an array (a model
-        with one output) or a dict by output name. A frame that cannot be sent is yielded as a
-        :class:`FrameError` in its place.
+        input's, with or without the leading batch dimension of 1. Or an image, a path or a PIL
+        image, made a frame by :attr:`preprocess` (ImageNet's recipe unless set). A result is
+        an array (a model with one output) or a dict by output name. A frame that cannot be
+        sent is yielded as a :class:`FrameError` in its place.
 
         Raises:
             SessionError: the job ended (a rank died); ``delivered`` says what arrived.
@@ -184,7 +187,7 @@ class Session:
             raise AutodiceError("this session is already streaming (one map at a time)")
         try:
             self._check_open()
-            parts = encode(self.inputs, frame, 0)
+            parts = encode(self.inputs, image_frame(frame, 0, self.inputs, self.preprocess), 0)
             try:  # no feeder thread for one frame: starting one costs latency
                 self._post(0, parts)
             except OSError:
@@ -269,7 +272,8 @@ class Session:
                     try:
                         if isinstance(frame, FrameError):  # the source could not make it
                             raise frame
-                        parts = encode(self.inputs, frame, i)
+                        parts = encode(self.inputs, image_frame(frame, i, self.inputs,
+                                                                self.preprocess), i)
                     except FrameError as e:
                         tickets.put(("error", e))
                         continue

@@ -3,8 +3,8 @@ into one folder.
 
 The results folder gets one stacked ``<output>.npy`` per model output (``(N, ...)``, frame i at
 index i; a frame that failed is left zero), ``frames.json`` (each frame's label: the image's file
-name or the batch index, and its error if it had one) and ``stats.json`` (the session's figures:
-frames/s, latency percentiles, each rank's share).
+name or the batch index, its error if it had one, and with class names its top-k classes) and
+``stats.json`` (the session's figures: frames/s, latency percentiles, each rank's share).
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def read_labels(path: str | Path, plan: Plan | None = None) -> list[str]:
                                 f'"{plan.model_outputs[0].name}" has {scores} scores: not a '
                                 "classifier for these labels")
     return names
+
+
+def classes(scores: np.ndarray, labels: list[str], k: int) -> list[dict]:
+    """A frame's ``k`` best classes as ``frames.json`` and ``--format jsonl`` give them."""
+    return [{"label": n, "score": v} for n, v in top_k(scores, labels, k)]
 
 
 def top_k(scores: np.ndarray, labels: list[str], k: int) -> list[tuple[str, float]]:
@@ -123,6 +128,34 @@ class Stacks:
             os.replace(partial, final)
 
 
+def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
+                  preprocess: str | None = None) -> tuple[int | None, Iterable]:
+    """(how many frames, if known; the ``(label, frame)`` pairs) of ``source`` (a folder of
+    images, an image, a batch ``.npy``, ``-`` for stdin) for the model's one input, at most
+    ``frames`` of them.
+
+    Raises:
+        AutodiceError: a model of several inputs, a bad count or recipe, an unusable source.
+    """
+    from itertools import islice
+
+    from .frames import ImageRecipe, frames_from
+    from .session import check_count
+
+    if frames is not None:
+        check_count("frames", frames, "frame")
+    if len(plan.model_inputs) != 1:
+        raise AutodiceError("a stream feeds a model with one input; this one has "
+                            f"{', '.join(t.name for t in plan.model_inputs)}")
+    t = plan.model_inputs[0]
+    count, pairs = frames_from(str(source), t.shape, t.dtype,
+                               ImageRecipe.parse(preprocess) if preprocess else None)
+    if frames is not None:
+        count = min(count, frames) if count is not None else frames
+        pairs = islice(pairs, frames)
+    return count, pairs
+
+
 def write_json(path: Path, data) -> None:
     """``data`` as ``path`` (indented JSON), whole or not at all."""
     partial = path.with_name(f".{path.name}{PARTIAL}")
@@ -131,8 +164,8 @@ def write_json(path: Path, data) -> None:
 
 
 def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, results: Path,
-           whole=None,
-           on_frame: Callable[[str, object], None] | None = None) -> StreamResult:
+           whole=None, on_frame: Callable[[dict, object], None] | None = None,
+           names: list[str] | None = None, top: int = 5) -> StreamResult:
     """Every ``(label, frame)`` of ``frames`` through ``session``; results stacked in ``results``.
 
     Ctrl-C (or SIGTERM: :class:`~autodice.core.errors.Stopped`) ends the stream early and
@@ -143,7 +176,10 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
         count: how many frames there are, when known (the stacked files are written in place).
         whole: onnxruntime's session of the whole model: each frame's result is compared with
             its run of the frame (``out.worst``).
-        on_frame: called with each frame's label and its result (or FrameError), in order.
+        on_frame: called with each frame's record (its entry of ``frames.json``) and its
+            result (or FrameError), in order.
+        names: class names: each frame's record gets its ``top`` best classes by the first
+            output.
     """
     stacks = Stacks(results, session.outputs, tensor_files(plan), count)
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
@@ -164,19 +200,22 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
     try:
         for i, result in enumerate(results_of):
             frame = pending.pop(0) if whole is not None else None
+            record = {"frame": labels[i]}
             if isinstance(result, FrameError):
                 out.errors.append(result)
-                status.append({"frame": labels[i], "error": str(result)})
+                record["error"] = str(result)
             else:
-                status.append({"frame": labels[i]})
                 arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
                 stacks.put(i, arrays)
+                if names is not None:
+                    record["classes"] = classes(arrays[session.outputs[0].name], names, top)
                 if whole is not None:
                     _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
                         session.inputs[0].shape)}, arrays)
+            status.append(record)
             out.delivered = i + 1
             if on_frame is not None:
-                on_frame(labels[i], result)
+                on_frame(record, result)
     except KeyboardInterrupt as e:
         out.interrupted = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         results_of.close()  # the frames in flight are taken: the session stays in step
@@ -191,7 +230,7 @@ def _check(worst: dict, whole, feeds: dict, arrays: dict) -> None:
 
     names = list(arrays)
     for name, want in zip(names, whole.run(names, feeds)):
-        abs_diff, rel = compare(arrays[name], want)
+        abs_diff, rel = compare(arrays[name], want, name)
         a0, r0 = worst.get(name, (0.0, 0.0))
         worst[name] = (max(a0, abs_diff), max(r0, rel))
 

@@ -95,7 +95,7 @@ def text_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]
                       *(line(r) for r in rows)])
 
 
-# Exit codes (README, "Exit codes"): besides 0, and 1 for a --check that failed.
+# Exit codes (docs/running.md, "Exit codes and signals"): besides 0, and 1 for a failed --check.
 EXIT_REFUSED = 2  # bad input or an unusable environment, said before anything ran
 EXIT_FRAMES_FAILED = 3  # a stream delivered what it could; some frames (or all) failed
 EXIT_JOB_FAILED = 4  # the job started and then failed (a rank died, a board was lost)
@@ -219,6 +219,11 @@ def stream_options(command):
                          help="Class names, one a line: print each frame's top-k classes."),
             click.option("--top-k", "top", default=5, show_default=True, type=click.IntRange(1),
                          help="Classes printed per frame."),
+            click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]),
+                         default="text", show_default=True,
+                         help="Per-frame results on stdout: text (with --labels, a line of "
+                              "classes a frame) or jsonl (a JSON object a frame: its label, "
+                              "classes, error)."),
             click.option("--window", type=int, default=None,
                          help="A stream: frames in flight at most [default: 2 x ranks + 2]."))):
         command = option(command)

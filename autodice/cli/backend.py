@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
@@ -61,21 +62,21 @@ def build(output):
               help="Where outputs and stats.json go (default OUTPUT/results).")
 @stream_options
 @job_options
-def run(output, inputs, results, frames, preprocess, labels, top, window, no_pipeline, check,
-        rtol, gpu_fallback):
+def run(output, inputs, results, frames, preprocess, labels, top, fmt, window, no_pipeline,
+        check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     if is_a_stream(plan, given, no_pipeline):
-        return run_stream(output, plan, given, frames, results, preprocess, labels, top, window,
-                          check, rtol, gpu_fallback)
+        return run_stream(output, plan, given, frames, results, preprocess, labels, top, fmt,
+                          window, check, rtol, gpu_fallback)
     names = one_frame_labels(plan, given, preprocess, labels)
     res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
                        check, rtol, gpu_fallback)
     if names is not None:
-        show_top_k(plan, given, res.outputs, names, top)
+        show_top_k(plan, given, res.outputs, names, top, fmt)
 
 
 def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
@@ -126,50 +127,57 @@ def one_frame_labels(plan, given: dict, preprocess, labels) -> list[str] | None:
     return read_labels(labels, plan) if labels else None
 
 
-def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int) -> None:
+def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int, fmt: str) -> None:
     """The one frame's ``k`` best classes by its first output, labelled with its file."""
-    label = Path(next(iter(given.values()))).name
-    print_top_k(label, outputs[plan.model_outputs[0].name], names, k)
+    from ..backend.stream import classes
+
+    record = {"frame": Path(next(iter(given.values()))).name,
+              "classes": classes(outputs[plan.model_outputs[0].name], names, k)}
+    emit(frame_line(record, fmt))
 
 
-def print_top_k(label: str, scores, names: list[str], k: int, console=out) -> None:
-    """One frame's ``k`` best classes on one line (``--labels``)."""
-    from ..backend.stream import top_k
+def frame_line(record: dict, fmt: str) -> str | None:
+    """One frame's result as its line on stdout: its record as JSON (``--format jsonl``), or
+    its classes, ``cat.jpg: tabby (0.62), tiger cat (0.21), ...`` (None: nothing to say)."""
+    if fmt == "jsonl":
+        return json.dumps(record)  # control characters in a file name come escaped
+    if "classes" not in record:
+        return None
+    return visible(f"{record['frame']}: " + ", ".join(f"{c['label']} ({c['score']:.3g})"
+                                                      for c in record["classes"]))
 
-    console.print(visible(f"{label}: " + ", ".join(f"{n} ({v:.3g})"
-                                                   for n, v in top_k(scores, names, k))))
+
+def emit(line: str | None, bar=None) -> None:
+    """A line of data onto stdout, whole and unwrapped. Where stdout and the progress bar
+    share a terminal, above the bar, so neither overwrites the other."""
+    if line is None:
+        return
+    if bar is not None and sys.stdout.isatty() and bar.console.is_terminal:
+        bar.console.print(line, soft_wrap=True, markup=False, highlight=False)
+    else:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
-def run_stream(output, plan, given, frames, results, preprocess, labels, top, window, check,
-               rtol, gpu_fallback, open_session=None):
+def run_stream(output, plan, given, frames, results, preprocess, labels, top, fmt, window,
+               check, rtol, gpu_fallback, open_session=None):
     """Frames of a batch, a folder of images or stdin through a session, in order.
 
     ``open_session(status)`` starts the session (default: every rank here); ``status(text)``
     shows what it is doing (deploying, starting the ranks) while the user waits.
     """
-    from itertools import islice
-
     from rich.text import Text
 
-    from ..backend.frames import ImageRecipe, frames_from
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
-    from ..backend.stream import finish, read_labels, stream
+    from ..backend.stream import finish, read_labels, source_frames, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
     if frames is not None and frames < 1:
         raise AutodiceError(f"--frames {frames}: need at least 1 frame")
     check_window(window)
-    if len(plan.model_inputs) != 1:
-        raise AutodiceError("a stream feeds a model with one input; this one has "
-                            f"{', '.join(t.name for t in plan.model_inputs)}")
-    t = plan.model_inputs[0]
-    count, source = frames_from(str(given[t.name]), t.shape, t.dtype,
-                                ImageRecipe.parse(preprocess) if preprocess else None)
-    if frames is not None:
-        count = min(count, frames) if count is not None else frames
-        source = islice(source, frames)
+    count, source = source_frames(plan, next(iter(given.values())), frames, preprocess)
     names = read_labels(labels, plan) if labels else None
     whole = whole_session(plan, Path(output), None) if check else None
     if results is None:
@@ -182,16 +190,14 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, wi
         with opener(lambda text: bar.update(task, description=text)) as session:
             bar.update(task, description="streaming")
 
-            def shown(label, result):
+            def shown(record, result):
                 bar.advance(task)
                 if isinstance(result, AutodiceError):
                     console.print(Text.assemble(("error:", "red"), f" {visible(str(result))}"),
                                   soft_wrap=True)
-                elif names is not None:
-                    scores = result if not isinstance(result, dict) else next(iter(result.values()))
-                    print_top_k(label, scores, names, top, bar.console)
+                emit(frame_line(record, fmt), bar)
 
-            res = stream(session, plan, source, count, Path(results), whole, shown)
+            res = stream(session, plan, source, count, Path(results), whole, shown, names, top)
         res = finish(session, res)
     s = res.stats
     lat = s["latency_s"]

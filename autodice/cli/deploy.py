@@ -18,6 +18,12 @@ def cluster():
     """An emulated edge cluster here: network namespaces on a bridge, each with its own sshd."""
 
 
+_name_option = click.option(
+    "--name", default="default", show_default=True,
+    help="Which cluster: each name is a cluster of its own (its own namespaces, links, "
+         "subnet and state), so two can be up at once.")
+
+
 @cluster.command("up")
 @click.option("--hosts", required=True, metavar="NAME,NAME,...",
               help="Host names (as in platform.txt), e.g. edge01,edge02,edge03.")
@@ -28,13 +34,18 @@ def cluster():
 @click.option("--arch", "arches", multiple=True, metavar="HOST=MACHINE",
               help="Make a host an emulated board of another architecture, e.g. "
                    "edge02=aarch64 (qemu-user in the host's own user namespace; repeatable).")
-@click.option("--subnet", default="10.77.0.0/24", show_default=True,
-              help="IPv4 subnet of the cluster; this machine gets its first address.")
+@click.option("--subnet", default=None,
+              help="IPv4 subnet of the cluster; this machine gets its first address "
+                   "[default: 10.77.0.0/24, a named cluster 10.77.N.0/24].")
+@_name_option
+@click.option("--replace", is_flag=True,
+              help="Replace a cluster of this name that is up with other settings (by "
+                   "default refused: it is someone's).")
 @click.option("--ncnn-dir", type=click.Path(file_okay=False), default=None,
               help="ncnn install the hosts build against (default: one already built here).")
 @click.option("--output", "-o", default="inventory.toml", show_default=True,
               type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
-def cluster_up(hosts, bandwidth, cores, arches, subnet, ncnn_dir, output):
+def cluster_up(hosts, bandwidth, cores, arches, subnet, name, replace, ncnn_dir, output):
     """Create (or repair) the emulated cluster and write its inventory."""
     from ..deploy import cluster as emu
 
@@ -49,28 +60,32 @@ def cluster_up(hosts, bandwidth, cores, arches, subnet, ncnn_dir, output):
             into[host] = value
     with console.status("bringing the cluster up"):
         c = emu.up([h for h in hosts.split(",") if h], None if bandwidth == "none" else bandwidth,
-                   pins, subnet, output, ncnn_dir, console, arch=machines)
+                   pins, subnet, output, ncnn_dir, console, arch=machines, name=name,
+                   replace=replace)
     _cluster_table(c)
     out.print(f"wrote {output}")
 
 
 @cluster.command("down")
-def cluster_down():
-    """Remove every namespace, link, sshd and file of the emulated cluster."""
+@_name_option
+def cluster_down(name):
+    """Remove every namespace, link, sshd and file of the emulated cluster (that one only)."""
     from ..deploy import cluster as emu
 
-    removed = emu.down()
+    removed = emu.down(name)
     out.print(f"removed {len(removed)} things" + (": " + ", ".join(removed) if removed else ""))
 
 
 @cluster.command("status")
-def cluster_status():
+@_name_option
+def cluster_status(name):
     """Show the emulated cluster's hosts, addresses and whether their sshd is alive."""
     from ..deploy import cluster as emu
 
-    c, _ = emu.status()
+    c, _ = emu.status(name)
     if c is None:
-        out.print("no cluster (run `autodice cluster up --hosts ...`)")
+        flag = "" if name == "default" else f" --name {name}"
+        out.print(f"no cluster {name} (run `autodice cluster up{flag} --hosts ...`)")
         return
     _cluster_table(c)
 
@@ -81,9 +96,9 @@ def _cluster_table(c) -> None:
 
     from ..deploy import cluster as emu
 
-    _, rows = emu.status()
+    _, rows = emu.status(c.name)
     rate = f"{int(c.bandwidth[:-3]) / 1e6:g} Mbit/s" if c.bandwidth else "unshaped"
-    table = Table(title=f"cluster {c.subnet}, links {rate}, "
+    table = Table(title=f"cluster {c.name}: {c.subnet}, links {rate}, "
                         f"state in {c.state_dir}")
     for col in ("host", "address", "cores", "namespace", "sshd"):
         table.add_column(col)
@@ -115,7 +130,7 @@ def _cluster_table(c) -> None:
 @click.option("--front", type=click.Path(file_okay=False, exists=True), default=None,
               help="With --recover: a `dse` output; its fastest point on the hosts left is "
                    "the new mapping (default: the mapping's keys there, balanced).")
-def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, window,
+def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, fmt, window,
            no_pipeline, check, rtol, gpu_fallback, timeout, keep_connections, recover, front):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
@@ -125,8 +140,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
     from ..deploy.deploy import deploy as run_deploy
     from ..frontend.check import compare_with_model
 
-    only_with("--run", run_job, "inputs", "frames", "preprocess", "labels", "top", "window",
-              "no_pipeline", "check", "rtol", "gpu_fallback", "timeout", "recover")
+    only_with("--run", run_job, "inputs", "frames", "preprocess", "labels", "top", "fmt",
+              "window", "no_pipeline", "check", "rtol", "gpu_fallback", "timeout", "recover")
     only_with("--recover", recover, "front")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
@@ -142,8 +157,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
                                  lambda host, step: status(f"{host}: {step}"), keep_connections,
                                  recover=front or True)
 
-        return run_stream(output, plan, given, frames, None, preprocess, labels, top, window,
-                          check, rtol, gpu_fallback, open_session=opener)
+        return run_stream(output, plan, given, frames, None, preprocess, labels, top, fmt,
+                          window, check, rtol, gpu_fallback, open_session=opener)
     frames = 1 if frames is None else frames
     names = one_frame_labels(plan, given, preprocess, labels) if run_job else None
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
@@ -163,7 +178,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
             feeds = {n: np.load(p) for n, p in given.items()}
             report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
         if names is not None:
-            show_top_k(plan, given, res.run.outputs, names, top)
+            show_top_k(plan, given, res.run.outputs, names, top, fmt)
 
 
 def _deploy_table(hosts, seconds) -> None:

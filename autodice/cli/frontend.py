@@ -76,18 +76,21 @@ def check(output, samples, rtol, model):
                    "by --profile's, or by FLOPs (--by flops).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), default=None,
               help="profile.json (`autodice profile`, e.g. on the boards) for --balance.")
+@click.option("--platform", "-p", "platform_path", type=click.Path(dir_okay=False), default=None,
+              help="platform.txt for --balance: a key also pays for receiving what crosses "
+                   "into it over the link from the key before (its bandwidth= and latency=).")
 @click.option("--by", type=click.Choice(["time", "flops"]), default="time", show_default=True,
               help="What --balance evens out.")
-def layers(model, input_shapes, as_json, balance, profile_path, by):
+def layers(model, input_shapes, as_json, balance, profile_path, platform_path, by):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
     from ..core.model import load_model
     from ..core.shapes import parse_input_shapes
-    from ..core.spec import mapping_json
+    from ..core.spec import mapping_json, parse_platform
     from ..frontend.layers import layer_table
     from ..frontend.suggest import balanced_mapping
 
-    only_with("--balance", bool(balance), "profile_path", "by")
-    only_with("--by time", by == "time", "profile_path")
+    only_with("--balance", bool(balance), "profile_path", "platform_path", "by")
+    only_with("--by time", by == "time", "profile_path", "platform_path")
     only_with("a listing (no --balance: it prints a mapping)", not balance, "as_json")
     shapes = parse_input_shapes(input_shapes)
     graph = load_model(model, shapes)
@@ -100,9 +103,13 @@ def layers(model, input_shapes, as_json, balance, profile_path, by):
             from ..dse.profile import load_profile
 
             given = load_profile(profile_path) if profile_path else None
-            done = by_time(graph, model, keys, given, console=console, input_shapes=shapes)
+            platform = parse_platform(platform_path) if platform_path else None
+            done = by_time(graph, model, keys, given, console=console, input_shapes=shapes,
+                           platform=platform)
             where = f"by {profile_path}" if profile_path else "measured on this machine's CPU"
-            console.print("predicted compute per frame, " + visible(where) + ": " + ", ".join(
+            what = (f"compute and receiving over {platform_path}'s links" if platform_path
+                    else "compute, and receiving where the profile has the link")
+            console.print(f"predicted per frame ({visible(what)}), {visible(where)}: " + ", ".join(
                 f"{visible(k)} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))
             for note in done.notes:
                 console.print(f"note: {visible(note)}")

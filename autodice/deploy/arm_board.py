@@ -5,8 +5,8 @@ What is emulated is the CPU: every program of the board is an aarch64 binary, ru
 namespace (:mod:`.userns`; the machine's global ``binfmt_misc`` is never touched). ``uname -m``
 on the board says ``aarch64``, and so does a rank asking the kernel. What is not emulated: the
 board's sshd is this machine's daemon (x86, started into the board's namespaces; the shells it
-starts are the board's), and speed: qemu is several times slower than a real board (the README
-has the factor measured here).
+starts are the board's), and speed: qemu is several times slower than a real board
+(docs/boards.md has the factor measured here).
 
 The board's files are a real aarch64 Debian's, put at the paths a board has them:
 

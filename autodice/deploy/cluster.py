@@ -37,13 +37,11 @@ from ..core.errors import AutodiceError, Problems
 from ..core.spec import _RATE_UNITS, _number, parse_cores
 from . import sshd
 from .arm_board import board_root, check_arch, emulated, missing_tools
-from .cluster_state import Cluster, Host, HostStatus, load_state, save_state, state_dir
+from .cluster_state import (DEFAULT, Cluster, Host, HostStatus, bridge_name, check_name,
+                            default_subnet, load_state, netns_prefix, save_state, slot_for,
+                            state_dir, veth_name)
 from .inventory import inventory_toml
 
-NETNS_PREFIX = "adc-"
-BRIDGE = "adcbr0"
-VETH_PREFIX = "adcv"
-DEFAULT_SUBNET = "10.77.0.0/24"
 SSH_PACKAGES = ("openssh-server", "rsync")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 
@@ -52,27 +50,30 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 
 
 def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
-                 cores: dict[str, str] | None = None, subnet: str = DEFAULT_SUBNET,
-                 root: Path | None = None, arch: dict[str, str] | None = None) -> Cluster:
+                 cores: dict[str, str] | None = None, subnet: str | None = None,
+                 root: Path | None = None, arch: dict[str, str] | None = None,
+                 name: str = DEFAULT, slot: int = 0) -> Cluster:
     """The cluster ``up`` would make: names, addresses, rates. Checks every argument at once.
 
     Args:
         hosts: host names (they become the platform's host names: edge01, edge02, ...).
         bandwidth: per-link rate in platform.txt units (``1gbit``, ``100MB/s``); None: unshaped.
         cores: host -> CPU list (``0-1``, ``2,3``) its sshd and everything it starts run on.
-        subnet: an IPv4 network with room for the bridge and every host.
+        subnet: an IPv4 network with room for the bridge and every host (default
+            ``10.77.<slot>.0/24``).
         arch: host -> ``uname -m`` of an emulated board of another architecture (``aarch64``;
             :mod:`.arm_board`); the others are this machine's kind.
     Raises:
         AutodiceError: a bad host name, duplicate, rate, CPU list, architecture or subnet.
     """
-    root = Path(root or state_dir())
+    root = Path(root or state_dir(name))
+    subnet = subnet or default_subnet(slot)
     problems = Problems()
-    for name in hosts:
-        if not _HOST_NAME.fullmatch(name):
-            problems.add(f'--hosts: "{name}" is not a host name (letters, digits, "-")')
-    for name in {h for h in hosts if hosts.count(h) > 1}:
-        problems.add(f'--hosts: "{name}" is given twice')
+    for host in hosts:
+        if not _HOST_NAME.fullmatch(host):
+            problems.add(f'--hosts: "{host}" is not a host name (letters, digits, "-")')
+    for host in {h for h in hosts if hosts.count(h) > 1}:
+        problems.add(f'--hosts: "{host}" is given twice')
     if not hosts:
         problems.add("--hosts: give at least one host name")
     rate = ""
@@ -85,26 +86,26 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
             problems.add(f"--bandwidth {bandwidth}: {e} (e.g. 1gbit, 100mbit, 50MB/s)")
     cores = dict(cores or {})
     n_cpus = os.cpu_count() or 1
-    for name, text in cores.items():
-        if name not in hosts:
-            problems.add(f'--cores {name}={text}: "{name}" is not one of --hosts')
+    for host, text in cores.items():
+        if host not in hosts:
+            problems.add(f'--cores {host}={text}: "{host}" is not one of --hosts')
             continue
         try:
             bad = [c for c in parse_cores(text) if c >= n_cpus]
         except ValueError as e:
-            problems.add(f"--cores {name}={text}: {e}")
+            problems.add(f"--cores {host}={text}: {e}")
             continue
         if bad:
-            problems.add(f"--cores {name}={text}: this machine has cores 0-{n_cpus - 1}")
+            problems.add(f"--cores {host}={text}: this machine has cores 0-{n_cpus - 1}")
     arches = {}
-    for name, text in (arch or {}).items():
-        if name not in hosts:
-            problems.add(f'--arch {name}={text}: "{name}" is not one of --hosts')
+    for host, text in (arch or {}).items():
+        if host not in hosts:
+            problems.add(f'--arch {host}={text}: "{host}" is not one of --hosts')
             continue
         try:
-            arches[name] = check_arch(text)
+            arches[host] = check_arch(text)
         except AutodiceError as e:
-            problems.add(f"--arch {name}={text}: {e.problems[0]}")
+            problems.add(f"--arch {host}={text}: {e.problems[0]}")
     try:
         net = ipaddress.IPv4Network(subnet)
         if net.num_addresses < len(hosts) + 12:
@@ -117,39 +118,53 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
     base = net.network_address
     return Cluster(
         state_dir=str(root), subnet=str(net), gateway=str(base + 1), bandwidth=rate,
-        hosts=tuple(Host(name=h, netns=NETNS_PREFIX + h, veth=f"{VETH_PREFIX}{i}",
+        hosts=tuple(Host(name=h, netns=netns_prefix(slot) + h, veth=veth_name(slot, i),
                          address=str(base + 11 + i), cores=cores.get(h, ""),
                          remote_dir=str(root / "hosts" / h / "work"),
                          arch=arches[h] if h in arches and emulated(arches[h]) else "")
-                    for i, h in enumerate(hosts)))
+                    for i, h in enumerate(hosts)), name=name, slot=slot)
 
 
 def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] | None = None,
-       subnet: str = DEFAULT_SUBNET, inventory: str | Path | None = None,
+       subnet: str | None = None, inventory: str | Path | None = None,
        ncnn_dir: str | Path | None = None, console=None,
-       arch: dict[str, str] | None = None) -> Cluster:
-    """Create the cluster, or repair it when it already exists with the same settings.
+       arch: dict[str, str] | None = None, name: str = DEFAULT,
+       replace: bool = False) -> Cluster:
+    """Create cluster ``name``, or repair it when it already exists with the same settings.
 
     Idempotent: the same call again only restarts sshds that died and rewrites the inventory.
-    A different host list, rate, CPU sets or subnet replaces the old cluster.
+    A cluster of that name with other settings is someone's: it is refused, unless ``replace``.
+    Other clusters are never touched (tests and scripts bring up one of their own name).
 
     Args:
+        subnet: default ``10.77.<slot>.0/24``: the default cluster's is 10.77.0.0/24.
         inventory: where to write the inventory for ``autodice deploy`` (a copy always goes to
             the state directory).
         ncnn_dir: the ncnn install the hosts build against (default: ``$AUTODICE_NCNN_DIR``, else
             a cached build, if any).
     Raises:
-        AutodiceError: not root, tools missing and not installable, a bad argument, or a step that
-            failed (everything created so far is removed again).
+        AutodiceError: not root, tools missing and not installable, a bad argument, the name
+            taken by a cluster of other settings, or a step that failed (everything created so
+            far is removed again).
     """
-    want = plan_cluster(hosts, bandwidth, cores, subnet, arch=arch)  # bad options first
+    check_name(name)
+    plan_cluster(hosts, bandwidth, cores, subnet, arch=arch, name=name)  # bad options first
     require_root("cluster up")
-    have = load_state()
+    links = set(os.listdir("/sys/class/net")) if Path("/sys/class/net").is_dir() else set()
+    want = plan_cluster(hosts, bandwidth, cores, subnet, arch=arch, name=name,
+                        slot=slot_for(name, links))
+    have = load_state(name)
+    if have is not None and have != want and not replace:
+        flag = "" if name == DEFAULT else f" --name {name}"
+        raise AutodiceError(
+            f"cluster {name} is up with other settings ({describe(have)}): leave it to whoever "
+            f"brought it up, give another --name, or replace it (`autodice cluster down{flag}` "
+            "first, or --replace)")
     if have is not None and (have != want or not all(_netns_exists(h.netns) for h in have.hosts)):
-        down()  # other settings, or a namespace went missing: start over
+        down(name)  # replaced, or a namespace went missing: start over
         have = None
-    elif have is None and (_link_exists(BRIDGE) or _our_namespaces()):
-        down()  # leftovers of an up that died before recording its state
+    elif have is None and (_link_exists(want.bridge) or _our_namespaces(want.slot)):
+        down(name)  # leftovers of an up that died before recording its state
     boards = any(h.arch for h in want.hosts)
     _ensure_tools(console, boards)
     board = board_root(console) if boards else None
@@ -167,7 +182,7 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
             sshd.wait(want, host)
     except BaseException:
         if have is None:
-            down()
+            down(name)
         raise
     text = inventory_toml(want, ncnn_dir=ncnn_dir)
     (root / "inventory.toml").write_text(text)
@@ -222,7 +237,7 @@ def _conflicts(c: Cluster) -> None:
     net = ipaddress.IPv4Network(c.subnet)
     for line in _run("ip", "-o", "-4", "addr", "show").stdout.splitlines():
         parts = line.split()
-        if len(parts) > 3 and parts[1] != BRIDGE:
+        if len(parts) > 3 and parts[1] != c.bridge:
             addr = ipaddress.IPv4Interface(parts[3])
             if addr.network.overlaps(net):
                 raise AutodiceError(f"--subnet {c.subnet}: overlaps {addr} on {parts[1]}; "
@@ -231,16 +246,16 @@ def _conflicts(c: Cluster) -> None:
 
 def _create_network(c: Cluster) -> None:
     prefix = ipaddress.IPv4Network(c.subnet).prefixlen
-    _run("ip", "link", "add", BRIDGE, "type", "bridge")
-    _run("ip", "addr", "add", f"{c.gateway}/{prefix}", "dev", BRIDGE)
-    _run("ip", "link", "set", BRIDGE, "up")
+    _run("ip", "link", "add", c.bridge, "type", "bridge")
+    _run("ip", "addr", "add", f"{c.gateway}/{prefix}", "dev", c.bridge)
+    _run("ip", "link", "set", c.bridge, "up")
     hosts_file = "127.0.0.1 localhost\n" + "".join(
         f"{h.address} {h.name}\n" for h in c.hosts)
     for h in c.hosts:
         _run("ip", "netns", "add", h.netns)
         _run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns",
              h.netns)
-        _run("ip", "link", "set", h.veth, "master", BRIDGE)
+        _run("ip", "link", "set", h.veth, "master", c.bridge)
         _run("ip", "link", "set", h.veth, "up")
         ns = ("ip", "netns", "exec", h.netns)
         _run(*ns, "ip", "link", "set", "lo", "up")
@@ -291,17 +306,27 @@ def netns_pids(netns: str) -> list[int]:
     return [int(p) for p in proc.stdout.split() if p.isdigit()]
 
 
-def down() -> list[str]:
-    """Remove every namespace, link, process and file an ``up`` created; returns what went.
+def describe(c: Cluster) -> str:
+    """``hosts edge01, edge02; 10.77.0.0/24; 1gbit``: what a cluster is, in a message."""
+    rate = f"{int(c.bandwidth[:-3]) / 1e9:g}gbit" if c.bandwidth else "unshaped"
+    return f"hosts {', '.join(h.name for h in c.hosts)}; {c.subnet}; {rate}"
 
-    Works from the state file, and also sweeps ``adc``-prefixed namespaces, the bridge and
-    ``/etc/netns`` entries, so a lost state file leaves nothing behind either.
+
+def down(name: str = DEFAULT) -> list[str]:
+    """Remove every namespace, link, process and file cluster ``name``'s ``up`` created;
+    returns what went. Other clusters stay as they are.
+
+    Works from the state file, and also sweeps the namespaces of the cluster's prefix, its
+    bridge and ``/etc/netns`` entries, so a lost state file leaves nothing behind either (for
+    a named cluster, whose number only the state file knows, the state directory alone).
     """
     require_root("cluster down")
-    c = load_state()
+    check_name(name)
+    c = load_state(name)
+    slot = c.slot if c is not None else (0 if name == DEFAULT else None)
     removed: list[str] = []
     names = {h.netns for h in c.hosts} if c else set()
-    names |= set(_our_namespaces())
+    names |= set(_our_namespaces(slot)) if slot is not None else set()
     for ns in sorted(names):
         # Everything inside one of our namespaces is ours: its sshd, logins, ranks.
         pids = netns_pids(ns)
@@ -334,10 +359,11 @@ def down() -> list[str]:
         Path("/etc/netns").rmdir()  # only if empty: another tool's entries stay
     except OSError:
         pass
-    if _link_exists(BRIDGE):
-        _run("ip", "link", "del", BRIDGE, check=False)
-        removed.append(f"bridge {BRIDGE}")
-    root = state_dir()
+    bridge = bridge_name(slot) if slot is not None else None
+    if bridge is not None and _link_exists(bridge):
+        _run("ip", "link", "del", bridge, check=False)
+        removed.append(f"bridge {bridge}")
+    root = state_dir(name)
     if root.exists():
         shutil.rmtree(root, ignore_errors=True)
         removed.append(str(root))
@@ -361,31 +387,32 @@ def _wait_for_goodbyes(ns: str, timeout_s: float = 1.0) -> None:
         time.sleep(0.02)
 
 
-def _our_namespaces() -> list[str]:
+def _our_namespaces(slot: int) -> list[str]:
     listed = _run("ip", "netns", "list", check=False).stdout.splitlines()
-    return [line.split()[0] for line in listed if line.startswith(NETNS_PREFIX)]
+    return [line.split()[0] for line in listed if line.startswith(netns_prefix(slot))]
 
 
 def _link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
-def status() -> tuple[Cluster | None, list[HostStatus]]:
+def status(name: str = DEFAULT) -> tuple[Cluster | None, list[HostStatus]]:
     """The recorded cluster and, per host, whether its namespace and sshd are alive."""
-    c = load_state()
+    c = load_state(check_name(name))
     if c is None:
         return None, []
     return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), sshd.alive_pid(c, h),
                           h.arch) for h in c.hosts]
 
 
-def stop_sshd(name: str) -> None:
+def stop_sshd(host_name: str, name: str = DEFAULT) -> None:
     """Stop one host's sshd and the sessions it serves, ssh connections open to it included
     (a board that went away); ``up`` starts it again."""
-    c = load_state()
-    host = next((h for h in c.hosts if h.name == name), None) if c else None
+    c = load_state(name)
+    host = next((h for h in c.hosts if h.name == host_name), None) if c else None
     if host is None:
-        raise AutodiceError(f"cluster: no host {name} (run `autodice cluster status`)")
+        raise AutodiceError(f"cluster {name}: no host {host_name} (run `autodice cluster "
+                            "status`)")
     pid = sshd.alive_pid(c, host)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)

@@ -1,5 +1,9 @@
 """What an emulated cluster is, as recorded in its state directory: its hosts and their links.
 
+Clusters have names (``default`` unless ``--name`` says otherwise) and each its own state
+directory, slot number, bridge, links, namespaces and subnet, so two can be up at once and a
+test's or a script's own cluster never replaces or removes a user's.
+
 Apart from :mod:`.cluster` (which creates and removes them) so that :mod:`.sshd` and
 :mod:`.inventory`, which ``cluster`` calls, can name these types without importing it back.
 """
@@ -8,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..core.errors import AutodiceError
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,12 @@ class Cluster:
     gateway: str  # the bridge's address: this machine as seen from the hosts
     bandwidth: str  # tc rate, e.g. "1000000000bit"; "" when unshaped
     hosts: tuple[Host, ...]
+    name: str = "default"
+    slot: int = 0  # numbers its bridge, links and namespaces apart from other clusters'
+
+    @property
+    def bridge(self) -> str:
+        return bridge_name(self.slot)
 
     @property
     def identity(self) -> Path:
@@ -50,13 +63,30 @@ class HostStatus:
     arch: str = ""
 
 
-def state_dir() -> Path:
-    """``$AUTODICE_CLUSTER_DIR`` or ``/run/autodice-cluster`` (gone after a reboot, like netns)."""
-    return Path(os.environ.get("AUTODICE_CLUSTER_DIR") or "/run/autodice-cluster")
+DEFAULT = "default"
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+SLOTS = 250  # named clusters at once (a link name has 15 characters: adc250v99)
 
 
-def load_state() -> Cluster | None:
-    path = state_dir() / "cluster.json"
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise AutodiceError(f'--name "{name}": a cluster name is lower-case letters, digits '
+                            'and "-" (at most 32)')
+    return name
+
+
+def state_dir(name: str = DEFAULT) -> Path:
+    """``$AUTODICE_CLUSTER_DIR`` or ``/run/autodice-cluster`` (gone after a reboot, like netns)
+    for the default cluster; the same with ``-<name>`` for a named one."""
+    base = Path(os.environ.get("AUTODICE_CLUSTER_DIR") or "/run/autodice-cluster")
+    return base if name == DEFAULT else base.with_name(f"{base.name}-{name}")
+
+
+def load_state(name: str = DEFAULT) -> Cluster | None:
+    return _load(state_dir(name) / "cluster.json")
+
+
+def _load(path: Path) -> Cluster | None:
     if not path.exists():
         return None
     try:
@@ -64,6 +94,52 @@ def load_state() -> Cluster | None:
         return Cluster(**{**data, "hosts": tuple(Host(**h) for h in data["hosts"])})
     except (ValueError, TypeError, KeyError):
         return None
+
+
+def clusters() -> list[Cluster]:
+    """Every cluster recorded on this machine (the default one and the named ones)."""
+    base = state_dir()
+    found = [_load(d / "cluster.json") for d in sorted(base.parent.glob(f"{base.name}*"))
+             if d == base or d.name.startswith(f"{base.name}-")] if base.parent.is_dir() else []
+    return [c for c in found if c is not None]
+
+
+# Interface names: the default cluster's are those of the releases before names (adcbr0,
+# adcv<i>, adc-<host>), so a cluster they brought up is still this one's to repair or remove.
+def bridge_name(slot: int) -> str:
+    return f"adcbr{slot}"
+
+
+def veth_name(slot: int, i: int) -> str:
+    return f"adcv{i}" if slot == 0 else f"adc{slot}v{i}"
+
+
+def netns_prefix(slot: int) -> str:
+    return "adc-" if slot == 0 else f"adc{slot}-"
+
+
+def default_subnet(slot: int) -> str:
+    return f"10.77.{slot}.0/24"
+
+
+def slot_for(name: str, taken_links: set[str] = frozenset()) -> int:
+    """The number of cluster ``name``: its recorded one, 0 for the default cluster, else the
+    lowest that no other recorded cluster has and whose bridge does not exist.
+
+    Raises:
+        AutodiceError: every slot is taken.
+    """
+    have = load_state(name)
+    if have is not None:
+        return have.slot
+    if name == DEFAULT:
+        return 0
+    used = {c.slot for c in clusters()} | {0}
+    free = next((k for k in range(1, SLOTS + 1)
+                 if k not in used and bridge_name(k) not in taken_links), None)
+    if free is None:
+        raise AutodiceError(f"cluster {name}: {SLOTS} clusters are up; take one down first")
+    return free
 
 
 def save_state(c: Cluster) -> None:

@@ -32,6 +32,11 @@ HERE = "this machine (cross-compiled)"  # the builder deploy reports for such ho
 _FAMILY = {"aarch64": "arm", "armv7l": "arm", "armv6l": "arm", "x86_64": "x86", "i686": "x86"}
 
 
+def family_word(family: str) -> str:
+    """The platform file's word for an architecture family (``x86``, ``arm``), or ``cpu``."""
+    return family if family in ("arm", "x86") else "cpu"
+
+
 def choose(hosts: list[Host], devices: dict[str, Device] | None = None) -> None:
     """Set ``h.cross`` for every host; all problems of all hosts in one error.
 
@@ -49,7 +54,10 @@ def choose(hosts: list[Host], devices: dict[str, Device] | None = None) -> None:
         family = _FAMILY.get(arch, arch)
         if device is not None and device.arch in ("arm", "x86") and device.arch != family:
             problems.append(f"{t.where()}: the platform file says {device.arch} but the host "
-                            f"is {arch} (uname -m)")
+                            f"is {arch} (uname -m): write {family_word(family)} or cpu (any "
+                            f"architecture) for {t.host} in the platform file"
+                            + (f", or, on an emulated cluster, make it a board: `autodice cluster "
+                               f"up --arch {t.host}=aarch64 ...`" if device.arch == "arm" else ""))
             continue
         other = arch != local
         try:

@@ -65,7 +65,7 @@ def _config(c: Cluster, h: Host, folder: Path, extra: list[str]) -> str:
         "MaxStartups 200",  # mpirun and a deploy open many sessions at once
         "MaxSessions 200",
         # A session whose client vanished while this host's link was down (a lost board) ends
-        # soon after the link is back, as on a board configured for recovery (README).
+        # soon after the link is back, as on a board configured for recovery (docs/recovery.md).
         "ClientAliveInterval 2",
         "ClientAliveCountMax 3",
         "Subsystem sftp internal-sftp",

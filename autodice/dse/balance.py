@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph
 from ..core.spec import Device, Platform, parse_key
 from ..frontend.suggest import Cost, balanced_mapping
-from .profile import GpuCopies, Profile
-from .timing import Timing
+from .profile import GpuCopies, Link, Profile
+from .timing import Timing, host_links
 
 
 def key_platform(keys: list[str]) -> Platform:
@@ -84,12 +85,13 @@ def gpu_timed(graph: Graph, keys: list[str], profile: Profile) -> frozenset[str]
 
 
 def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
-                  on_gpu: frozenset[str] = frozenset()) -> list[list[float]]:
+                  on_gpu: frozenset[str] = frozenset(),
+                  links: Links | None = None) -> list[list[float]]:
     """``[k][a]``: seconds key k spends receiving the tensors that cross into a run of the
     mapped layers (topological order) starting at layer a, each once: produced before a, read
-    at a or later. Over the link from ``keys[k - 1]``'s host (``shm`` on one host); 0 for the
-    first key, and where the profile has no such link. A tensor that passes a run by for a later
-    one is counted for both: an upper bound, exact for two keys.
+    at a or later. Over the link from ``keys[k - 1]``'s host (``shm`` on one host; ``links``,
+    else the profile's); 0 for the first key, and where there is no such link. A tensor that
+    passes a run by for a later one is counted for both: an upper bound, exact for two keys.
 
     A key in ``on_gpu`` (timed on its GPU) also copies what it receives up to the device (the
     model's inputs, if first): its bytes at the profile's upload bandwidth. Not the fitted
@@ -118,7 +120,7 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
     hosts = [parse_key(k).host for k in keys]
     rows = [[0.0] * (n + 1)]
     for prev, host in zip(hosts, hosts[1:]):
-        link = profile.link(prev, host)
+        link = (links or profile.link)(prev, host)
         rows.append([b / link.bandwidth + c * link.latency if link else 0.0
                      for b, c in crossing])
     if profile.gpu is not None:
@@ -131,6 +133,23 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
     return rows
 
 
+Links = Callable[[str, str], Link | None]  # (host a, host b) -> the link a cut crosses
+
+
+def platform_links(platform: Platform, profile: Profile, keys: list[str]) -> tuple[Links, str]:
+    """The links between the keys' hosts as ``predict`` and ``dse`` time them
+    (:func:`~autodice.dse.timing.host_links`), and its note on links it assumed.
+
+    Raises:
+        AutodiceError: a key whose host the platform file does not list.
+    """
+    missing = sorted({parse_key(k).host for k in keys} - set(platform.devices))
+    if missing:
+        raise AutodiceError(f"--balance: {platform.path} lists no {', '.join(missing)}")
+    links, note = host_links(platform, dict.fromkeys(platform.devices, profile))
+    return (lambda a, b: Link(*links[a, b]) if (a, b) in links else None), note
+
+
 @dataclass(frozen=True)
 class Balanced:
     mapping: dict[str, list[str]]
@@ -140,12 +159,15 @@ class Balanced:
 
 
 def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile | None = None,
-            console=None, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Balanced:
+            console=None, input_shapes: dict[str, tuple[int, ...]] | None = None,
+            platform: Platform | None = None) -> Balanced:
     """The mapping of ``graph``'s layers onto ``keys`` whose slowest stage is fastest by
     measured time; ``profile`` None: measure the model's layers on this machine's CPU first
     (cached by the model's bytes; a GPU key then counts as one core: profile on the board and
     pass the profile for its GPU). ``input_shapes``: those ``graph`` was loaded with (inputs of
-    symbolic size), for the measuring.
+    symbolic size), for the measuring. ``platform``: the links between hosts a cut crosses
+    (without it, and without the profile's own, a note says they are not counted: SqueezeNet
+    over two boards looked like 1,300 frames/s by compute alone, and ran at 330 over 1 Gbit/s).
 
     Raises:
         AutodiceError: bad keys, or a profile that cannot be made or does not fit the model.
@@ -163,9 +185,18 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
     try:
         on_gpu = gpu_timed(graph, keys, profile)
         cost = measured_cost(graph, keys, profile, on_gpu, notes)
+        links, note = platform_links(platform, profile, keys) if platform else (None, "")
     except AutodiceError as e:
-        raise AutodiceError(*(f"--balance: {line}" for line in e.problems)) from None
-    entry = entry_seconds(graph, keys, profile, on_gpu)
+        raise AutodiceError(*(f"--balance: {line}" if not line.startswith("--balance") else line
+                              for line in e.problems)) from None
+    notes += [note] if note else []
+    hosts = [parse_key(k).host for k in keys]
+    unknown = sorted({"-".join(sorted(p)) for p in zip(hosts, hosts[1:])
+                      if p[0] != p[1] and (links or profile.link)(*p) is None})
+    if unknown:
+        notes.append(f"no link known between {', '.join(unknown)}: the time to send the cut "
+                     "tensors there is not counted (compute only); give -p platform.txt")
+    entry = entry_seconds(graph, keys, profile, on_gpu, links)
     mapping = balanced_mapping(graph, keys, "--balance", cost, entry)
     starts = accumulate((len(run) for run in mapping.values()), initial=0)  # runs are contiguous
     seconds = {k: entry[j][a] + sum(cost(k, n) for n in run)

@@ -144,7 +144,7 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
             seen.add(key)
             distinct.append((c, g))
     points = distinct
-    width = len(str(len(points) - 1))
+    width = max(2, len(str(len(points) - 1)))  # p00 even in a small front, as dse/README says
     front = tuple(Point(f"p{k:0{width}d}", cm.mapping(g), c) for k, (c, g) in enumerate(points))
     if settings.parallel:
         front = with_parallelism(front, graph, timing, settings)

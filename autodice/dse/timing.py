@@ -161,47 +161,12 @@ class Timing:
                               f"their energy counts 0 W")
 
     def _links(self, problems: Problems) -> dict[tuple[str, str], tuple[float, float]]:
-        """(bandwidth bytes/s, latency s) for every ordered host pair; on the diagonal the host's
-        own profile's ``shm`` (a board's memory is its own: another board's would be wrong)."""
-        merged = {}
-        for p in self.profiles.values():
-            for k, v in p.links.items():
-                merged.setdefault(k, v)
-        hosts = list(self.platform.devices)
-        links = {}
-        assumed: list[str] = []
-        no_shm = [h for h in hosts if "shm" not in self.profiles[h].links]
+        no_shm = [h for h in self.platform.devices if "shm" not in self.profiles[h].links]
         if no_shm:
             problems.add(f"profile of {', '.join(no_shm)}: no \"shm\" link (ranks on one host); "
                          "profile again")
-        for a in hosts:
-            for b in hosts:
-                if a == b:
-                    shm = self.profiles[a].links.get("shm")
-                    if shm is not None:
-                        links[a, b] = (shm.bandwidth, shm.latency)
-                    continue
-                if hosts.index(b) < hosts.index(a):
-                    if (b, a) in links:
-                        links[a, b] = links[b, a]
-                    continue
-                got = merged.get("-".join(sorted((a, b))))
-                if got is not None:
-                    links[a, b] = (got.bandwidth, got.latency)
-                    continue
-                da, db = self.platform.devices[a], self.platform.devices[b]
-                bws = [d.bandwidth for d in (da, db) if d.bandwidth]
-                if not bws:
-                    assumed.append(f"{a}-{b}")
-                    links[a, b] = DEFAULT_LINK
-                    continue
-                links[a, b] = (min(bws), (da.latency or 0.0) + (db.latency or 0.0))
-        if assumed:
-            self.notes.append(
-                f"{self.platform.path}: no bandwidth for {', '.join(assumed)}: assumed "
-                f"{DEFAULT_LINK[0] * 8 / 1e9:g} Gbit/s Ethernet with {DEFAULT_LINK[1] * 1e3:g} ms "
-                "latency (the paper's boards); add bandwidth=/latency= to platform.txt or "
-                "measure the links with `autodice profile --inventory`")
+        links, note = host_links(self.platform, self.profiles)
+        self.notes += [note] if note else []
         return links
 
     def has_gpu_timings(self, host: str, names) -> bool:
@@ -261,6 +226,49 @@ class Timing:
     def transfer(self, a: str, b: str, nbytes) -> np.ndarray:
         bw, lat = self.links[a, b]
         return np.asarray(nbytes, dtype=float) / bw + lat
+
+
+def host_links(platform: Platform, profiles: Mapping[str, Profile]
+               ) -> tuple[dict[tuple[str, str], tuple[float, float]], str]:
+    """(bandwidth bytes/s, latency s) for every ordered pair of ``platform``'s hosts, and a
+    note naming the pairs assumed (or ""). A link a profile measured; else the platform file's
+    bandwidth= and latency= of the two devices (the slower bandwidth, both latencies); else
+    :data:`DEFAULT_LINK`. On the diagonal the host's own profile's ``shm`` (a board's memory
+    is its own: another board's would be wrong), where it has one."""
+    merged = {}
+    for p in profiles.values():
+        for k, v in p.links.items():
+            merged.setdefault(k, v)
+    hosts = list(platform.devices)
+    links = {}
+    assumed: list[str] = []
+    for a in hosts:
+        for b in hosts:
+            if a == b:
+                shm = profiles[a].links.get("shm")
+                if shm is not None:
+                    links[a, b] = (shm.bandwidth, shm.latency)
+                continue
+            if hosts.index(b) < hosts.index(a):
+                if (b, a) in links:
+                    links[a, b] = links[b, a]
+                continue
+            got = merged.get("-".join(sorted((a, b))))
+            if got is not None:
+                links[a, b] = (got.bandwidth, got.latency)
+                continue
+            da, db = platform.devices[a], platform.devices[b]
+            bws = [d.bandwidth for d in (da, db) if d.bandwidth]
+            if not bws:
+                assumed.append(f"{a}-{b}")
+                links[a, b] = DEFAULT_LINK
+                continue
+            links[a, b] = (min(bws), (da.latency or 0.0) + (db.latency or 0.0))
+    note = (f"{platform.path}: no bandwidth for {', '.join(assumed)}: assumed "
+            f"{DEFAULT_LINK[0] * 8 / 1e9:g} Gbit/s Ethernet with {DEFAULT_LINK[1] * 1e3:g} ms "
+            "latency (the paper's boards); add bandwidth=/latency= to platform.txt or "
+            "measure the links with `autodice profile --inventory`") if assumed else ""
+    return links, note
 
 
 def make_timing(platform: str | Path | Platform, profile: str | Path | Profile |
