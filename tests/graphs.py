@@ -278,3 +278,71 @@ def past_fp16(seed: int = 0) -> onnx.ModelProto:
                               kernel_shape=[3, 3], pads=[1, 1, 1, 1]) for k in scales]
     shape = [1, 16, 16, 16]
     return _model(nodes, "past_fp16", ("input", shape), ("output", shape), w, opset=13, ir=8)
+
+
+#   images -> b0 .. b3 (/8) -> b4 (/16) -> b5 (/32)       backbone, SiLU as x * sigmoid(x)
+#   b5 -up-> cat4(b4) -> n4 -up-> cat3(b3) -> n3           neck: Resize nearest, Concat
+#   n3, n4, b5 -> h0, h1, h2 -> (1, 64 + classes, h*w)    a head per scale, flattened
+#   cat (axis 2) -> Split -> box: DFL (softmax over 16 bins, Conv of 0..15) -> anchors, strides
+#                         -> cls: Sigmoid;   output0 = Concat(xywh, scores): (1, 4 + classes, n)
+def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProto:
+    """A detector in Ultralytics' layout (YOLOv8's head, decoded in the graph), small enough to
+    split, build and run in seconds: what CI covers of detectors without torch."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+
+    def const(name, a):
+        inits.append(numpy_helper.from_array(np.asarray(a), name))
+        return name
+
+    def op(op_type, inputs, out, **attrs):
+        nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def conv(x, cin, cout, k, s, name, silu=True):
+        w = rng.standard_normal((cout, cin, k, k)) * (1.5 / np.sqrt(cin * k * k))
+        y = op("Conv", [x, const(f"{name}.w", w.astype(np.float32)),
+                        const(f"{name}.b", (rng.standard_normal(cout) * 0.1).astype(np.float32))],
+               f"{name}.conv" if silu else name, kernel_shape=[k, k], strides=[s, s],
+               pads=[k // 2] * 4)
+        return op("Mul", [y, op("Sigmoid", [y], f"{name}.sig")], name) if silu else y
+
+    b2 = conv(conv(conv("images", 3, 16, 3, 2, "b0"), 16, 32, 3, 2, "b1"), 32, 32, 3, 1, "b2")
+    b3 = conv(b2, 32, 32, 3, 2, "b3")
+    b4 = conv(b3, 32, 48, 3, 2, "b4")
+    b5 = conv(b4, 48, 64, 3, 2, "b5")
+    up = const("up.scales", np.array([1, 1, 2, 2], np.float32))
+    n4 = conv(op("Concat", [op("Resize", [b5, "", up], "up5", mode="nearest"), b4], "cat4",
+                 axis=1), 112, 48, 3, 1, "n4")
+    n3 = conv(op("Concat", [op("Resize", [n4, "", up], "up4", mode="nearest"), b3], "cat3",
+                 axis=1), 80, 32, 3, 1, "n3")
+    no, flats, anchors, strides = 64 + classes, [], [], []
+    for i, (feat, c, stride) in enumerate([(n3, 32, 8), (n4, 48, 16), (b5, 64, 32)]):
+        h = side // stride
+        head = conv(conv(feat, c, 32, 3, 1, f"h{i}a"), 32, no, 1, 1, f"h{i}", silu=False)
+        flats.append(op("Reshape", [head, const(f"h{i}.shape", np.array([1, no, h * h]))],
+                        f"h{i}.flat"))
+        gy, gx = np.meshgrid(np.arange(h) + 0.5, np.arange(h) + 0.5, indexing="ij")
+        anchors.append(np.stack([gx.ravel(), gy.ravel()]))
+        strides.append(np.full(h * h, stride))
+    n = sum(a.shape[1] for a in anchors)
+    nodes.append(helper.make_node("Split", [op("Concat", flats, "cat", axis=2),
+                                            const("split.sizes", np.array([64, classes]))],
+                                  ["box", "cls"], name="split", axis=1))
+    bins = op("Transpose", [op("Reshape", ["box", const("dfl.shape", np.array([1, 4, 16, n]))],
+                               "dfl.r")], "dfl.t", perm=[0, 2, 1, 3])
+    weights = const("dfl.w", np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1))
+    dist = op("Reshape", [op("Conv", [op("Softmax", [bins], "dfl.s", axis=1), weights], "dfl.c",
+                             kernel_shape=[1, 1]), const("dfl.out", np.array([1, 4, n]))], "dist")
+    nodes.append(helper.make_node("Split", [dist, const("lt.sizes", np.array([2, 2]))],
+                                  ["lt", "rb"], name="lt_rb", axis=1))
+    anchor = const("anchors", np.concatenate(anchors, 1)[None].astype(np.float32))
+    x1y1, x2y2 = op("Sub", [anchor, "lt"], "x1y1"), op("Add", [anchor, "rb"], "x2y2")
+    cxy = op("Mul", [op("Add", [x1y1, x2y2], "c2"), const("half", np.array(0.5, np.float32))],
+             "cxy")
+    xywh = op("Concat", [cxy, op("Sub", [x2y2, x1y1], "wh")], "xywh", axis=1)
+    boxes = op("Mul", [xywh, const("strides", np.concatenate(strides)[None, None].astype(
+        np.float32))], "boxes")
+    op("Concat", [boxes, op("Sigmoid", ["cls"], "scores")], "output0", axis=1)
+    return _model(nodes, "yolo_like", ("images", [1, 3, side, side]),
+                  ("output0", [1, 4 + classes, n]), inits, 17, 8)
