@@ -8,6 +8,7 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
+from ..deploy.cluster_state import DEFAULT as DEFAULT_CLUSTER
 from .app import (INPUT_HELP, console, job_options, main, model_inputs, only_with, out, progress,
                   rate_line, report_run, stats_table, stream_options)
 from .backend import is_a_stream, one_frame_labels, run_stream, show_top_k
@@ -19,7 +20,7 @@ def cluster():
 
 
 _name_option = click.option(
-    "--name", default="default", show_default=True,
+    "--name", default=DEFAULT_CLUSTER, show_default=True,
     help="Which cluster: each name is a cluster of its own (its own namespaces, links, "
          "subnet and state), so two can be up at once.")
 
@@ -84,7 +85,7 @@ def cluster_status(name):
 
     c, _ = emu.status(name)
     if c is None:
-        flag = "" if name == "default" else f" --name {name}"
+        flag = "" if name == DEFAULT_CLUSTER else f" --name {name}"
         out.print(f"no cluster {name} (run `autodice cluster up{flag} --hosts ...`)")
         return
     _cluster_table(c)
