@@ -140,6 +140,9 @@ def check_tolerance(stats: dict) -> tuple[float, str]:
     return RTOL, "fp32 on every rank"
 
 
+_FOREVER_S = 10.0 ** 9  # "no limit", as a limit: see ProcessJob.wait
+
+
 class ProcessJob:
     """A job's one process here (mpirun, or the ssh that runs mpirun on a head node), its output
     into ``log``. Its own process group: Ctrl-C reaches Python, which stops the job in order.
@@ -159,10 +162,16 @@ class ProcessJob:
     def poll(self) -> int | None:
         return self._done(self.proc.poll())
 
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None if it still runs after ``timeout`` seconds."""
+    def wait(self, timeout: float | None) -> int | None:
+        """The exit code, or None if it still runs after ``timeout`` seconds (None: no limit).
+
+        Always Popen's polling wait, never one blocking waitpid: the kernel may hand SIGTERM to
+        another thread (the forker's, rich's refresh), and Python runs its handler in the main
+        thread only between bytecodes, so a blocked waitpid kept `autodice run` and its job
+        running past a SIGTERM (seen once in four CI runs).
+        """
         try:
-            return self._done(self.proc.wait(timeout))
+            return self._done(self.proc.wait(_FOREVER_S if timeout is None else timeout))
         except subprocess.TimeoutExpired:
             return None
 
