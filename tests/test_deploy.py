@@ -358,13 +358,25 @@ def test_cli_deploy_refuses_a_bad_window_or_front_before_the_network(fig2_plan, 
 
 def _under_wrapper(marker: Path) -> tuple[subprocess.Popen, int]:
     """A rank (sleep) under the real wrapper in its own process group, as prted starts it:
-    the wrapper, and the rank's pid once it runs."""
+    the wrapper, and the rank's pid once it runs. Once it runs, not once it is forked: dash
+    vforks, and a child killed between vfork and exec can die inside malloc on the heap it
+    shares with the wrapper, which then aborts before its marker (a test's artifact: a real
+    rank is killed long after its exec)."""
     proc = subprocess.Popen(["sh", "-c", rank_exits.WRAPPER, "sh", str(marker), "sleep", "30"],
                             start_new_session=True)
     deadline = time.monotonic() + 10
-    while not (rank := _children(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while not (rank := [c for c in _children(proc.pid) if _runs(c, "sleep")]):
+        assert time.monotonic() < deadline, "the rank never started"
+        time.sleep(0.002)
     return proc, rank[0]
+
+
+def _runs(pid: int, program: str) -> bool:
+    """Whether ``pid`` has exec'd ``program`` (False once it has gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == program
+    except OSError:
+        return False
 
 
 def _markers(host_dir: Path) -> list[rank_exits.RankExit]:
