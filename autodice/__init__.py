@@ -20,8 +20,8 @@ __all__ = ["AutodiceError", "FrameError", "ImageRecipe", "SessionError", "build"
            "open", "plan", "predict", "profile", "read_labels", "run", "search", "split", "top_k"]
 # Where the names that are not api.py's live: images into frames, scores into classes.
 _ELSEWHERE = {"FrameError": ".backend.session", "SessionError": ".backend.session",
-              "ImageRecipe": ".backend.frames", "read_labels": ".backend.stream",
-              "top_k": ".backend.stream"}
+              "ImageRecipe": ".backend.session.frames", "read_labels": ".backend.session.results",
+              "top_k": ".backend.session.results"}
 
 
 def __getattr__(name: str):

@@ -42,41 +42,41 @@ def plan(model, mapping, platform, input_shapes=None):
 def _partition(model, mapping, platform, input_shapes=None):
     """The model as the mapping rewrites it (layers split across keys) and its plan."""
     from .core.model import load_model
-    from .core.spec import mapping_json, parse_mapping, parse_mapping_text, parse_platform
+    from .core.spec import mapping_from, parse_mapping, parse_platform
     from .frontend.split import partition_mapping
 
-    spec = (parse_mapping_text(mapping_json(dict(mapping)), "mapping")
-            if isinstance(mapping, Mapping) else parse_mapping(mapping))
+    spec = (mapping_from(dict(mapping), "mapping") if isinstance(mapping, Mapping)
+            else parse_mapping(mapping))
     return partition_mapping(load_model(model, input_shapes), spec, parse_platform(platform),
                              Path("."))
 
 
 def split(model, mapping, platform, out, input_shapes=None):
     """Split into ``out``: sub-models, rankfile, tables, plan.json (see ``autodice split``)."""
-    from .frontend.split import split as run
+    import autodice.frontend.split
 
-    return run(model, mapping, platform, out, input_shapes)
+    return autodice.frontend.split.split(model, mapping, platform, out, input_shapes)
 
 
 def check(out, samples: int = 1):
     """The sub-models chained in onnxruntime against the whole model: one diff per output."""
-    from .frontend.check import check as run
+    import autodice.frontend.check
 
-    return run(out, samples=samples)
+    return autodice.frontend.check.check(out, samples=samples)
 
 
 def gen(out, precision: str = "auto", verify: bool = True):
     """Convert to ncnn, check every conversion, write the program and a package per host."""
-    from .backend.gen import gen as run
+    import autodice.backend.gen
 
-    return run(out, precision=precision, verify=verify)
+    return autodice.backend.gen.gen(out, precision=precision, verify=verify)
 
 
 def build(out):
     """Build the program here (ncnn built once first, if needed); returns its path."""
-    from .backend.build import build as run
+    import autodice.backend.build
 
-    return run(out)
+    return autodice.backend.build.build(out)
 
 
 def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None = None,
@@ -93,17 +93,19 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
     """
     if isinstance(inputs, (str, Path)):
         return _run_source(out, inputs, frames, preprocess, labels, top, gpu_fallback)
-    from .backend.run import run as job
+    import autodice.backend.run
+
     from .backend.session import check_count
 
     frames = 1 if frames is None else frames
     check_count("frames", frames, "frame")
-    return job(out, _inputs(inputs), frames, pipeline=pipeline, gpu_fallback=gpu_fallback)
+    return autodice.backend.run.run(out, _inputs(inputs), frames, pipeline=pipeline,
+                                    gpu_fallback=gpu_fallback)
 
 
 def _run_source(out, source, frames, preprocess, labels, top, gpu_fallback):
     from .backend.run import open_session
-    from .backend.stream import finish, read_labels, source_frames, stream
+    from .backend.session.results import finish, read_labels, source_frames, stream
     from .core.outdir import claim
     from .core.plan import load_plan
 
@@ -156,8 +158,8 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
         AutodiceError: not built (here) or not deployable (as ``deploy``), or the job failed to
             start (the rank and host named).
     """
-    from .backend.frames import ImageRecipe
     from .backend.session import check_window
+    from .backend.session.frames import ImageRecipe
 
     check_window(window)
     recipe = ImageRecipe.parse(preprocess)
@@ -180,12 +182,14 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
 def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frames: int = 1,
            run: bool = False, pipeline: bool = True):
     """Deploy to the inventory's hosts over ssh (and run there with ``run``)."""
+    import autodice.deploy.deploy
+
     from .backend.session import check_count
-    from .deploy.deploy import deploy as job
 
     check_count("frames", frames, "frame")
     given = _inputs(inputs) if inputs else None
-    return job(out, inventory, run=run, inputs=given, frames=frames, pipeline=pipeline)
+    return autodice.deploy.deploy.deploy(out, inventory, run=run, inputs=given, frames=frames,
+                                         pipeline=pipeline)
 
 
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
@@ -213,21 +217,22 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None, inpu
     (path or dict) and a ``platform``, scored without writing anything. ``profile`` is a
     profile.json path, a Profile, or ``{host: either}`` (key None: every other host).
     """
-    from .dse.cost import plan_cost
-    from .dse.cost import predict as predict_out
+    import autodice.dse.cost
+
     from .dse.timing import make_timing
 
     if mapping is None:
-        return predict_out(out_or_model, profile, power)
+        return autodice.dse.cost.predict(out_or_model, profile, power)
     if platform is None:
         raise AutodiceError("predict: a mapping needs its platform too")
     parts = _partition(out_or_model, mapping, platform, input_shapes)  # split layers' parts
-    return plan_cost(parts.plan, make_timing(platform, profile, power), parts.graph)
+    return autodice.dse.cost.plan_cost(parts.plan, make_timing(platform, profile, power),
+                                       parts.graph)
 
 
 def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput", "energy",
                                                                       "memory"),
-           max_memory: float | str | None = None, min_throughput: float | None = None,
+           max_memory: float | str | None = None, min_fps: float | None = None,
            hosts: Iterable[str] | None = None, parallel: Iterable[str] = (), pop: int = 100,
            gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None,
            input_shapes=None):
@@ -237,7 +242,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         objectives: some of ``throughput`` (max), ``energy`` (the largest device's J per
             frame, min), ``memory`` (the largest device's bytes, min).
         max_memory: bytes (or ``"1GB"``) every device may hold at most, beside its ``mem``.
-        min_throughput: frames/s a point must be predicted to reach.
+        min_fps: frames/s a point must be predicted to reach.
         hosts: only these boards of the platform.
         parallel: also propose stage copies (``data``) and layers split across resources
             (``horizontal``) on top of the searched vertical mappings.
@@ -248,10 +253,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         :class:`~autodice.dse.front.Front`; its points sorted fastest first, each checked
         with the compiler's own passes.
     """
-    from .core.model import load_model
     from .core.spec import parse_bytes
-    from .dse.search import (Settings, dse, explore, note_other_files, search_timing,
-                              verify_point)
+    from .dse.search import Settings, dse
 
     if isinstance(max_memory, str):
         try:
@@ -260,16 +263,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
             raise AutodiceError(f"max_memory {max_memory!r}: {e}") from None
     settings = Settings(pop=pop, gens=gens, seed=seed, encoding=encoding,
                         objectives=tuple(objectives), max_memory=max_memory,
-                        min_throughput=min_throughput, parallel=tuple(parallel))
+                        min_fps=min_fps, parallel=tuple(parallel))
     hosts = list(hosts) if hosts is not None else None
-    if out is not None:
-        return dse(model, platform, profile, out, settings, progress, hosts=hosts,
-                   input_shapes=input_shapes)
-    settings.check()
-    timing = search_timing(platform, hosts, profile)
-    note_other_files(timing, model)
-    graph = load_model(model, input_shapes)
-    front = explore(graph, timing, settings, progress)
-    for p in front.points:
-        verify_point(graph, timing.platform, timing, p)
-    return front
+    return dse(model, platform, profile, out, settings, progress, hosts=hosts,
+               input_shapes=input_shapes)

@@ -34,10 +34,10 @@ import onnx
 from autodice.backend.engine import cached_ncnn, ncnn_flags
 from autodice.backend.gen import gen
 from autodice.core.spec import mapping_json
-from autodice.deploy import cluster
 from autodice.deploy.cross import ncnn_for, toolchain
 from autodice.deploy.deploy import deploy
-from autodice.deploy.inventory import inventory_toml
+from autodice.deploy.emulated import cluster
+from autodice.deploy.emulated.state import inventory_toml
 from autodice.frontend import zoo
 from autodice.frontend.split import split
 

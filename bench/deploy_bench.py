@@ -41,9 +41,10 @@ from autodice.backend.run import run
 from autodice.core.model import load_model
 from autodice.core.plan import load_plan
 from autodice.core.spec import mapping_json
-from autodice.deploy import cluster
 from autodice.deploy.deploy import deploy
-from autodice.deploy.inventory import inventory_toml, load_inventory
+from autodice.deploy.emulated import cluster
+from autodice.deploy.emulated.state import inventory_toml
+from autodice.deploy.inventory import load_inventory
 from autodice.deploy.ssh import close_connections, ssh_config
 from autodice.frontend import zoo
 from autodice.frontend.split import split

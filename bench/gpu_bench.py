@@ -40,7 +40,7 @@ from autodice.backend.build import build
 from autodice.backend.gen import gen
 from autodice.backend.run import run
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json
+from autodice.core.spec import mapping_json, parse_keys
 from autodice.dse.balance import balance, key_platform
 from autodice.dse.profiler import run_profile
 from autodice.frontend import zoo
@@ -59,7 +59,8 @@ def configurations(model: Path, cores: int) -> tuple[dict, dict]:
     layers = [r["name"] for r in layer_table(graph) if not r["follows"]]
     cpu = f"edge01_cpu0-{cores - 1}" if cores > 1 else "edge01_cpu0"
     keys = [cpu, "edge01_gpu"]
-    measured = run_profile(model, key_platform(keys), tuple(sorted({1, cores})), gpu=True)
+    platform = key_platform(parse_keys(keys, "gpu_bench"))
+    measured = run_profile(model, platform, tuple(sorted({1, cores})), gpu=True)
     cut = balance(graph, model, keys, measured.profile)
     said = {"whole_ms": {str(k): v for k, v in measured.whole_ms.items()},
             "layers_ms": {str(cores): sum(c.cpu_ms[cores] for c in measured.profile.layers)},

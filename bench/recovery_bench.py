@@ -34,19 +34,18 @@ from pathlib import Path
 
 import numpy as np
 
+import autodice
 from autodice.backend.convert import _digest
 from autodice.backend.engine import cache_root, ensure_ncnn
 from autodice.core.model import load_model
 from autodice.core.plan import load_plan
 from autodice.core.spec import mapping_json
-from autodice.deploy import cluster
-from autodice.deploy.inventory import inventory_toml
+from autodice.deploy.emulated import cluster
+from autodice.deploy.emulated.state import inventory_toml
 from autodice.frontend import zoo
 from autodice.frontend.check import session as ort_session
 from autodice.frontend.split import split
 from autodice.frontend.suggest import balanced_mapping
-
-import autodice
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ["edge01", "edge02", "edge03"]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import autodice
-from autodice.deploy import cluster
+from autodice.deploy.emulated import cluster
 from autodice.dse.measure import measure
 from autodice.frontend import zoo
 
@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         if emulated:
             cluster.down(CLUSTER)
     print(f"{'point':>6} {'predicted fps':>14} {'measured fps':>13} {'error':>7} "
-          f"{'memory error':>13}")
-    for m in results:
+          f"{'memory error':>13}  notes")
+    for m in results:  # the notes say what made a run unlike the boards' (lavapipe, ...)
         print(f"{m.point:>6} {m.predicted_fps:14.2f} {m.measured_fps:13.2f} {m.fps_error:7.0%} "
-              f"{m.memory_error:13.0%}")
+              f"{m.memory_error:13.0%}  {'; '.join(m.notes)}")
     print(f"measured on {'the emulated cluster' if emulated else inventory}; "
           f"details in {args.out / 'measure.json'}")
     return 0

@@ -26,7 +26,7 @@ from PIL import Image
 import autodice
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json, parse_platform
-from autodice.deploy import cluster
+from autodice.deploy.emulated import cluster
 from autodice.frontend import zoo
 from autodice.frontend.suggest import balanced_mapping
 

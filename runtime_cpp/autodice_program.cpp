@@ -12,6 +12,7 @@
 #include <sys/utsname.h>
 
 #include "autodice_runtime.h"
+#include "autodice_stats.h"
 #include "autodice_stream.h"
 #include "net.h"
 #if NCNN_VULKAN
@@ -70,71 +71,17 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// Per-rank figures gathered to rank 0 for stats.json; all doubles so one MPI_Gather moves them.
-// Core sets travel as bit masks (exact in a double up to 53 cores).
-struct Stats {
-  double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
-         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
-  // Streams: how long the rank waited for the gateway's word of its next frame, after its
-  // first. Apart from recv_wait_s: it holds the application's own pauses, and a first stage
-  // that waits here is short of frames.
-  double frame_wait_s = 0;
-  // Streams: frames whose model inputs this rank read from the session's shared slots itself
-  // (on the gateway's machine) instead of receiving them.
-  double frames_from_slots = 0;
-  // When this rank finished its first and its last frame, in seconds on its clock: what it
-  // did in between is its steady state, without the pipeline's filling and draining.
-  double first_end_s = 0, last_end_s = 0;
-  double start = 0;  // not gathered: when this rank's clock started
-};
-constexpr int kStatFields = 15;
-constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
-constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
-
-double mask(const std::vector<int>& cpus) {
-  double m = 0;
-  for (int c : cpus)
-    if (c < 53) m += static_cast<double>(int64_t{1} << c);
-  return m;
-}
-
-std::string cpu_list(double m) {
-  const auto bits = static_cast<int64_t>(m);
-  std::string out;
-  for (int c = 0; c < 53; ++c)
-    if (bits >> c & 1) out += (out.empty() ? "" : ", ") + std::to_string(c);
-  return out;
-}
-
-// A JSON string literal of `s` (names may hold quotes, backslashes, control characters).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 // Loading a large sub-model on a small board takes a while: the start waits longer than a
 // tensor, unless waits are unbounded (<= 0); as long as a session waits for the job to start
-// (START_TIMEOUT_S in autodice/backend/gateway.py), so neither gives up before the other.
+// (START_TIMEOUT_S in autodice/backend/session/gateway.py), so neither gives up before the other.
 double start_timeout() { return wait_timeout() > 0 ? std::max(120.0, wait_timeout()) : 0; }
 
 // Called by every rank once its model and inputs are loaded: the clock starts together, so
 // frames/s counts frames, not loading. Also records where the rank's threads may and do run.
 void start_clock(Stats& st, const Timer& loading, int threads) {
   st.load_s = loading.elapsed_ms() / 1e3;
-  st.cpus = mask(allowed_cpus());
-  st.omp_cpus = mask(omp_thread_cpus(threads));
+  st.cpus = cpu_mask(allowed_cpus());
+  st.omp_cpus = cpu_mask(omp_thread_cpus(threads));
   barrier(MPI_COMM_WORLD, start_timeout(), "the start");
   st.start = MPI_Wtime();
 }
@@ -486,65 +433,6 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   st.bytes_received = static_cast<double>(r.bytes_received) * local;
 }
 
-// Frames/s once the pipeline is full: each rank that writes model outputs, from the end of its
-// first frame to the end of its last, weighted by its share of the model's outputs (replicas
-// each write all of them and their rates add up; ranks of one chain writing one output each
-// share a rate). A rank with one frame has no steady state and adds nothing (a short run over
-// replicas reads low); -1 where no such rank did two frames.
-double steady_fps(const ProgramPlan& plan, const std::vector<double>& all) {
-  std::set<std::string> files;
-  for (const RankPlan& r : plan.ranks)
-    for (const ModelOutput& o : r.outputs) files.insert(o.file);
-  double fps = 0;
-  bool any = false;
-  for (size_t k = 0; k < plan.ranks.size(); ++k) {
-    const double* v = &all[k * kStatFields];
-    const double frames = v[9], span = v[12] - v[11];
-    if (plan.ranks[k].outputs.empty() || frames < 2 || span <= 0) continue;
-    fps += (frames - 1) / span * static_cast<double>(plan.ranks[k].outputs.size()) /
-           static_cast<double>(files.size());
-    any = true;
-  }
-  return any ? fps : -1;
-}
-
-// stats.json: the job's frames and seconds, then one object per rank of the plan.
-std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, double seconds,
-                       const std::vector<double>& all, const std::vector<char>& devices,
-                       const std::vector<char>& arches) {
-  std::string out;
-  char buf[1024];
-  const auto add = [&](const char* format, auto... values) {
-    std::snprintf(buf, sizeof buf, format, values...);
-    out += buf;
-  };
-  add("{\n  \"frames\": %lld,\n  \"seconds\": %.6f,\n  \"fps\": %.4f,\n",
-      static_cast<long long>(frames), seconds, seconds > 0 ? frames / seconds : 0.0);
-  const double steady = steady_fps(plan, all);
-  if (steady < 0)
-    out += "  \"steady_fps\": null,\n";
-  else
-    add("  \"steady_fps\": %.4f,\n", steady);
-  add("  \"pipeline\": %s,\n  \"ranks\": [\n", pipeline ? "true" : "false");
-  const int n = static_cast<int>(plan.ranks.size());
-  for (int k = 0; k < n; ++k) {
-    const double* v = &all[static_cast<size_t>(k) * kStatFields];
-    const std::string device(&devices[static_cast<size_t>(k) * kDeviceChars]);
-    const std::string arch(&arches[static_cast<size_t>(k) * kArchChars]);
-    out += "    {\"rank\": " + std::to_string(k) + ", \"key\": " + json_string(plan.ranks[k].key) +
-           ", \"device\": " + json_string(device) + ", \"arch\": " + json_string(arch);
-    add(", \"precision\": \"%s\", \"frames\": %.0f, \"compute_s\": %.6f, \"recv_wait_s\": %.6f, "
-        "\"send_wait_s\": %.6f, \"frame_wait_s\": %.6f, \"frames_from_slots\": %.0f, "
-        "\"bytes_sent\": %.0f, \"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
-        "\"first_frame_end_s\": %.9f, \"last_frame_end_s\": %.9f, \"cpus\": [",
-        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[13], v[14], v[3], v[4], v[5],
-        v[6], v[11], v[12]);
-    out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
-    out += k + 1 < n ? ",\n" : "\n";
-  }
-  return out + "  ]\n}\n";
-}
-
 }  // namespace
 
 std::string choose_device(const RankPlan& r, bool fallback_cpu) {
@@ -606,30 +494,9 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
   barrier(MPI_COMM_WORLD, frame_timeout(plan), "the end of the run");
   const double seconds = MPI_Wtime() - st.start;
   st.peak_rss = static_cast<double>(peak_rss_bytes());
-  const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
-                                    st.bytes_sent, st.bytes_received, st.peak_rss,
-                                    st.load_s,     st.cpus,           st.omp_cpus,
-                                    st.frames,     st.fp16,           st.first_end_s,
-                                    st.last_end_s, st.frame_wait_s, st.frames_from_slots};
   const int root = streamed ? n : 0;  // who reports: the gateway tells the session
-  std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
-  MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,
-             MPI_COMM_WORLD);
-  char mine_device[kDeviceChars] = {};
-  std::strncpy(mine_device, device.c_str(), kDeviceChars - 1);
-  std::vector<char> devices(rank == root ? kDeviceChars * static_cast<size_t>(size) : 0);
-  MPI_Gather(mine_device, kDeviceChars, MPI_CHAR, devices.data(), kDeviceChars, MPI_CHAR, root,
-             MPI_COMM_WORLD);
-  char mine_arch[kArchChars] = {};
-  struct utsname machine {};
-  const std::string arch = uname(&machine) == 0 ? machine.machine : "?";
-  arch.copy(mine_arch, kArchChars - 1);
-  std::vector<char> arches(rank == root ? kArchChars * static_cast<size_t>(size) : 0);
-  MPI_Gather(mine_arch, kArchChars, MPI_CHAR, arches.data(), kArchChars, MPI_CHAR, root,
-             MPI_COMM_WORLD);
+  const std::string json = gather_stats(plan, st, device, frames, args.pipeline, seconds, root);
   if (rank == root) {
-    const std::string json =
-        stats_json(plan, frames, args.pipeline, seconds, all, devices, arches);
     if (gateway) {
       gateway->finish(json);
     } else {

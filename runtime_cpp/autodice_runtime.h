@@ -1,4 +1,6 @@
-// autodice runtime: the small library every generated SPMD program links.
+// autodice runtime: the small library every generated SPMD program links
+// (autodice_runtime.cpp: setup, logging, memory, the wire; autodice_tensors.cpp: .npy files and
+// ncnn::Mat conversions).
 //
 // It owns what the generated code should not repeat per tensor: .npy files, moving tensors
 // between dense buffers and ncnn::Mat, typed nonblocking MPI transfers that check what arrived,
@@ -26,6 +28,11 @@ size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);  // "float32", "int64": numpy's spelling
 int64_t element_count(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "1x4x4x4"; "scalar" for {}
+// `n` as an MPI count (an int); a tensor past 2^31 elements needs a different wire format, so
+// it throws std::runtime_error naming `what`.
+int checked_int(int64_t n, const std::string& what);
+// A JSON string literal of `s` (names may hold quotes, backslashes, control characters).
+std::string json_string(const std::string& s);
 
 // ---- process setup, logging, timing ---------------------------------------------------------
 
@@ -147,6 +154,11 @@ ncnn::Mat alloc_mat(const Shape& shape, ncnn::Allocator* allocator = nullptr);
 // A new float32 Mat holding the dense tensor `data` of `shape`.
 ncnn::Mat mat_from_dense(const float* data, const Shape& shape,
                          ncnn::Allocator* allocator = nullptr);
+
+// Whether `m` can take the next tensor of `shape` in place: a plain float32 Mat of that shape
+// that nothing else holds (a send still in flight from this memory, or a Mat computed from it
+// as a view, must not see the next frame's bytes).
+bool mat_reusable(const ncnn::Mat& m, const Shape& shape);
 
 // Copy the dense float32 tensor `data` of `shape` into `m`, reusing its memory unless it is
 // not a float32 Mat of that shape or is held elsewhere (then `m` becomes a new Mat), as a

@@ -1,4 +1,4 @@
-/* A session's frame into its shared slot, checked on the way (autodice/backend/frame_copy.py).
+/* A session's frame into its shared slot, checked on the way (autodice/backend/session/frame_copy.py).
  *
  * The session's feeder copies each frame into the slot the ranks read it from, and refuses one
  * holding NaN or infinity. numpy does that in two passes over the caller's array (np.isfinite

@@ -62,12 +62,14 @@
 #include "layer.h"
 #include "modelbin.h"
 #include "net.h"
+#include "profile_gpu.h"
 #if NCNN_VULKAN
-#include "command.h"
 #include "gpu.h"
 #endif
 
 namespace {
+
+using autodice::json_string;
 
 struct Args {
   std::string param, bin, out;
@@ -297,96 +299,6 @@ std::vector<LayerBytes> layer_bytes(const Args& args, int threads,
   return bytes;
 }
 
-// A GPU rank's net: Vulkan device `index`, ncnn's default precision there (fp16 where the device
-// has it) unless --gpu-fp32, as the generated program loads it.
-void load_gpu(ncnn::Net& net, const Args& args, int index) {
-#if NCNN_VULKAN
-  if (index >= ncnn::get_gpu_count())
-    autodice::abort_run("no Vulkan device " + std::to_string(index) + " (ncnn found " +
-                        std::to_string(ncnn::get_gpu_count()) + ")", 7);
-  net.opt.use_vulkan_compute = true;
-  net.set_vulkan_device(index);
-  net.opt.num_threads = 1;  // a GPU rank's host side has one core (partition.py)
-  net.opt.lightmode = true;
-  autodice::allocate_activations(net.opt);
-  if (args.gpu_fp32) autodice::compute_in_fp32(net.opt);
-  if (net.load_param(args.param.c_str()) != 0 || net.load_model(args.bin.c_str()) != 0)
-    autodice::abort_run("cannot load " + args.param + " on Vulkan device " +
-                        std::to_string(index), 4);
-  if (!net.opt.use_vulkan_compute)
-    autodice::abort_run("ncnn could not use Vulkan device " + std::to_string(index), 7);
-#else
-  (void)net;
-  (void)args;
-  (void)index;
-  autodice::abort_run("this ncnn has no Vulkan: --gpu needs a build with NCNN_VULKAN", 7);
-#endif
-}
-
-// Whether Vulkan device `index` is a CPU (lavapipe): its work takes the CPU's cores.
-bool vulkan_on_cpu(int index) {
-#if NCNN_VULKAN
-  return ncnn::get_gpu_info(index).type() == 3;  // VK_PHYSICAL_DEVICE_TYPE_CPU, as ncnn counts
-#else
-  (void)index;
-  return true;
-#endif
-}
-
-// "[{bytes, upload_s, download_s}, ...]": the fastest of 15 copies of 4 KB..4 MiB tensors
-// between host memory and Vulkan device `index`, with a GPU rank's options.
-std::string gpu_transfer_rows(int index) {
-  std::string json = "[";
-#if NCNN_VULKAN
-  const ncnn::VulkanDevice* vkdev = ncnn::get_gpu_device(index);
-  ncnn::VkAllocator* blobs = vkdev->acquire_blob_allocator();
-  ncnn::VkAllocator* staging = vkdev->acquire_staging_allocator();
-  ncnn::Option opt;
-  opt.blob_vkallocator = blobs;
-  opt.workspace_vkallocator = blobs;
-  opt.staging_vkallocator = staging;
-  const std::vector<autodice::Shape> shapes = {
-      {1, 1000}, {1, 64, 16, 16}, {1, 128, 28, 28}, {1, 256, 32, 32}, {1, 256, 64, 64}};
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    ncnn::Mat host = autodice::alloc_mat(shapes[s]);
-    host.fill(1.0f);
-    double up = 1e30, down = 1e30;
-    for (int i = 0; i < 18; ++i) {
-      ncnn::VkMat dev;
-      ncnn::Mat back;
-      autodice::Timer t1;
-      {
-        ncnn::VkCompute cmd(vkdev);
-        cmd.record_upload(host, dev, opt);
-        cmd.submit_and_wait();
-      }
-      const double u = t1.elapsed_ms() / 1e3;
-      autodice::Timer t2;
-      {
-        ncnn::VkCompute cmd(vkdev);
-        cmd.record_download(dev, back, opt);
-        cmd.submit_and_wait();
-      }
-      const double d = t2.elapsed_ms() / 1e3;
-      if (i >= 3) {  // warm-up: the first copies allocate
-        up = std::min(up, u);
-        down = std::min(down, d);
-      }
-    }
-    char row[128];
-    std::snprintf(row, sizeof row, "%s{\"bytes\": %lld, \"upload_s\": %.9f, \"download_s\": %.9f}",
-                  s ? ", " : "", static_cast<long long>(autodice::element_count(shapes[s]) * 4),
-                  up, down);
-    json += row;
-  }
-  vkdev->reclaim_blob_allocator(blobs);
-  vkdev->reclaim_staging_allocator(staging);
-#else
-  (void)index;
-#endif
-  return json + "]";
-}
-
 ncnn::Extractor start(const ncnn::Net& net, const std::vector<ncnn::Mat>& inputs) {
   ncnn::Extractor ex = net.create_extractor();
   for (size_t k = 0; k < inputs.size(); ++k)
@@ -455,15 +367,6 @@ std::string fingerprint(const ncnn::Mat& m) {
   else
     std::snprintf(buf, sizeof buf, "[%lld, null, null, null]", static_cast<long long>(n));
   return buf;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out + "\"";
 }
 
 std::string json_list(const std::vector<double>& v) {
@@ -639,7 +542,7 @@ int main(int argc, char** argv) {
   for (size_t t = 0; t < n_threads; ++t) {
     nets[t] = std::make_unique<ncnn::Net>();
     if (keys[t] == "gpu")
-      load_gpu(*nets[t], args, args.gpu);
+      load_gpu(*nets[t], args.param, args.bin, args.gpu_fp32, args.gpu);
     else
       load(*nets[t], args, args.threads[t]);
   }

@@ -20,7 +20,7 @@ TEST_CLUSTER = {"name": "autodice-tests", "subnet": "10.79.0.0/24"}
 
 def netns(host: str) -> str:
     """The network namespace of ``host`` in the tests' cluster."""
-    from autodice.deploy.cluster_state import load_state
+    from autodice.deploy.emulated.state import load_state
 
     return next(h.netns for h in load_state(TEST_CLUSTER["name"]).hosts if h.name == host)
 

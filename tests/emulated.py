@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from autodice.backend.engine import ensure_ncnn
-from autodice.deploy.inventory import inventory_toml
+from autodice.deploy.emulated.state import inventory_toml
 
 
 def write_inventory(c, folder: Path, hosts: list[str]) -> Path:

@@ -21,11 +21,11 @@ from conftest import TEST_CLUSTER
 from autodice.backend.gen import gen
 from autodice.core.errors import AutodiceError
 from autodice.core.spec import mapping_json
-from autodice.deploy import cluster
-from autodice.deploy.arm_board import QEMU
 from autodice.deploy.deploy import deploy
+from autodice.deploy.emulated import cluster
+from autodice.deploy.emulated.arm_board import QEMU
+from autodice.deploy.emulated.state import inventory_toml
 from autodice.deploy.head_build import HERE
-from autodice.deploy.inventory import inventory_toml
 from autodice.frontend.split import split
 
 

@@ -133,7 +133,8 @@ def test_the_runtime_is_compiled_once_then_linked(tmp_path, zoo_model, monkeypat
         got = res.outputs["softmaxout_1"]
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
     assert compiled == [["autodice_program.cpp.o", "autodice_runtime.cpp.o",
-                         "autodice_stream.cpp.o", "program.cpp.o"], ["program.cpp.o"]]
+                         "autodice_stats.cpp.o", "autodice_stream.cpp.o", "autodice_tensors.cpp.o",
+                         "program.cpp.o"], ["program.cpp.o"]]
     assert len(list((tmp_path / "cache" / "runtime").glob("*/libautodice_runtime.a"))) == 1
 
 

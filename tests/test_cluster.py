@@ -31,8 +31,8 @@ from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json
-from autodice.deploy import cluster
 from autodice.deploy.deploy import deploy
+from autodice.deploy.emulated import cluster
 from autodice.deploy.inventory import load_inventory
 from autodice.deploy.ssh import Ssh, close_connections
 from autodice.frontend.split import split
@@ -219,7 +219,8 @@ def test_a_host_keeps_the_runtime_library_and_the_next_plan_compiles_alone(fig2_
                                for ln in log.splitlines() if "Building CXX object" in ln))
         assert len(list(kept.glob("*/libautodice_runtime.a"))) == 1
     assert compiled == [["autodice_program.cpp.o", "autodice_runtime.cpp.o",
-                         "autodice_stream.cpp.o", "program.cpp.o"], ["program.cpp.o"]]
+                         "autodice_stats.cpp.o", "autodice_stream.cpp.o", "autodice_tensors.cpp.o",
+                         "program.cpp.o"], ["program.cpp.o"]]
 
 
 def test_ctrl_c_during_a_remote_build_ends_the_build_on_the_host(fig2_three_hosts, emu):

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
-from autodice.deploy import sync
+from autodice.deploy import launch, rank_exits, sync
 from autodice.deploy.inventory import load_inventory
-from autodice.deploy import launch, rank_exits
-from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv, run_failure
+from autodice.deploy.launch import honours_cores, launch_files, mpirun_argv
+from autodice.deploy.rank_exits import run_failure
 from autodice.deploy.remote_build import build_groups
 from autodice.deploy.ssh import Host, Ssh, connection_key, control_dir, ssh_config
 from autodice.deploy.sync import STAMPS, Digests, folder_digest

@@ -14,6 +14,7 @@ from test_cost import fixture_profile
 
 from autodice.cli import main
 from autodice.core.model import load_model
+from autodice.core.plan import check_plan
 from autodice.core.spec import parse_platform_text
 from autodice.dse.cost_model import CostModel
 from autodice.dse.genes import Genes
@@ -23,7 +24,6 @@ from autodice.dse.search import Settings, explore
 from autodice.dse.timing import Timing
 from autodice.frontend.check import check
 from autodice.frontend.split import split
-from autodice.core.plan import check_plan
 
 PLATFORM = """\
 edge01, arm, slots=0-3, mem=4GB, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit, latency=0.2ms
@@ -343,3 +343,14 @@ def test_a_recovery_takes_the_fastest_front_point_on_the_hosts_left(squeeze_out)
         assert why.startswith("the DSE front's fastest point on ")
         chosen += 1
     assert chosen  # the front has a point on two of the three hosts
+
+
+def test_a_measured_point_whose_gpu_ranks_ran_on_lavapipe_says_so():
+    """An emulated cluster's hosts (and a board without its GPU's driver) run GPU ranks on
+    Mesa's lavapipe: the measured frames/s are not a GPU's, and the notes say which device."""
+    from autodice.dse.measure import _measure_notes
+
+    device = "vulkan:llvmpipe (LLVM 15.0.6, 256 bits)"
+    assert _measure_notes(None, 2, 0.0, "inventory.toml", {device, "vulkan:NVIDIA H100"}) == [
+        f"GPU ranks ran on {device}: Vulkan on the CPU (Mesa's lavapipe), not a GPU's speed"]
+    assert _measure_notes(None, 2, 0.0, "inventory.toml", {"vulkan:NVIDIA H100"}) == []

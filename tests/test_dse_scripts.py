@@ -37,6 +37,8 @@ def test_bandwidth_sweep_finds_where_splitting_stops_paying(tmp_path):
     # Faster links never make the best mapping slower, and let it move more between boards.
     assert fast["throughput_fps"] >= slow["throughput_fps"]
     assert fast["bytes_between_boards"] >= slow["bytes_between_boards"]
+    # Every layer on one board is among what the search starts from: it never ends below that.
+    assert all(r["throughput_fps"] >= r["one_device_fps"] for r in rows if r["one_device_fits"])
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 

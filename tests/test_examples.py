@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from autodice.backend.frames import frames_from
+from autodice.backend.session.frames import frames_from
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.cpp

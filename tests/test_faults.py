@@ -28,8 +28,8 @@ import pytest
 from test_session import frames, programs, reference
 
 import autodice
-from autodice.backend.frames import ImageRecipe
 from autodice.backend.session import SessionError
+from autodice.backend.session.frames import ImageRecipe
 
 pytestmark = pytest.mark.cpp
 
@@ -241,7 +241,7 @@ def test_aspect_ratio_bombs_make_frames_in_bounded_memory(tmp_path):
         (tmp_path / f"{w}x{h}.png").write_bytes(png(w, h))
     script = ("import sys, numpy as np\n"
               "from pathlib import Path\n"
-              "from autodice.backend.frames import ImageRecipe\n"
+              "from autodice.backend.session.frames import ImageRecipe\n"
               "for p in sorted(Path(sys.argv[1]).glob('*.png')):\n"
               "    a = ImageRecipe(resize=16).apply(p, (1, 3, 256, 256), np.float32)\n"
               "    assert a.shape == (1, 3, 256, 256) and np.isfinite(a).all()\n"

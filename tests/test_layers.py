@@ -120,3 +120,17 @@ def test_cycle_finder_finds_a_loop():
 def test_no_import_loop(graph):
     loops = cycles(graph)
     assert not loops, "import loops:\n" + "\n".join(" <-> ".join(c) for c in loops)
+
+
+# Rooms a floor keeps to itself: (room, the modules of its floor that may import it). Shipping
+# code reaches an emulated host through an inventory, as it reaches a real board; only the CLI's
+# `cluster` verbs (and the room itself) know emulation.
+ROOMS = {"autodice.deploy.emulated": ("autodice.deploy.emulated",)}
+
+
+def test_rooms_are_kept_to_themselves(graph):
+    for room, allowed in ROOMS.items():
+        inside = [f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+                  if (t == room or t.startswith(room + ".")) and floor(m) == floor(room)
+                  and not m.startswith(allowed)]
+        assert not inside, f"imports of {room} from its own floor:\n" + "\n".join(inside)

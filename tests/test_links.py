@@ -19,7 +19,7 @@ from conftest import TEST_CLUSTER
 from emulated import write_inventory
 
 from autodice.cli import main
-from autodice.deploy import cluster
+from autodice.deploy.emulated import cluster
 from autodice.dse.links import TOOLS, probe_links
 from autodice.dse.profile import fit_link, load_profile
 

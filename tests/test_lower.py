@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 from autodice.core.model import load_model
 from autodice.core.plan import TensorSpec
 from autodice.core.shapes import mat_form
+from autodice.frontend.axis_views import broadcast_view, transpose_view, transposes
 from autodice.frontend.legalize import Constants
 from autodice.frontend.lower import lower_ranks
-from autodice.frontend.views import broadcast_view, transpose_view, transposes
 
 OPS = ("none", "slice", "split", "softmax", "add", "einsum")
 

@@ -737,7 +737,7 @@ def write_files(d: Path, files: dict) -> None:
 @pytest.fixture
 def no_cluster_changes(monkeypatch):
     """``cluster up`` must refuse its options before it needs root or touches the network."""
-    from autodice.deploy import cluster
+    from autodice.deploy.emulated import cluster
 
     def refuse(*args, **kwargs):
         raise AssertionError("test: the options were accepted; nothing may be created here")

@@ -28,14 +28,14 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import helper
 from conftest import SPECS
 from graphs import conv_chain, input_skip, wide_chain
+from onnx import helper
 
 import autodice
-from autodice.backend import figures, frame_copy
-from autodice.backend.frames import ImageRecipe, frames_from
+from autodice.backend.session import figures, frame_copy
 from autodice.backend.session import FrameError, SessionError
+from autodice.backend.session.frames import ImageRecipe, frames_from
 from autodice.cli import main
 from autodice.frontend.check import session as ort_session
 
@@ -254,7 +254,7 @@ int main(void) {
 def test_the_frame_copy_of_an_aarch64_board(tmp_path):
     """A session on an aarch64 board builds the helper's portable path: cross-compiled here and
     run under qemu-user, it copies and finds NaN and infinity as x86-64's does."""
-    from autodice.deploy.arm_board import QEMU
+    from autodice.deploy.emulated.arm_board import QEMU
     if not (QEMU.exists() and shutil.which("aarch64-linux-gnu-gcc")):
         pytest.skip("needs qemu-user-static and gcc-aarch64-linux-gnu (`make test` installs them)")
     (tmp_path / "main.c").write_text(_ARM_HARNESS)

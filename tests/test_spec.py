@@ -1,7 +1,17 @@
+import json
+
 import pytest
 
 from autodice.core.errors import AutodiceError
-from autodice.core.spec import parse_cores, parse_key, parse_mapping_text, parse_platform_text
+from autodice.core.spec import (
+    cpu_key,
+    mapping_from,
+    parse_cores,
+    parse_key,
+    parse_keys,
+    parse_mapping_text,
+    parse_platform_text,
+)
 
 
 @pytest.mark.parametrize("key, host, kind, cores, gpu", [
@@ -23,6 +33,41 @@ def test_parse_key(key, host, kind, cores, gpu):
 def test_parse_key_rejects(key):
     with pytest.raises(ValueError):
         parse_key(key)
+
+
+@pytest.mark.parametrize("cores, key", [((0,), "b_x860"), ((1, 2, 3), "b_x86123"),
+                                        ((0, 1, 11), "b_x860-1,11-11"),
+                                        (tuple(range(12)), "b_x860-11")])
+def test_cpu_key_is_what_parse_key_reads(cores, key):
+    assert cpu_key("b", "x86", cores) == key
+    assert parse_key(key).cores == cores
+
+
+def test_a_mapping_parses_its_keys_once_and_keeps_the_bad_ones_for_the_platform_check():
+    m = parse_mapping_text('{"e1_x8601": ["a"], "e2_gpu": ["b"], "e1_tpu": ["c"]}')
+    assert [r.kind for r in m.resources.values()] == ["cpu", "gpu"]
+    assert m.hosts() == ["e1", "e2"]
+    assert m.bad_keys == {
+        "e1_tpu": 'resource "tpu" is not cpu|arm|x86 followed by cores, or gpu[N]'}
+
+
+def test_a_mapping_given_as_data_is_the_mapping_its_text_is():
+    data = {"e1_x860": ["a", {"layer": "fc", "split": "rows", "share": 0.25}],
+            "e2_x860": {"replicates": "e1_x860"}}
+    assert mapping_from(data, "m") == parse_mapping_text(json.dumps(data), "m")
+    with pytest.raises(AutodiceError, match='m: key "e1_x860": lists no layers'):
+        mapping_from({"e1_x860": []}, "m")
+    with pytest.raises(AutodiceError, match="m: key 3 is not a string"):
+        mapping_from({3: ["a"]}, "m")
+
+
+def test_keys_given_one_by_one_are_refused_together():
+    assert [r.host for r in parse_keys(["a_x860", "b_gpu"], "--balance")] == ["a", "b"]
+    with pytest.raises(AutodiceError) as e:
+        parse_keys(["a_x860", "a_tpu", 7, "a_x860"], "--balance")
+    assert e.value.problems == [
+        '--balance: key "a_tpu": resource "tpu" is not cpu|arm|x86 followed by cores, or gpu[N]',
+        '--balance: key "7": not a string', '--balance: key "a_x860" is given 2 times']
 
 
 def test_parse_cores():

@@ -139,7 +139,8 @@ def render_run_script(plan: Plan) -> str:
 
 
 RUNTIME_SOURCES = ("autodice_types.h", "autodice_runtime.h", "autodice_runtime.cpp",
-                   "autodice_program.h", "autodice_program.cpp", "autodice_stream.h",
+                   "autodice_tensors.cpp", "autodice_program.h", "autodice_program.cpp",
+                   "autodice_stats.h", "autodice_stats.cpp", "autodice_stream.h",
                    "autodice_stream.cpp")
 
 

@@ -22,9 +22,9 @@ from ..core.plan import Plan, load_plan
 from ..frontend.check import RTOL, RTOL_FP16
 from .engine import mpi_prefix
 from .failure import explain_failure, without_notices
-from .frames import open_npy
-from .job import job_log
 from .session import Session
+from .session.frames import open_npy
+from .session.job import job_log
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from pathlib import Path
 from ..core.errors import AutodiceError
 from .engine import cache_root, cmake_args, mpi_prefix
 
-SOURCES = ("profile_layers.cpp", "ncnn_check.cpp", "autodice_runtime.cpp", "autodice_runtime.h",
-           "autodice_types.h")
+SOURCES = ("profile_layers.cpp", "profile_gpu.cpp", "profile_gpu.h", "ncnn_check.cpp",
+           "autodice_runtime.cpp", "autodice_tensors.cpp", "autodice_runtime.h", "autodice_types.h")
 TOOLS = ("profile_layers", "ncnn_check")
 
 
-def source_digest() -> str:
+def tools_digest() -> str:
     """Hash of the tools' C++ sources (a change rebuilds them, and re-measures profiles)."""
     root = resources.files("autodice.runtime_cpp")
     h = hashlib.sha256()
@@ -48,7 +48,7 @@ def write_sources(folder: Path) -> str:
 def build_tools(ncnn: Path) -> Path:
     """The folder holding the built tools, built once per source hash + ncnn + MPI (they link the
     runtime); the folder appears by rename, complete or not at all."""
-    key = hashlib.sha256(f"{source_digest()}\n{ncnn}\n{mpi_prefix()}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{tools_digest()}\n{ncnn}\n{mpi_prefix()}".encode()).hexdigest()[:16]
     entry = cache_root() / "tools" / key
     if all((entry / t).exists() for t in TOOLS):
         return entry
@@ -91,10 +91,10 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(ncnn REQUIRED)
 option(AUTODICE_WERROR "treat warnings as errors" OFF)
 set(warnings -Wall -Wextra $<$<BOOL:${AUTODICE_WERROR}>:-Werror>)
-add_library(autodice_runtime STATIC autodice_runtime.cpp)
+add_library(autodice_runtime STATIC autodice_runtime.cpp autodice_tensors.cpp)
 target_include_directories(autodice_runtime PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(autodice_runtime PUBLIC ncnn MPI::MPI_CXX OpenMP::OpenMP_CXX)
-add_executable(profile_layers profile_layers.cpp)
+add_executable(profile_layers profile_layers.cpp profile_gpu.cpp)
 target_link_libraries(profile_layers PRIVATE autodice_runtime)
 target_compile_options(profile_layers PRIVATE ${warnings})
 add_executable(ncnn_check ncnn_check.cpp)

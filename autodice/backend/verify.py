@@ -25,9 +25,9 @@ import onnx
 
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
+from ..frontend.axis_views import NCNN_AXES
 from ..frontend.check import RTOL, RTOL_FP16, difference
 from ..frontend.nodes import origin
-from ..frontend.views import NCNN_AXES
 from .engine import ensure_ncnn
 from .fp16_range import Largest
 from .tools import build_tools

@@ -17,6 +17,7 @@ import click
 
 from ..core.errors import AutodiceError, JobError, Stopped
 from ..core.plan import human_bytes
+from ..core.stops import SIGNALS, on_stop
 
 
 class PositiveFloat(click.ParamType):
@@ -101,10 +102,6 @@ EXIT_FRAMES_FAILED = 3  # a stream delivered what it could; some frames (or all)
 EXIT_JOB_FAILED = 4  # the job started and then failed (a rank died, a board was lost)
 
 
-def _stop_on(signum, frame):
-    raise Stopped(signum)
-
-
 class Main(click.Group):
     """Turns AutodiceError into one ``error:`` line per problem and exit code 2 (4 for a job that
     failed once started), and a signal into a clean stop with exit code 128 + its number.
@@ -113,12 +110,12 @@ class Main(click.Group):
     number, a file that is a directory) get the same one-line form, and so does an error of
     the machine (a full disk, a folder autodice may not write) that no check foresaw.
     SIGTERM and SIGHUP stop a verb as Ctrl-C does (:class:`~autodice.core.errors.Stopped`): the
-    job ends in order, and a stream writes what it delivered.
+    job ends in order, and a stream writes what it delivered (:mod:`autodice.core.stops`).
     """
 
     def invoke(self, ctx):
         main_thread = threading.current_thread() is threading.main_thread()
-        before = {s: signal.signal(s, _stop_on) for s in (signal.SIGTERM, signal.SIGHUP)
+        before = {s: signal.signal(s, on_stop) for s in SIGNALS
                   if main_thread}  # (a test's runner in-process: its handlers come back)
         try:
             return super().invoke(ctx)

@@ -81,7 +81,7 @@ def run(output, inputs, results, frames, preprocess, labels, top, fmt, window, n
 
 def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:
     """Whether the inputs are a stream of frames (a batch, a folder, stdin), not one frame."""
-    from ..backend.frames import is_stream
+    from ..backend.session.frames import is_stream
 
     shapes = {t.name: t.shape for t in plan.model_inputs}
     if not any(is_stream(str(src), shapes[name]) for name, src in given.items()):
@@ -119,7 +119,7 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
 def one_frame_labels(plan, given: dict, preprocess, labels) -> list[str] | None:
     """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` is refused
     there, as it is for any source of no images."""
-    from ..backend.stream import read_labels
+    from ..backend.session.results import read_labels
 
     if preprocess:
         raise AutodiceError(f"--preprocess: {', '.join(map(str, given.values()))} holds no "
@@ -129,7 +129,7 @@ def one_frame_labels(plan, given: dict, preprocess, labels) -> list[str] | None:
 
 def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int, fmt: str) -> None:
     """The one frame's ``k`` best classes by its first output, labelled with its file."""
-    from ..backend.stream import classes
+    from ..backend.session.results import classes
 
     record = {"frame": Path(next(iter(given.values()))).name,
               "classes": classes(outputs[plan.model_outputs[0].name], names, k)}
@@ -170,7 +170,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, fm
 
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
-    from ..backend.stream import finish, read_labels, source_frames, stream
+    from ..backend.session.results import finish, read_labels, source_frames, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
@@ -224,9 +224,7 @@ def incident_line(i: dict):
     Text; the failure's words may hold tensor names)."""
     from rich.text import Text
 
-    from ..core.spec import parse_key
-
-    hosts = ", ".join(dict.fromkeys(parse_key(k).host for k in i["mapping"]))
+    hosts = ", ".join(i["hosts"])
     if "rebalanced" in i:
         return Text(f"{', '.join(i['rebalanced'])} back: rebalanced onto {hosts}")
     phases = ", ".join(f"{k[:-2]} {i[k]:.1f} s" for k in ("detect_s", "plan_s", "deploy_s",

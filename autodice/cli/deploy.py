@@ -8,7 +8,7 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from ..deploy.cluster_state import DEFAULT as DEFAULT_CLUSTER
+from ..deploy.emulated.state import DEFAULT as DEFAULT_CLUSTER
 from .app import (INPUT_HELP, console, job_options, main, model_inputs, only_with, out, progress,
                   rate_line, report_run, stats_table, stream_options)
 from .backend import is_a_stream, one_frame_labels, run_stream, show_top_k
@@ -48,7 +48,7 @@ _name_option = click.option(
               type=click.Path(dir_okay=False), help="Where to write the inventory for deploy.")
 def cluster_up(hosts, bandwidth, cores, arches, subnet, name, replace, ncnn_dir, output):
     """Create (or repair) the emulated cluster and write its inventory."""
-    from ..deploy import cluster as emu
+    from ..deploy.emulated import cluster as emu
 
     pins, machines = {}, {}
     for option, specs, into, form in (("--cores", cores, pins, "HOST=CPUS, e.g. edge01=0-1"),
@@ -71,7 +71,7 @@ def cluster_up(hosts, bandwidth, cores, arches, subnet, name, replace, ncnn_dir,
 @_name_option
 def cluster_down(name):
     """Remove every namespace, link, sshd and file of the emulated cluster (that one only)."""
-    from ..deploy import cluster as emu
+    from ..deploy.emulated import cluster as emu
 
     removed = emu.down(name)
     out.print(f"removed {len(removed)} things" + (": " + ", ".join(removed) if removed else ""))
@@ -81,7 +81,7 @@ def cluster_down(name):
 @_name_option
 def cluster_status(name):
     """Show the emulated cluster's hosts, addresses and whether their sshd is alive."""
-    from ..deploy import cluster as emu
+    from ..deploy.emulated import cluster as emu
 
     c, _ = emu.status(name)
     if c is None:
@@ -95,7 +95,7 @@ def _cluster_table(c) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ..deploy import cluster as emu
+    from ..deploy.emulated import cluster as emu
 
     _, rows = emu.status(c.name)
     rate = f"{int(c.bandwidth[:-3]) / 1e6:g} Mbit/s" if c.bandwidth else "unshaped"

@@ -287,6 +287,22 @@ def parse_key(key: str) -> Resource:
     return Resource(key, host, "cpu", family, cores=cores)
 
 
+def cpu_key(host: str, family: str, cores: tuple[int, ...]) -> str:
+    """The key :func:`parse_key` reads as ``cores`` of ``host``: the paper's one digit per core
+    when possible, else ranges."""
+    if all(c < 10 for c in cores):
+        key = f"{host}_{family}{''.join(map(str, cores))}"
+    else:
+        parts, start = [], None
+        for k, c in enumerate(cores):
+            start = c if start is None else start
+            if k + 1 == len(cores) or cores[k + 1] != c + 1:
+                parts.append(f"{start}-{c}")
+                start = None
+        key = f"{host}_{family}{','.join(parts)}"
+    return key
+
+
 @dataclass(frozen=True)
 class Mapping:
     """mapping.json, parsed.
@@ -304,6 +320,36 @@ class Mapping:
     # (key, layer) -> (split kind or "", share or None), for items given as objects
     split_items: dict[tuple[str, str], tuple[str, float | None]] = field(default_factory=dict)
     replicas: dict[str, str] = field(default_factory=dict)  # replica key -> the key it copies
+    # Each key parsed once, here: the keys that parse, and why the others do not (reported
+    # with what the platform says of the rest, by frontend/place.py).
+    resources: dict[str, Resource] = field(default_factory=dict)
+    bad_keys: dict[str, str] = field(default_factory=dict)
+
+    def hosts(self) -> list[str]:
+        """The hosts of the keys that parse, each once, in rank order."""
+        return list(dict.fromkeys(r.host for r in self.resources.values()))
+
+
+def parse_keys(keys, where: str) -> list[Resource]:
+    """Mapping keys given one by one (``layers --balance KEY ...``, the API), parsed.
+
+    Raises:
+        AutodiceError: every key that does not parse, named, and keys given twice.
+    """
+    problems = Problems()
+    found = []
+    for key in keys:
+        try:
+            if not isinstance(key, str):
+                raise ValueError("not a string")
+            found.append(parse_key(key))
+        except ValueError as e:
+            problems.add(f'{where}: key "{key}": {e}', f"{where}: and {{n}} more malformed keys")
+    seen = [r.key for r in found]
+    for key in dict.fromkeys(k for k in seen if seen.count(k) > 1):
+        problems.add(f'{where}: key "{key}" is given {seen.count(key)} times')
+    problems.raise_if_any()
+    return found
 
 
 def parse_mapping(path: str | Path) -> Mapping:
@@ -315,11 +361,12 @@ def parse_mapping(path: str | Path) -> Mapping:
     return parse_mapping_text(read_text(path), str(path))
 
 
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs: keeps order and shows repeated keys."""
+
+
 def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
     problems = Problems()
-
-    class Pairs(list):
-        """A JSON object as its (key, value) pairs: keeps order and shows repeated keys."""
 
     def pairs(items):
         seen = set()
@@ -328,7 +375,7 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
                 problems.add(f'{path}: key "{k}" appears twice',
                              f"{path}: and {{n}} more keys that appear twice")
             seen.add(k)
-        return Pairs(items)
+        return _Pairs(items)
 
     try:
         data = parse_nested(lambda t: json.loads(t, object_pairs_hook=pairs), text, path)
@@ -336,14 +383,35 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
         raise AutodiceError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} "
                             f"column {e.colno}") from None
     problems.raise_if_any()
-    if not isinstance(data, Pairs) or not data:
+    return _mapping_of(data, path, problems)
+
+
+def mapping_from(entries: dict, path: str = "mapping") -> Mapping:
+    """A mapping given as data (``{key: [layer, ...]}``, as the API and the search make them),
+    checked as mapping.json is, without a round trip through JSON text."""
+    def pairs(value):
+        if isinstance(value, dict):
+            return _Pairs((k, pairs(v)) for k, v in value.items())
+        return [pairs(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    problems = Problems()
+    for key in entries if isinstance(entries, dict) else ():
+        if not isinstance(key, str):
+            problems.add(f"{path}: key {key!r} is not a string")
+    problems.raise_if_any()
+    return _mapping_of(pairs(entries), path, problems)
+
+
+def _mapping_of(data, path: str, problems: Problems) -> Mapping:
+    """The checks of mapping.json on its parsed text (objects as :class:`_Pairs`)."""
+    if not isinstance(data, _Pairs) or not data:
         raise AutodiceError(f'{path}: expected a non-empty object {{"host_resource": '
                             f'["layer", ...], ...}}')
     entries = []
     split_items: dict[tuple[str, str], tuple[str, float | None]] = {}
     replicas: dict[str, str] = {}
     for key, layers in data:
-        if isinstance(layers, Pairs) and [k for k, _ in layers] == ["replicates"]:
+        if isinstance(layers, _Pairs) and [k for k, _ in layers] == ["replicates"]:
             target = layers[0][1]
             if not isinstance(target, str):
                 problems.add(f'{path}: key "{key}": "replicates" names another key')
@@ -365,7 +433,7 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
             if isinstance(item, str):
                 names.append(item)
                 continue
-            item = dict(item) if isinstance(item, Pairs) else item
+            item = dict(item) if isinstance(item, _Pairs) else item
             if not isinstance(item, dict) or not isinstance(item.get("layer"), str) or \
                     set(item) - {"layer", "split", "share"}:
                 problems.add(f'{path}: key "{key}": {json.dumps(item)[:60]} is neither a layer '
@@ -390,7 +458,14 @@ def parse_mapping_text(text: str, path: str = "mapping.json") -> Mapping:
             problems.add(f'{path}: key "{key}": replicates "{target}", which is not a key with '
                          f"layers{did_you_mean(target, [k for k in keys if k not in replicas])}")
     problems.raise_if_any()
-    return Mapping(path, tuple(entries), split_items, replicas)
+    resources: dict[str, Resource] = {}
+    bad_keys: dict[str, str] = {}
+    for key in keys:
+        try:
+            resources[key] = parse_key(key)
+        except ValueError as e:
+            bad_keys[key] = str(e)
+    return Mapping(path, tuple(entries), split_items, replicas, resources, bad_keys)
 
 
 def mapping_json(entries: dict[str, list[str]]) -> str:

@@ -4,7 +4,7 @@ Steps, each over all hosts at once (one thread per host), each finished by every
 next starts (but for the build, which overlaps the sync), so a broken host stops the deploy
 before anything runs anywhere:
 
-1. ``connect`` + ``check`` (:mod:`.check`): one ssh master connection per host, reused from
+1. ``connect`` + ``check`` (:mod:`.host_check`): one ssh master connection per host, reused from
    an earlier deploy when one is still open (all later ssh and rsync go through it: no new
    handshakes), and in one remote shell: architecture, cores, tools (compiler, cmake, rsync,
    MPI, ncnn) and what an earlier deploy left there. Every failing host is reported at once.
@@ -14,13 +14,13 @@ before anything runs anywhere:
    the check read it) is not touched. Bytes sent per host come from ``rsync --stats``.
 3. ``build`` (:mod:`.remote_build`): boards of another architecture than this machine's get
    their program cross-built here once per architecture (:mod:`.head_build`) and receive it;
-   a host that is not what the platform file says stops the deploy first. Other hosts that share an architecture (``uname -m``) and a
-   filesystem label (and MPI and ncnn prefixes) build once, on the first of them, as soon as
-   its own package is there (while the others still sync); the others receive the binary by
-   rsync. Hosts without a shared filesystem build their own. A build runs only when the
-   sources or flags differ from the last one that succeeded there (a stamp it leaves), a copy
-   only when the binaries differ. A host with no ncnn builds the pinned ncnn once in its
-   remote directory.
+   a host that is not what the platform file says stops the deploy first. Other hosts that
+   share an architecture (``uname -m``) and a filesystem label (and MPI and ncnn prefixes)
+   build once, on the first of them, as soon as its own package is there (while the others
+   still sync); the others receive the binary by rsync. Hosts without a shared filesystem
+   build their own. A build runs only when the sources or flags differ from the last one that
+   succeeded there (a stamp it leaves), a copy only when the binaries differ. A host with no
+   ncnn builds the pinned ncnn once in its remote directory.
 4. ``run`` (``--run``, :mod:`.launch`): the real-address hostfile, rankfile and an ssh config go
    to the head node (the host of rank 0; only when they changed), which starts ``mpirun`` with
    Open MPI's ssh launcher; one MPMD app context per rank gives each its own host's directory.
@@ -56,11 +56,11 @@ from ..core.errors import AutodiceError
 from ..core.outdir import claim
 from ..core.plan import Plan, load_plan
 from ..core.spec import Device, parse_platform
-from .check import check_all
 from .head_build import choose
+from .host_check import check_all
 from .inventory import Inventory, load_inventory
 from .launch import check_launchable, run_job, write_launch_files
-from .remote_build import build_all, source_digest
+from .remote_build import build_all, package_digest
 from .ssh import KEEP_S, Host, Progress, Ssh
 from .sync import Digests, sync_package
 
@@ -212,7 +212,7 @@ def ship(out_dir: str | Path, inventory: str | Path | Inventory, progress: Progr
         _timed(seconds, "check", lambda: check_all(ssh, hosts, progress))  # + connect
         choose(hosts, _devices(out_dir))
         package = out_dir / "packages" / hosts[0].target.host
-        sources = source_digest(package)
+        sources = package_digest(package)
         gpu_hosts = frozenset(r.host for r in plan.ranks if r.device == "gpu")
         synced: list[float] = []
         digests = Digests(work / "digests.json")

@@ -26,17 +26,11 @@ from __future__ import annotations
 
 import getpass
 import ipaddress
-import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..core.errors import AutodiceError, Problems, did_you_mean, parse_nested, read_text
-
-if TYPE_CHECKING:
-    from .cluster_state import Cluster
 
 try:
     import tomllib
@@ -211,53 +205,3 @@ def _target(name: str, t: dict, base: Path, where: str, problems: Problems) -> T
                   known_hosts=local["known_hosts"], mpi_prefix=remote["mpi_prefix"],
                   ncnn_dir=remote["ncnn_dir"],
                   filesystem=str(filesystem) if filesystem is not None else None, build=build)
-
-
-# --- the emulated cluster's inventory ---------------------------------------------------------
-
-FILESYSTEM = "autodice-cluster"  # the label for "these hosts share one filesystem"
-
-
-def _toml_str(value: str) -> str:
-    return json.dumps(value)  # a JSON string of printable text is a TOML basic string
-
-
-def find_ncnn() -> Path | None:
-    """An ncnn install this machine already has (no build): the override, else the cached one."""
-    from ..backend.engine import CONFIG, cache_key, cache_root, ncnn_flags
-
-    override = os.environ.get("AUTODICE_NCNN_DIR")
-    if override:
-        return Path(override)
-    prefix = cache_root() / "ncnn" / cache_key(ncnn_flags(vulkan=True)) / "install"
-    return prefix if (prefix / CONFIG).is_file() else None
-
-
-def inventory_toml(c: Cluster, hosts: list[str] | None = None,
-                   ncnn_dir: str | Path | None = None) -> str:
-    """The inventory for ``autodice deploy`` to reach ``hosts`` (default: all) of ``c``."""
-    from ..backend.engine import mpi_prefix
-
-    ncnn = Path(ncnn_dir) if ncnn_dir else find_ncnn()
-    lines = [
-        "# Inventory for `autodice deploy`, written by `autodice cluster up` (emulated hosts).",
-        f"network = {_toml_str(c.subnet)}  # MPI traffic stays on this subnet",
-        "",
-        "[defaults]",
-        'user = "root"',
-        "port = 22",
-        f"identity = {_toml_str(str(c.identity))}",
-        f"known_hosts = {_toml_str(str(c.known_hosts))}",
-        f"filesystem = {_toml_str(FILESYSTEM)}  # shared: one build per architecture",
-        f"mpi_prefix = {_toml_str(str(mpi_prefix()))}",
-    ]
-    for h in c.hosts:
-        if hosts is not None and h.name not in hosts:
-            continue
-        lines += ["", f"[hosts.{h.name}]", f"address = {_toml_str(h.address)}",
-                  f"remote_dir = {_toml_str(h.remote_dir)}"]
-        if h.arch:  # an emulated board: its program is cross-built here, with ncnn
-            lines.append(f"# an emulated {h.arch} board: no compiler, ncnn built here for it")
-        elif ncnn:
-            lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
-    return "\n".join(lines) + "\n"

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..backend.failure import Death, explain_failure, without_notices
 from ..backend.run import ProcessJob, RunResult, model_outputs
 from ..core.errors import AutodiceError, JobError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
 from .inventory import Inventory
-from .rank_exits import WRAPPER, rank_deaths, rank_exits
+from .rank_exits import WRAPPER, rank_deaths, rank_exits, run_failure
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel, ssh_config
 from .sync import sync_folder
 
@@ -396,43 +394,6 @@ def reap(ssh: Ssh, hosts: list[Host], pid_file: str, build: Build = PROGRAM) -> 
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         list(pool.map(one, hosts))
-
-
-_RANK_SAYS = re.compile(r"^\[rank (\d+) ([^\]]*)\] (.*)")
-_FIRST = re.compile(r"Process name: \[\S+,(\d+)\] Exit code: (\d+)")
-
-
-def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: float,
-                log: Path, deaths: list[Death] = ()) -> list[str]:
-    """One line naming the rank that failed first, its key and host, then what ranks said.
-
-    The rank comes from :func:`~autodice.backend.failure.explain_failure` (the rank wrappers'
-    markers, mpirun's notice of a death, the ranks' watchdogs). When that names none: the first
-    thing a rank said, else Open MPI's first failed process, else mpirun's last lines.
-    """
-    def name(rank: int) -> str:
-        r = plan.ranks[rank]
-        return f"{inv.targets[r.host].where()}: run: rank {r.rank} ({r.key})"
-
-    lines = explain_failure(plan, output, deaths, name)
-    said = []
-    for line in output.splitlines():
-        m = _RANK_SAYS.match(line)
-        if m and int(m.group(1)) < len(plan.ranks):
-            r = plan.ranks[int(m.group(1))]
-            said.append(f"rank {r.rank} ({r.key}) on host {r.host}: {m.group(3)}")
-    if not lines and said:
-        lines.append(f"run: the job failed (exit {code}); {said[0]}")
-        said = said[1:]
-    flat = " ".join(output.replace("\0", "").split())
-    if not lines and (m := _FIRST.search(flat)) and int(m.group(1)) < len(plan.ranks):
-        lines.append(f"{name(int(m.group(1)))} failed first (exit code {m.group(2)})")
-    if not lines:
-        tail = [ln for ln in without_notices(output.strip().splitlines())
-                if ln.strip() and "setpgid" not in ln]
-        lines.append(f"run: mpirun failed (exit {code})")
-        said = tail[-8:]
-    return [*lines, *said[:5], f"after {seconds:.1f} s; full log: {log}"]
 
 
 def _collect(ssh: Ssh, plan: Plan, hosts: list[Host], out_dir: Path,

@@ -3,7 +3,8 @@
 Every rank of a deployed job runs under :data:`WRAPPER`, so that after a failure the report names
 the rank that died of a signal (killed, out of memory, crashed) first rather than the peers that
 then lost their connection to it, and a job whose mpirun hung (``launch.MPIRUN_HUNG``) still says
-how every rank ended.
+how every rank ended. :func:`run_failure` is that report: the rank that failed first, from the
+markers and what the job printed.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import re
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import NamedTuple
 
-from ..backend.failure import Death
+from ..backend.failure import Death, explain_failure, without_notices
 from ..core.plan import Plan
+from .inventory import Inventory
 from .ssh import Host, Ssh
 
 # mpirun aborts a job with TERM to each rank's process group, which may come the moment this
@@ -104,3 +107,40 @@ def rank_exits(ssh: Ssh, hosts: list[Host]) -> list[RankExit]:
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         list(pool.map(read, hosts))
     return sorted(found)
+
+
+_RANK_SAYS = re.compile(r"^\[rank (\d+) ([^\]]*)\] (.*)")
+_FIRST = re.compile(r"Process name: \[\S+,(\d+)\] Exit code: (\d+)")
+
+
+def run_failure(plan: Plan, inv: Inventory, output: str, code: int, seconds: float,
+                log: Path, deaths: list[Death] = ()) -> list[str]:
+    """One line naming the rank that failed first, its key and host, then what ranks said.
+
+    The rank comes from :func:`~autodice.backend.failure.explain_failure` (the rank wrappers'
+    markers, mpirun's notice of a death, the ranks' watchdogs). When that names none: the first
+    thing a rank said, else Open MPI's first failed process, else mpirun's last lines.
+    """
+    def name(rank: int) -> str:
+        r = plan.ranks[rank]
+        return f"{inv.targets[r.host].where()}: run: rank {r.rank} ({r.key})"
+
+    lines = explain_failure(plan, output, deaths, name)
+    said = []
+    for line in output.splitlines():
+        m = _RANK_SAYS.match(line)
+        if m and int(m.group(1)) < len(plan.ranks):
+            r = plan.ranks[int(m.group(1))]
+            said.append(f"rank {r.rank} ({r.key}) on host {r.host}: {m.group(3)}")
+    if not lines and said:
+        lines.append(f"run: the job failed (exit {code}); {said[0]}")
+        said = said[1:]
+    flat = " ".join(output.replace("\0", "").split())
+    if not lines and (m := _FIRST.search(flat)) and int(m.group(1)) < len(plan.ranks):
+        lines.append(f"{name(int(m.group(1)))} failed first (exit code {m.group(2)})")
+    if not lines:
+        tail = [ln for ln in without_notices(output.strip().splitlines())
+                if ln.strip() and "setpgid" not in ln]
+        lines.append(f"run: mpirun failed (exit {code})")
+        said = tail[-8:]
+    return [*lines, *said[:5], f"after {seconds:.1f} s; full log: {log}"]

@@ -36,16 +36,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..backend.failure import culprits
-from ..backend.job import Restart
+from ..backend.session.job import Restart
 from ..core.errors import AutodiceError
 from ..core.names import file_slug
 from ..core.outdir import claim
 from ..core.plan import Plan, load_plan
-from ..core.spec import mapping_json, parse_key, parse_mapping
+from ..core.spec import mapping_from, mapping_json, parse_mapping
 from .deploy import Shipped, ship
 from .inventory import Inventory
-from .launch import reap, run_failure
-from .rank_exits import deaths_of, rank_exits, vanished
+from .launch import reap
+from .rank_exits import deaths_of, rank_exits, run_failure, vanished
 from .remote_build import ncnn_prefixes
 from .remote_job import RemoteJob
 from .ssh import PROGRAM, Build, Progress
@@ -140,6 +140,7 @@ class DeployedRecovery:
         restart = self._start(shipped)
         restart.incident.update({
             "lost": sorted(lost), "why": lines[0], "mapping": fallback.mapping,
+            "hosts": restart.plan.hosts(),
             "mapping_from": fallback.source, "prepared_ahead": ready,
             "out": str(fallback.out), "detect_s": round(detected - t0, 3),
             "plan_s": round(planned - detected, 3), "deploy_s": round(shipped_at - planned, 3)})
@@ -162,6 +163,7 @@ class DeployedRecovery:
         self.lost.clear()
         restart = self._start(shipped)
         restart.incident.update({"rebalanced": back, "mapping": _mapping_of(self.out_dir),
+                                 "hosts": restart.plan.hosts(),
                                  "mapping_from": "the original", "out": str(self.out_dir)})
         self._prepare_ahead()
         return restart
@@ -247,9 +249,8 @@ class DeployedRecovery:
         from ..core.model import load_model
         from ..frontend.suggest import balanced_mapping
 
-        keys = [k for k, _ in parse_mapping(self.out_dir / "mapping.json").entries
-                if parse_key(k).host in left]
-        keys = list(dict.fromkeys(keys))
+        original = parse_mapping(self.out_dir / "mapping.json")
+        keys = [k for k, r in original.resources.items() if r.host in left]
         graph = load_model(self.out_dir / self.plan.model,
                            {t.name: t.shape for t in self.plan.model_inputs})
         return (balanced_mapping(graph, keys, f"recovery without {', '.join(sorted(lost))}"),
@@ -286,10 +287,10 @@ def _answering(s: Shipped) -> dict[str, bool]:
     return answers
 
 
-def read_front(front: Path) -> list[tuple[str, float, dict]]:
-    """A ``dse`` output's points, fastest first: (name, predicted frames/s, mapping). Read when
-    the session opens, so a bad ``--front`` is said before anything is deployed, not at the loss
-    it was meant for.
+def read_front(front: Path) -> list[tuple[str, float, dict, list[str]]]:
+    """A ``dse`` output's points, fastest first: (name, predicted frames/s, mapping, its keys'
+    hosts in rank order). Read when the session opens, so a bad ``--front`` is said before
+    anything is deployed, not at the loss it was meant for.
 
     Raises:
         AutodiceError: not a dse output, or a point or its mapping file is unreadable.
@@ -309,15 +310,18 @@ def read_front(front: Path) -> list[tuple[str, float, dict]]:
             raise AutodiceError(f"{path}: point {name}'s mapping is unreadable ({e})") from None
         if not isinstance(mapping, dict):
             raise AutodiceError(f"{path}: point {name}'s mapping is not a JSON object")
-        read.append((name, fps, mapping))
+        parsed = mapping_from(mapping, str(path))
+        if parsed.bad_keys:
+            key, why = next(iter(parsed.bad_keys.items()))
+            raise AutodiceError(f'{path}: point {name}: key "{key}": {why}')
+        read.append((name, fps, mapping, [parsed.resources[k].host for k, _ in parsed.entries]))
     return read
 
 
 def front_point(front: Path, left: set[str], head: str) -> tuple[dict, str] | None:
     """The fastest point of a ``dse`` output whose keys are all on ``left`` with rank 0 on
     ``head`` (the input and the gateway stay where they are)."""
-    for name, fps, mapping in read_front(front):
-        hosts = [parse_key(k).host for k in mapping]
+    for name, fps, mapping, hosts in read_front(front):
         if hosts and hosts[0] == head and set(hosts) <= left:
             return mapping, f"the DSE front's fastest point on {', '.join(sorted(left))} " \
                             f"({name}, {fps:.1f} frames/s predicted)"
@@ -340,7 +344,8 @@ def _holds(out: Path, mapping: dict) -> bool:
 
 
 def _generated(out: Path) -> float:
-    """When ``gen`` last wrote ``out``'s packages (a fallback older than its original is not one)."""
+    """When ``gen`` last wrote ``out``'s packages (a fallback older than its original is not
+    one)."""
     return (out / "packages" / ".precision").stat().st_mtime
 
 

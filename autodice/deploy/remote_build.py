@@ -257,7 +257,7 @@ def _step(step: str, fn: Callable[[Host], object], h: Host) -> None:
         raise AutodiceError(f"{step}: {first}", *rest) from None
 
 
-def source_digest(package: Path) -> str:
+def package_digest(package: Path) -> str:
     """What the program is built from (the same in every package): changes force a build."""
     return files_digest(package, ("program.cpp", *RUNTIME_FILES))
 

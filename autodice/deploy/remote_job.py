@@ -7,11 +7,11 @@ from __future__ import annotations
 import secrets
 import subprocess
 
-from ..backend.job import job_log
+from ..backend.session.job import job_log
 from ..core.errors import AutodiceError
 from .deploy import Shipped
-from .launch import HeadJob, mpirun_argv, run_failure
-from .rank_exits import rank_deaths
+from .launch import HeadJob, mpirun_argv
+from .rank_exits import rank_deaths, run_failure
 from .ssh import must, parallel
 
 _SOCKET_BYTES = 107  # sun_path holds 108 bytes with its terminating zero

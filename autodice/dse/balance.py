@@ -20,39 +20,28 @@ from collections.abc import Callable
 from itertools import accumulate
 from pathlib import Path
 
-from ..core.errors import AutodiceError, Problems
+from ..core.errors import AutodiceError
 from ..core.model import Graph
-from ..core.spec import Device, Platform, parse_key
+from ..core.spec import Device, Platform, Resource, parse_keys
 from ..frontend.suggest import Cost, balanced_mapping
 from .profile import GpuCopies, Link, Profile
 from .timing import Timing, host_links
 
 
-def key_platform(keys: list[str]) -> Platform:
+def key_platform(keys: list[Resource]) -> Platform:
     """The devices the keys name, as a platform: each host with the cores its keys use and a
-    GPU where a key is one (what profiling and timing need to know of them).
-
-    Raises:
-        AutodiceError: a key that does not parse (all of them listed).
-    """
-    problems = Problems()
+    GPU where a key is one (what profiling and timing need to know of them)."""
     hosts: dict[str, tuple[set[int], bool]] = {}
-    for key in keys:
-        try:
-            res = parse_key(key)
-        except ValueError as e:
-            problems.add(f'--balance: key "{key}": {e}')
-            continue
+    for res in keys:
         cores, gpu = hosts.setdefault(res.host, (set(), False))
         hosts[res.host] = (cores | set(res.cores), gpu or res.kind == "gpu")
-    problems.raise_if_any()
     return Platform("--balance", {
         host: Device(host, "cpu", tuple(sorted(cores)) or (0,), gpu="GPU" if gpu else None,
                      gpu_api="VULKAN" if gpu else None)
         for host, (cores, gpu) in hosts.items()})
 
 
-def measured_cost(graph: Graph, keys: list[str], profile: Profile, on_gpu: frozenset[str],
+def measured_cost(graph: Graph, keys: list[Resource], profile: Profile, on_gpu: frozenset[str],
                   notes: list[str] | None = None) -> Cost:
     """Seconds of each mapped layer on each key: on as many threads as the key has cores (the
     profile's own count, else scaled by its per-op fit), on the GPU for a GPU key.
@@ -66,25 +55,24 @@ def measured_cost(graph: Graph, keys: list[str], profile: Profile, on_gpu: froze
     timing = Timing(key_platform(keys), profile)
     names = graph.layer_names
     table: dict[str, dict[str, float]] = {}
-    for key in keys:
-        res = parse_key(key)
+    for res in keys:
         threads = len(res.cores) if res.kind == "cpu" else None
-        if threads is None and key not in on_gpu:
+        if threads is None and res.key not in on_gpu:
             threads = 1
             if notes is not None:
-                notes.append(f"{key}: the profile has no GPU times; timed as one CPU core")
-        table[key] = dict(zip(names, timing.seconds(res.host, names, threads).tolist()))
+                notes.append(f"{res.key}: the profile has no GPU times; timed as one CPU core")
+        table[res.key] = dict(zip(names, timing.seconds(res.host, names, threads).tolist()))
     return lambda key, name: table[key][name]
 
 
-def gpu_timed(graph: Graph, keys: list[str], profile: Profile) -> frozenset[str]:
+def gpu_timed(graph: Graph, keys: list[Resource], profile: Profile) -> frozenset[str]:
     """The GPU keys among ``keys`` the profile has GPU times for (the others count as a core)."""
     timing = Timing(key_platform(keys), profile)
-    return frozenset(k for k in keys if parse_key(k).kind == "gpu" and timing.has_gpu_timings(
-        parse_key(k).host, graph.layer_names))
+    return frozenset(r.key for r in keys if r.kind == "gpu"
+                     and timing.has_gpu_timings(r.host, graph.layer_names))
 
 
-def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
+def entry_seconds(graph: Graph, keys: list[Resource], profile: Profile,
                   on_gpu: frozenset[str] = frozenset(),
                   links: Links | None = None) -> list[list[float]]:
     """``[k][a]``: seconds key k spends receiving the tensors that cross into a run of the
@@ -117,7 +105,7 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
     for a in range(n + 1):
         acc_b, acc_c = acc_b + nbytes[a], acc_c + count[a]
         crossing.append((acc_b, acc_c))
-    hosts = [parse_key(k).host for k in keys]
+    hosts = [r.host for r in keys]
     rows = [[0.0] * (n + 1)]
     for prev, host in zip(hosts, hosts[1:]):
         link = (links or profile.link)(prev, host)
@@ -126,8 +114,8 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
     if profile.gpu is not None:
         up = profile.gpu.upload
         inputs = float(sum(graph.types[t].nbytes for t in graph.inputs))
-        for k, key in enumerate(keys):
-            if key in on_gpu:
+        for k, res in enumerate(keys):
+            if res.key in on_gpu:
                 rows[k] = [s + (b if k else inputs) / up.bandwidth
                            for s, (b, _) in zip(rows[k], crossing)]
     return rows
@@ -136,14 +124,15 @@ def entry_seconds(graph: Graph, keys: list[str], profile: Profile,
 Links = Callable[[str, str], Link | None]  # (host a, host b) -> the link a cut crosses
 
 
-def platform_links(platform: Platform, profile: Profile, keys: list[str]) -> tuple[Links, str]:
+def platform_links(platform: Platform, profile: Profile,
+                   keys: list[Resource]) -> tuple[Links, str]:
     """The links between the keys' hosts as ``predict`` and ``dse`` time them
     (:func:`~autodice.dse.timing.host_links`), and its note on links it assumed.
 
     Raises:
         AutodiceError: a key whose host the platform file does not list.
     """
-    missing = sorted({parse_key(k).host for k in keys} - set(platform.devices))
+    missing = sorted({r.host for r in keys} - set(platform.devices))
     if missing:
         raise AutodiceError(f"--balance: {platform.path} lists no {', '.join(missing)}")
     links, note = host_links(platform, dict.fromkeys(platform.devices, profile))
@@ -174,29 +163,30 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
     """
     from .profiler import run_profile
 
+    balanced_mapping(graph, keys, "--balance")  # bad keys before anything is measured
+    resources = parse_keys(keys, "--balance")
     if profile is None:
-        balanced_mapping(graph, keys, "--balance")  # bad keys before the measuring
         cores = os.cpu_count() or 1
-        threads = {1} | {min(len(parse_key(k).cores), cores) for k in keys
-                         if parse_key(k).kind == "cpu"}
-        profile = run_profile(model, key_platform(keys), tuple(sorted(threads)), input_shapes,
-                              console=console, gpu=False).profile
+        threads = {1} | {min(len(r.cores), cores) for r in resources if r.kind == "cpu"}
+        profile = run_profile(model, key_platform(resources), tuple(sorted(threads)),
+                              input_shapes, console=console, gpu=False).profile
     notes: list[str] = []
     try:
-        on_gpu = gpu_timed(graph, keys, profile)
-        cost = measured_cost(graph, keys, profile, on_gpu, notes)
-        links, note = platform_links(platform, profile, keys) if platform else (None, "")
+        on_gpu = gpu_timed(graph, resources, profile)
+        cost = measured_cost(graph, resources, profile, on_gpu, notes)
+        links, note = (platform_links(platform, profile, resources) if platform
+                       else (None, ""))
     except AutodiceError as e:
         raise AutodiceError(*(f"--balance: {line}" if not line.startswith("--balance") else line
                               for line in e.problems)) from None
     notes += [note] if note else []
-    hosts = [parse_key(k).host for k in keys]
+    hosts = [r.host for r in resources]
     unknown = sorted({"-".join(sorted(p)) for p in zip(hosts, hosts[1:])
                       if p[0] != p[1] and (links or profile.link)(*p) is None})
     if unknown:
         notes.append(f"no link known between {', '.join(unknown)}: the time to send the cut "
                      "tensors there is not counted (compute only); give -p platform.txt")
-    entry = entry_seconds(graph, keys, profile, on_gpu, links)
+    entry = entry_seconds(graph, resources, profile, on_gpu, links)
     mapping = balanced_mapping(graph, keys, "--balance", cost, entry)
     starts = accumulate((len(run) for run in mapping.values()), initial=0)  # runs are contiguous
     seconds = {k: entry[j][a] + sum(cost(k, n) for n in run)

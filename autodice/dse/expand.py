@@ -18,13 +18,11 @@ plan's. The front is then the non-dominated set of the searched and the proposed
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from ..core.errors import AutodiceError
 from ..core.model import Graph
-from ..core.spec import Platform, parse_key, parse_mapping_text
+from ..core.spec import Platform, mapping_from
 from ..frontend.split import partition_mapping
 from .cost import Cost, plan_cost
 from .front import Point
@@ -62,7 +60,8 @@ def expand(points: tuple[Point, ...], graph: Graph, platform: Platform, timing: 
 def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
                slots: tuple[Slot, ...], kinds: tuple[str, ...]) -> Point | None:
     """The move that gains most throughput (or memory on the fullest board), if any does."""
-    idle = _idle(p.mapping, slots)
+    by_key = {s.key: s for s in slots}  # every key of a point is a slot's
+    idle = _idle(p.mapping, slots, by_key)
     slow = max(p.cost.ranks, key=lambda r: max(r.compute_s + r.comm_s, r.span_s))
     tries: list[tuple[str, dict]] = []
     for s in idle[:3]:
@@ -74,8 +73,8 @@ def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
                 tries.append((f"split:{s.key}", _share(p.mapping, layer, s.key)))
     if "horizontal" in kinds:
         full = max(p.cost.devices, key=lambda d: d.memory).host
-        big = _largest_weights(p.mapping, graph, full)
-        for key in _spread_to(p, idle, full) if big else ():
+        big = _largest_weights(p.mapping, graph, full, by_key)
+        for key in _spread_to(p, idle, full, by_key) if big else ():
             tries.append((f"spread:{key}", _share(p.mapping, big, key)))
     best = None
     for move, mapping in tries:
@@ -93,7 +92,7 @@ def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
     return Point(f"{p.name}+{best[0]}", best[1], best[2], proposed=True)
 
 
-def _spread_to(p: Point, idle: list[Slot], full: str) -> list[str]:
+def _spread_to(p: Point, idle: list[Slot], full: str, by_key: dict[str, Slot]) -> list[str]:
     """Keys that may take a share of the fullest board's largest weights: idle resources of
     other boards, else the keys already on the leanest other board (a share of a layer needs no
     free core of its own: searched points often use every resource)."""
@@ -102,7 +101,7 @@ def _spread_to(p: Point, idle: list[Slot], full: str) -> list[str]:
         return keys
     others = sorted((d for d in p.cost.devices if d.host != full), key=lambda d: d.memory)
     return [k for d in others[:1] for k, v in p.mapping.items()
-            if isinstance(v, list) and parse_key(k).host == d.host][:2]
+            if isinstance(v, list) and by_key[k].host == d.host][:2]
 
 
 def _score(c: Cost) -> float:
@@ -112,21 +111,17 @@ def _score(c: Cost) -> float:
 def _price(mapping: dict, graph: Graph, platform: Platform, timing: Timing) -> Cost | None:
     """The plan's cost of a proposal, or None if the passes refuse it (no rule for a split)."""
     try:
-        done = partition_mapping(graph, parse_mapping_text(json.dumps(mapping), "proposal"),
-                                 platform, graph.path.parent)
+        done = partition_mapping(graph, mapping_from(mapping, "proposal"), platform,
+                                 graph.path.parent)
     except AutodiceError:
         return None
     return plan_cost(done.plan, timing, done.graph)
 
 
-def _idle(mapping: dict, slots: tuple[Slot, ...]) -> list[Slot]:
+def _idle(mapping: dict, slots: tuple[Slot, ...], by_key: dict[str, Slot]) -> list[Slot]:
     """Resources whose cores (or GPU) no key of ``mapping`` uses, fastest-looking first."""
-    used: set[tuple[str, object]] = set()
-    for key in mapping:
-        res = parse_key(key)
-        used |= {(res.host, c) for c in res.cores} if res.kind == "cpu" else {(res.host, "gpu")}
-    free = [s for s in slots
-            if not ({(s.host, c) for c in s.cores} if not s.gpu else {(s.host, "gpu")}) & used]
+    used = set().union(*(by_key[key].resources() for key in mapping))
+    free = [s for s in slots if not s.resources() & used]
     return sorted(free, key=lambda s: (-s.gpu, -s.threads, s.key))
 
 
@@ -142,11 +137,12 @@ def _heaviest(layers, graph: Graph, timing: Timing, host: str) -> str | None:
     return names[int(np.argmax(times))]
 
 
-def _largest_weights(mapping: dict, graph: Graph, host: str) -> str | None:
+def _largest_weights(mapping: dict, graph: Graph, host: str,
+                     by_key: dict[str, Slot]) -> str | None:
     """The splittable layer with the largest weights on ``host``'s keys."""
     best, size = None, 0
     for key, layers in mapping.items():
-        if not isinstance(layers, list) or parse_key(key).host != host:
+        if not isinstance(layers, list) or by_key[key].host != host:
             continue
         for n in layers:
             found = graph.resolve(n) if isinstance(n, str) else ()

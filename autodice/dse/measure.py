@@ -26,11 +26,10 @@ from ..core.model import load_model
 from ..core.names import file_slug
 from ..core.outdir import claim
 from ..core.plan import Plan
-from ..core.spec import mapping_json
+from ..core.spec import cpu_key, mapping_json
 from .cost import Cost, plan_cost
 from .profile import six_digits
 from .search import search_timing
-from .slots import cpu_key
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         hosts_of = sorted({r.host for r in p.plan.ranks})
         runs_pace = tuple(float(np.mean([probe[h].pace[k] for h in hosts_of]))
                           for k in range(rounds)) if probes else ()
-        notes = _measure_notes(p.plan, cpus, p.elsewhere, inventory)
+        notes = _measure_notes(p.plan, cpus, p.elsewhere, inventory, p.devices)
         notes += [f"{h}'s pace moved: the whole model alone ran at {min(probe[h].pace):.2f}-"
                   f"{max(probe[h].pace):.2f}x its profile's frames/s over the rounds"
                   for h in hosts_of if probes and max(probe[h].pace) >= 1.1 * min(probe[h].pace)]
@@ -205,6 +204,7 @@ class _Run:
     with_fill: list[float] = field(default_factory=list)
     peak: list[int] = field(default_factory=list)
     elsewhere: float = 0.0  # the most of the cores other work kept busy during a round (here)
+    devices: set[str] = field(default_factory=set)  # what the GPU ranks said they ran on
     inputs: dict[str, Path] = field(init=False)  # model input name -> .npy in ``work``
 
     def __post_init__(self) -> None:
@@ -229,6 +229,8 @@ class _Run:
         by_host: dict[str, int] = {}
         for r, st in zip(self.plan.ranks, stats["ranks"]):
             by_host[r.host] = by_host.get(r.host, 0) + int(st["peak_rss"])
+            if r.device == "gpu":
+                self.devices.add(str(st.get("device", "")))
         # The model predicts a full pipeline: each run's steady_fps (its first frame left
         # out), not its fps, whose fill cost VGG-19's points 4-10 % of 40-frame runs.
         self.fps.append(float(stats.get("steady_fps") or stats["fps"]))
@@ -279,9 +281,15 @@ def _busy_elsewhere(before, after) -> float:
     return max(others, 0.0) / max(wall * (os.cpu_count() or 1), 1e-9)
 
 
-def _measure_notes(plan, cpus: int, elsewhere: float, inventory) -> list[str]:
-    """What made these runs unlike the boards', so a large error can be read for what it is."""
+def _measure_notes(plan, cpus: int, elsewhere: float, inventory,
+                   devices: set[str] = frozenset()) -> list[str]:
+    """What made these runs unlike the boards', so a large error can be read for what it is
+    (``devices``: what the GPU ranks said they ran on)."""
     notes = []
+    cpu_vulkan = sorted(d for d in devices if "llvmpipe" in d or "lavapipe" in d)
+    if cpu_vulkan:  # an emulated cluster's hosts, or a board without its GPU's driver
+        notes.append(f"GPU ranks ran on {', '.join(cpu_vulkan)}: Vulkan on the CPU (Mesa's "
+                     "lavapipe), not a GPU's speed")
     if inventory is None:
         threads = sum(r.threads for r in plan.ranks)
         if threads > cpus:
@@ -289,7 +297,7 @@ def _measure_notes(plan, cpus: int, elsewhere: float, inventory) -> list[str]:
         if len(plan.hosts()) > 1:
             notes.append(f"{len(plan.hosts())} hosts ran on localhost (shared memory, not the "
                          f"network)")
-        if any(r.device == "gpu" for r in plan.ranks):
+        if any(r.device == "gpu" for r in plan.ranks) and not cpu_vulkan:
             notes.append("GPU ranks ran on this machine's CPU")
     if elsewhere >= 0.1:
         notes.append(f"other work kept up to {elsewhere:.0%} of the cores busy during its runs")

@@ -41,13 +41,13 @@ if TYPE_CHECKING:
 def objectives(s, settings: Settings | None = None) -> tuple[np.ndarray, np.ndarray]:
     """pymoo's F (all minimised: -throughput, max energy J, max memory MB, those the settings
     choose) and G (<= 0 feasible: memory over each device's capacity and over ``max_memory``,
-    throughput under ``min_throughput``, as fractions; cut tensors without a static shape)."""
+    throughput under ``min_fps``, as fractions; cut tensors without a static shape)."""
     columns = {"throughput": -s.throughput, "energy": s.max_energy,
                "memory": s.max_memory / 1e6}
     chosen = settings.objectives if settings else tuple(columns)
     F = np.column_stack([columns[o] for o in chosen])
     cap = settings.max_memory if settings else None
-    floor = settings.min_throughput if settings else None
+    floor = settings.min_fps if settings else None
     G = np.column_stack([s.excess, s.bad_cuts.astype(float),
                          (s.max_memory - cap) / cap if cap else -np.ones(len(F)),
                          (floor - s.throughput) / floor if floor else -np.ones(len(F))])

@@ -41,7 +41,7 @@ import numpy as np
 from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
 from ..backend.fp16_range import past_range
-from ..backend.tools import build_tools, source_digest, vulkan_devices
+from ..backend.tools import build_tools, tools_digest, vulkan_devices
 from ..core.errors import AutodiceError, Problems
 from ..core.model import Graph, load_model
 from ..core.onnxwrite import write_model
@@ -256,7 +256,7 @@ def cache_key(digest: str, tool: str, threads, input_shapes, warmup: int, runs: 
     """``tool``: what measures — this machine's ncnn build, or a host and its tool's checksum."""
     blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(), "gpu": gpu,
                        "ncnn": tool,
-                       "pnnx": PNNX_VERSION, "src": source_digest(), "threads": list(threads),
+                       "pnnx": PNNX_VERSION, "src": tools_digest(), "threads": list(threads),
                        "shapes": sorted((k, list(v)) for k, v in (input_shapes or {}).items()),
                        "warmup": warmup, "runs": runs}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]

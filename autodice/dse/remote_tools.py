@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..backend.tools import write_sources
 from ..core.errors import AutodiceError
-from ..deploy.check import check_all
 from ..deploy.head_build import choose
+from ..deploy.host_check import check_all
 from ..deploy.inventory import Inventory, load_inventory
 from ..deploy.remote_build import build_all
 from ..deploy.ssh import Build, Host, Progress, Ssh, must
@@ -120,7 +120,8 @@ def on_host(inventory: str | Path | Inventory, host: str, console=None) -> Itera
             :func:`ship_tools` raises.
     """
     from rich.console import Console
-    from rich.progress import Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
     one = host_inventory(inventory, host)
     console = console or Console(stderr=True)

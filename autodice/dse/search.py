@@ -27,7 +27,7 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.model import Graph, load_model
 from ..core.outdir import check_replaceable
-from ..core.spec import Platform, mapping_json, parse_mapping_text, parse_platform
+from ..core.spec import Platform, mapping_from, parse_platform
 from ..frontend.split import plan_mapping
 from .cost import plan_cost
 from .cost_model import CostModel
@@ -77,10 +77,11 @@ def note_other_files(timing: Timing, model: str | Path) -> None:
                                 f"{model}` measures this one")
 
 
-def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
+def dse(model: str | Path, platform: str | Path, profile, out: str | Path | None,
         settings: Settings = Settings(), progress=None, power=None, hosts=None,
         input_shapes: dict[str, tuple[int, ...]] | None = None) -> Front:
-    """Search, verify every front point with the split passes, write ``out``.
+    """Search, verify every front point with the split passes, write ``out`` (None: nothing
+    is written: ``autodice.search`` without ``out``).
 
     Args:
         profile: a profile.json path or Profile, or ``{host: ...}`` (key None: the default).
@@ -90,14 +91,16 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path,
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
-    check_replaceable(Path(out))  # before the search, not after it
+    if out is not None:
+        check_replaceable(Path(out))  # before the search, not after it
     timing = search_timing(platform, hosts, profile, power)
     note_other_files(timing, model)
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
         verify_point(graph, timing.platform, timing, p)
-    write_front(front, Path(out), str(model), str(platform))
+    if out is not None:
+        write_front(front, Path(out), str(model), str(platform))
     return front
 
 
@@ -123,7 +126,7 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
         c = cm.cost(genes.decode(X[best])[0])
         wanted = [*(["each device's mem"] if G[best, 0] > 0 else []),
                   *([f"max memory {settings.max_memory / 1e6:g} MB"] if G[best, 2] > 0 else []),
-                  *([f"{settings.min_throughput:g} frames/s"] if G[best, 3] > 0 else [])]
+                  *([f"{settings.min_fps:g} frames/s"] if G[best, 3] > 0 else [])]
         raise AutodiceError(f"{timing.platform.path}: no mapping found that meets "
                             f"{' and '.join(wanted) or 'the constraints'} (closest: "
                             f"{c.throughput:.3g} frames/s, {c.max_memory / 1e6:.1f} MB"
@@ -170,7 +173,7 @@ def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
 def _meets(cost, settings: Settings) -> bool:
     return (not cost.over_capacity
             and (settings.max_memory is None or cost.max_memory <= settings.max_memory)
-            and (settings.min_throughput is None or cost.throughput >= settings.min_throughput))
+            and (settings.min_fps is None or cost.throughput >= settings.min_fps))
 
 
 def references(cm: CostModel) -> tuple[Point, ...]:
@@ -202,7 +205,7 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
     """
     if point.proposed:  # planned and priced from its plan already; the fast path never saw it
         return
-    mapping = parse_mapping_text(mapping_json(point.mapping), f"mappings/{point.name}.json")
+    mapping = mapping_from(point.mapping, f"mappings/{point.name}.json")
     plan = plan_mapping(graph, mapping, platform)
     slow, fast = plan_cost(plan, timing, graph), point.cost
     same = (abs(slow.throughput - fast.throughput) <= 1e-6 * fast.throughput

@@ -23,7 +23,7 @@ class Settings:
 
     ``objectives`` chooses what the front trades off (the paper's three by default);
     ``max_memory`` (bytes on every device, beside each device's own ``mem``) and
-    ``min_throughput`` (frames/s) are constraints a point must meet to be on the front.
+    ``min_fps`` (frames/s) are constraints a point must meet to be on the front.
     """
 
     pop: int = 100
@@ -35,7 +35,7 @@ class Settings:
     segments: int | None = None  # K for the segment encoding (default: number of resources, <=16)
     objectives: tuple[str, ...] = OBJECTIVES
     max_memory: float | None = None
-    min_throughput: float | None = None
+    min_fps: float | None = None
     parallel: tuple[str, ...] = ()  # also propose stage copies ("data") and split layers
 
     def check(self) -> None:
@@ -64,7 +64,7 @@ class Settings:
                        f"{', '.join(OBJECTIVES)}, each once")
         if set(self.parallel) - {"data", "horizontal"}:
             bad.append(f"--parallel {','.join(self.parallel)}: some of data, horizontal")
-        for name, v in (("--max-memory", self.max_memory), ("--min-fps", self.min_throughput)):
+        for name, v in (("--max-memory", self.max_memory), ("--min-fps", self.min_fps)):
             if v is not None and not 0 < v < float("inf"):
                 bad.append(f"{name} {v:g}: must be a finite number above 0")
         if bad:

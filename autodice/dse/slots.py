@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.spec import parse_key
+from ..core.spec import cpu_key
 from .timing import Timing
 
 KINDS = ("one", "all", "rest", "gpu")
@@ -28,21 +28,9 @@ class Slot:
     threads: int  # CPU threads (1 for the GPU)
     gpu: bool
 
-
-def cpu_key(host: str, family: str, cores: tuple[int, ...]) -> str:
-    """A mapping key for ``cores``: the paper's one digit per core when possible, else ranges."""
-    if all(c < 10 for c in cores):
-        key = f"{host}_{family}{''.join(map(str, cores))}"
-    else:
-        parts, start = [], None
-        for k, c in enumerate(cores):
-            start = c if start is None else start
-            if k + 1 == len(cores) or cores[k + 1] != c + 1:
-                parts.append(f"{start}-{c}")
-                start = None
-        key = f"{host}_{family}{','.join(parts)}"
-    assert parse_key(key).cores == tuple(cores), key
-    return key
+    def resources(self) -> set[tuple[str, object]]:
+        """What of its host it takes: (host, core) for each core, or (host, "gpu")."""
+        return {(self.host, "gpu")} if self.gpu else {(self.host, c) for c in self.cores}
 
 
 def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:

@@ -10,7 +10,8 @@ from ..core.model import Graph
 from ..core.plan import Edge, Memory, Plan, Rank, Step, TensorSpec
 from ..core.shapes import mat_form
 from .legalize import BATCH_OPS
-from .lower import ELEMENTWISE, batched_tensors
+from .lower import batched_tensors
+from .lower_rules import ELEMENTWISE
 from .place import Placement
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..core.errors import SHOWN, Problems, did_you_mean
 from ..core.model import Graph
 from ..core.shapes import UNSUPPORTED_OPS
-from ..core.spec import Mapping, Platform, Resource, parse_key
+from ..core.spec import Mapping, Platform, Resource
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Placement:
 
 
 def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...]:
-    """Parse every key and check it against the platform.
+    """Check every key (parsed with the mapping) against the platform.
 
     Raises:
         AutodiceError: malformed keys, unknown hosts, wrong arch, cores outside a host's slots,
@@ -40,11 +40,11 @@ def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...
     gpus: dict[tuple[str, int], str] = {}
     hosts = list(platform.devices)
     for key, _ in mapping.entries:
-        try:
-            res = parse_key(key)
-        except ValueError as e:
-            problems.add(f'{where}: key "{key}": {e}', f"{where}: and {{n}} more malformed keys")
+        if key in mapping.bad_keys:
+            problems.add(f'{where}: key "{key}": {mapping.bad_keys[key]}',
+                         f"{where}: and {{n}} more malformed keys")
             continue
+        res = mapping.resources[key]
         dev = platform.devices.get(res.host)
         if dev is None:
             listing = ", ".join(hosts[:SHOWN]) + (", ..." if len(hosts) > SHOWN else "")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.errors import AutodiceError, Problems
+from ..core.errors import AutodiceError
 from ..core.model import Graph
-from ..core.spec import parse_key
+from ..core.spec import parse_keys
 from .layers import layer_flops
 
 # (key, layer name) -> what the layer costs on that key (any unit, the same for all keys)
@@ -37,19 +37,12 @@ def balanced_mapping(graph: Graph, keys: list[str], where: str = "keys",
             layer is a mapping ``split`` refuses).
     """
     layers = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
-    problems = Problems()
-    for key in dict.fromkeys(keys):
-        try:
-            parse_key(key)
-        except ValueError as e:
-            problems.add(f'{where}: key "{key}": {e}')
-        if keys.count(key) > 1:
-            problems.add(f'{where}: key "{key}" is given {keys.count(key)} times')
-    if not problems and len(keys) > len(layers):
-        problems.add(f"{where}: {len(keys)} keys for {len(layers)} layers; each key needs one")
     if not keys:
         raise AutodiceError(f"{where}: give at least one key")
-    problems.raise_if_any()
+    parse_keys(keys, where)
+    if len(keys) > len(layers):
+        raise AutodiceError(f"{where}: {len(keys)} keys for {len(layers)} layers; each key needs "
+                            "one")
     if cost is None:
         flops = {graph.names[i]: float(max(layer_flops(graph, i), 1))
                  for i in range(len(graph.nodes)) if i not in graph.followers}

@@ -159,6 +159,15 @@ static void test_npy_errors_name_the_file() {
   CHECK_THROWS(autodice::npy_load(path), path, "cannot open");
 }
 
+// Names from a model go into stats.json and the profiler's JSON: quotes, backslashes and
+// control characters must come out as JSON escapes (the profiler had a copy that did not).
+static void test_json_string_escapes_what_json_must() {
+  CHECK(autodice::json_string("conv1") == "\"conv1\"");
+  CHECK(autodice::json_string("a\"b\\c") == "\"a\\\"b\\\\c\"");
+  CHECK(autodice::json_string("t\tn\n\x01") == "\"t\\u0009n\\u000a\\u0001\"");
+  CHECK(autodice::json_string("caf\xc3\xa9") == "\"caf\xc3\xa9\"");  // UTF-8 as it is
+}
+
 static void test_ncnn_shape_drops_the_batch() {
   CHECK((autodice::ncnn_shape({1, 64, 56, 56}) == Shape{64, 56, 56}));
   CHECK((autodice::ncnn_shape({1, 1000}) == Shape{1000}));
@@ -443,6 +452,7 @@ int main(int argc, char** argv) {
     tests = {{"npy_matches_numpy_bytes", test_npy_matches_numpy_bytes},
              {"npy_round_trip", test_npy_round_trip},
              {"npy_errors_name_the_file", test_npy_errors_name_the_file},
+             {"json_string_escapes_what_json_must", test_json_string_escapes_what_json_must},
              {"ncnn_shape_drops_the_batch", test_ncnn_shape_drops_the_batch},
              {"pack_odd_shapes", test_pack_odd_shapes},
              {"mat_datatype_describes_the_padding", test_mat_datatype_describes_the_padding},

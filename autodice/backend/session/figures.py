@@ -4,7 +4,7 @@ Busy time runs from a stream's first frame sent to its last result delivered, su
 session's maps, so the idle time between two ``map`` calls does not dilute frames/s. Steady time
 leaves out each stream's first result (the pipeline filling), as the program's ``steady_fps`` does:
 the rate a camera's long stream sees. A replayed frame keeps its first send time: its latency
-includes the recovery.
+includes the recovery, and each recovery is an incident with its own times.
 """
 
 from __future__ import annotations
@@ -21,6 +21,23 @@ class Figures:
         self.latency: list[float] = []
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
+        self._incidents: list[dict] = []
+        self._since: float | None = None  # monotonic time of the last incident's loss
+
+    def incident(self, record: dict, t0: float) -> None:
+        """A restart after a loss at ``t0`` (time.monotonic): ``record`` says what happened; the
+        time to the next result is added when it comes (:meth:`recovered`)."""
+        self._incidents.append(dict(record))
+        self._since = t0
+
+    def recovered(self) -> None:
+        """A result came: the last incident's ``first_result_s``, if not yet taken."""
+        if self._since is not None:
+            self._incidents[-1]["first_result_s"] = round(time.monotonic() - self._since, 3)
+            self._since = None
+
+    def incidents(self) -> list[dict]:
+        return [dict(i) for i in self._incidents]
 
     def delivered_one(self, sent: float, first: bool) -> None:
         """A result handed out, of a frame sent at ``sent`` (on the clock); ``first``: the

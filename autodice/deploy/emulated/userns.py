@@ -1,5 +1,5 @@
-"""``python -m autodice.deploy.userns``: run a command as the first process of an emulated board
-of another architecture, in a user, mount and UTS namespace of its own.
+"""``python -m autodice.deploy.emulated.userns``: run a command as the first process of an
+emulated board of another architecture, in a user, mount and UTS namespace of its own.
 
 Why a user namespace: since Linux 6.7 each user namespace has its own ``binfmt_misc``, so the
 qemu-user handler that makes the board's aarch64 programs run is registered there and nowhere

@@ -26,6 +26,7 @@ import json
 import math
 import mmap
 import os
+import select
 import socket
 import struct
 import time
@@ -35,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError, JobError
-from ..core.plan import Plan
+from ...core.errors import AutodiceError, JobError
+from ...core.plan import Plan
 from .frame_copy import copy_frame, prepare
 from .job import Job
 
@@ -209,6 +210,17 @@ class Gateway:
         sock.sendall(_HEADER.pack(_FRAME, 0, fid))
         for p in parts:
             sock.sendall(p)
+
+    def wait_for_result(self) -> None:
+        """Until a result (or the gateway's hang-up) can be read; a stop raised here leaves
+        the wire as it was. Waits in short polls: a signal the kernel handed to another thread
+        runs its Python handler here only when the main thread wakes."""
+        sock = self._sock
+        if sock is not None:
+            poll = select.poll()
+            poll.register(sock, select.POLLIN)
+            while not poll.poll(200):
+                pass
 
     def result(self):
         """The next result: an array (one output) or a dict by output name.

@@ -10,6 +10,7 @@ How a job is started and stopped is the launcher's business: every rank here und
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..core.errors import JobError
-from ..core.plan import Plan
-from .engine import cache_root
+from ...core.errors import JobError
+from ...core.plan import Plan
+from ..engine import cache_root
 
 LOGS_KEPT = 20  # failed jobs' logs kept in the cache, newest first
 
@@ -75,3 +76,14 @@ class SessionError(JobError):
     def __init__(self, delivered: int, *problems: str):
         super().__init__(*problems)
         self.delivered = delivered
+
+
+def session_folder() -> Path:
+    """A new folder for a session's socket and launch files, named after this process; those of
+    sessions whose process died without removing theirs (SIGKILL) are removed first."""
+    tmp = Path(tempfile.gettempdir())
+    for stale in tmp.glob("autodice-session-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"autodice-session-{os.getpid()}-"))

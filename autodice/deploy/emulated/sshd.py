@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.errors import AutodiceError
+from ...core.errors import AutodiceError
 from .arm_board import namespace_argv, sshd_options
 
 if TYPE_CHECKING:
-    from .cluster_state import Cluster, Host
+    from .state import Cluster, Host
 
 
 def _keygen(*args: str) -> None:
@@ -77,7 +77,7 @@ def _config(c: Cluster, h: Host, folder: Path, extra: list[str]) -> str:
 def start(c: Cluster, h: Host, board: Path | None = None) -> None:
     """Start the host's sshd in its namespace; an emulated board's (``h.arch``, its files in
     ``board``) in the board's own namespaces too (:func:`~.arm_board.namespace_argv`)."""
-    from ..backend.engine import mpi_prefix
+    from ...backend.engine import mpi_prefix
 
     folder = Path(c.state_dir) / "hosts" / h.name
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError, read_text
-from ..core.outdir import tensor_files
-from ..core.plan import Plan
-from .session import FrameError, Session
+from ...core.errors import AutodiceError, read_text
+from ...core.outdir import tensor_files
+from ...core.plan import Plan
+from .gateway import FrameError
+from .session import Session
 
 
 @dataclass
@@ -139,8 +140,8 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
     """
     from itertools import islice
 
+    from .feed import check_count
     from .frames import ImageRecipe, frames_from
-    from .session import check_count
 
     if frames is not None:
         check_count("frames", frames, "frame")
@@ -226,7 +227,7 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
 
 
 def _check(worst: dict, whole, feeds: dict, arrays: dict) -> None:
-    from ..frontend.check import compare
+    from ...frontend.check import compare
 
     names = list(arrays)
     for name, want in zip(names, whole.run(names, feeds)):

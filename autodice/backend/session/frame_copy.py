@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine import cache_root
+from ..engine import cache_root
 
 SOURCE = "frame_copy.c"
 

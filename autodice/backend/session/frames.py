@@ -2,7 +2,8 @@
 
 Each source yields ``(label, frame)`` pairs lazily (a folder of 100,000 images is never held in
 memory); a frame that cannot be made (an unreadable image) is yielded as a
-:class:`~autodice.backend.gateway.FrameError` in its place, so the session reports it and goes on.
+:class:`~autodice.backend.session.gateway.FrameError` in its place, so the session reports it
+and goes on.
 
 Images are made into a model input by a stated recipe (:class:`ImageRecipe`), by default the one
 torchvision's ImageNet models were trained with: shorter side resized to 256/224 of the input's
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import AutodiceError
+from ...core.errors import AutodiceError
 from .gateway import FrameError
 
 MAX_PIXELS = 100 * 10**6  # decoded at most: a 100-megapixel RGB image is 300 MB

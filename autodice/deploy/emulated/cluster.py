@@ -33,14 +33,26 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..core.errors import AutodiceError, Problems
-from ..core.spec import _RATE_UNITS, _number, parse_cores
+from ...core.errors import AutodiceError, Problems
+from ...core.spec import _RATE_UNITS, _number, parse_cores
 from . import sshd
 from .arm_board import board_root, check_arch, emulated, missing_tools
-from .cluster_state import (DEFAULT, Cluster, Host, HostStatus, bridge_name, check_name,
-                            default_subnet, load_state, netns_prefix, save_state, slot_for,
-                            state_dir, veth_name)
-from .inventory import inventory_toml
+from .state import (
+    DEFAULT,
+    Cluster,
+    Host,
+    HostStatus,
+    bridge_name,
+    check_name,
+    default_subnet,
+    inventory_toml,
+    load_state,
+    netns_prefix,
+    save_state,
+    slot_for,
+    state_dir,
+    veth_name,
+)
 
 SSH_PACKAGES = ("openssh-server", "rsync")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")

@@ -22,69 +22,21 @@ comes twice. The wire to the gateway, and the job under it, is ``gateway.py``'s.
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
-from ..core.errors import AutodiceError, JobError
-from ..core.plan import Plan
+from ...core.errors import AutodiceError, JobError
+from ...core.plan import Plan
+from ...core.stops import stops_held
+from .feed import Sent, check_window, feed, replay
 from .figures import Figures, per_frame
 from .frames import ImageRecipe, image_frame
-from .gateway import START_TIMEOUT_S, FrameError, Gateway, Gone, StreamTensor, encode
-from .job import Job, Recovery, Restart, SessionError
-
-__all__ = ["FrameError", "Recovery", "Restart", "Session", "SessionError", "check_count",
-           "check_window"]
-
-
-def check_window(window: int | None) -> None:
-    """Raises AutodiceError unless ``window`` is None (the default) or at least 1 frame."""
-    if window is not None:
-        check_count("--window", window, "frame in flight")
-
-
-def check_count(name: str, value, what: str) -> None:
-    """Raises AutodiceError unless ``value`` is a whole number of at least 1 (of ``what``),
-    before any process starts: ``open(window="3")`` once died in a comparison, and
-    ``window=2.5`` only once the job ran."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AutodiceError(f"{name} {value!r}: a whole number, at least 1 {what}")
-
-
-def session_folder() -> Path:
-    """A new folder for a session's socket and launch files, named after this process; those of
-    sessions whose process died without removing theirs (SIGKILL) are removed first."""
-    tmp = Path(tempfile.gettempdir())
-    for stale in tmp.glob("autodice-session-*-*"):
-        pid = stale.name.split("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"autodice-session-{os.getpid()}-"))
-
-
-def _take(tokens: queue.SimpleQueue, timeout: float) -> bool:
-    """A token from ``tokens`` within ``timeout`` seconds, or False."""
-    try:
-        tokens.get(timeout=timeout)
-        return True
-    except queue.Empty:
-        return False
-
-
-@dataclass
-class _Sent:
-    """A frame in flight: kept until its whole result was read, to send again after a restart."""
-
-    index: int  # in the caller's map
-    parts: list[memoryview]
-    at: float  # perf_counter when first sent: a replayed frame's latency includes the recovery
+from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor, encode
+from .job import Job, Recovery, Restart, SessionError, session_folder
 
 
 class Session:
@@ -113,14 +65,13 @@ class Session:
         self._kept = False
         self._start_timeout_s = start_timeout_s
         self._recovery = recovery
-        self._inflight: deque[_Sent] = deque()
+        self._inflight: deque[Sent] = deque()
         self._sending = threading.Condition()  # guards _inflight, _gw's swap and _paused
         self._paused = False  # a restart is under way: frames wait
         self._pauses = 0  # restarts begun: a replay ends only the pause it was started in
         self._move: Restart | None = None  # rebalance() ready, started at the next result
         self._ids = 0
         self._jobs = 0
-        self._incidents: list[dict] = []
         self._frames_via = "socket"
         self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
         try:
@@ -224,7 +175,7 @@ class Session:
             finally:
                 self._lock.release()
 
-    def _post(self, index: int, parts: list[memoryview]) -> _Sent:
+    def _post(self, index: int, parts: list[memoryview]) -> Sent:
         """Check a frame, keep it until its result is read, and send it to the gateway (once no
         restart is under way). A FrameError leaves nothing in flight. An OSError means the job
         is gone: the reader restarts it and sends the frame again, or says why."""
@@ -234,7 +185,7 @@ class Session:
             at = time.perf_counter()
             gw = self._gw
             gw.stage(index, parts)  # before a restart could send it again unchecked
-            sent = _Sent(index, parts, at)
+            sent = Sent(index, parts, at)
             self._inflight.append(sent)
         self._send(gw, parts)  # OSError if hung up under a feeder: the reader says why
         return sent
@@ -254,55 +205,15 @@ class Session:
         for _ in range(self.window):
             slots.put(None)
         stop = threading.Event()
-        recovering = self._recovery is not None
 
-        def feed() -> None:
-            try:
-                source = iter(frames)
-                i = -1
-                while True:
-                    try:  # the caller's iterable: whatever it raises is the caller's error
-                        frame = next(source)
-                    except StopIteration:
-                        return
-                    except BaseException as e:  # noqa: BLE001 - raised where the caller reads
-                        tickets.put(("raise", e))
-                        return
-                    i += 1
-                    try:
-                        if isinstance(frame, FrameError):  # the source could not make it
-                            raise frame
-                        parts = encode(self.inputs, image_frame(frame, i, self.inputs,
-                                                                self.preprocess), i)
-                    except FrameError as e:
-                        tickets.put(("error", e))
-                        continue
-                    while not _take(slots, 0.1):
-                        if stop.is_set():
-                            return
-                    if stop.is_set():
-                        return
-                    try:
-                        self._post(i, parts)
-                    except FrameError as e:  # not sent: its slot is free
-                        slots.put(None)
-                        tickets.put(("error", e))
-                        continue
-                    except OSError:
-                        if not recovering:
-                            raise  # else the reader restarts the job and sends it again
-                    tickets.put(("frame", i))
-            except OSError as e:  # our socket: the gateway is gone, the reader says why
-                tickets.put(("gone", e))
-            except BaseException as e:  # noqa: BLE001 - a fault of ours: raised in the reader
-                tickets.put(("raise", e))
-            finally:
-                tickets.put(("end",))
+        def make(frame, i: int) -> list[memoryview]:
+            return encode(self.inputs, image_frame(frame, i, self.inputs, self.preprocess), i)
 
-        feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True)
+        feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True,
+                                  args=(frames, make, self._post, tickets, slots, stop,
+                                        self._recovery is not None))
         feeder.start()
         last = -1
-        owed = 0  # a frame's ticket taken, its result not yet read
         try:
             while True:
                 ticket = tickets.get()
@@ -316,9 +227,7 @@ class Session:
                     continue
                 if kind == "gone":
                     self._fail(last)
-                owed = 1
                 sent, result = self._next_result(last)
-                owed = 0
                 slots.put(None)
                 self._figures.delivered_one(sent.at, first=last < 0)
                 last = sent.index
@@ -329,8 +238,9 @@ class Session:
             # is abandoned; the caller's exception is still the one raised.
             stop.set()
             if self._broken is None:
+                feeder.join()  # it posts no frame after this: what is in flight is all there is
                 try:
-                    self._drain(tickets, last, owed)
+                    self._drain(last)
                 except Exception:  # noqa: BLE001, S110 - _drain closed it; the next call says
                     pass
             raise
@@ -339,41 +249,38 @@ class Session:
             # A feeder inside the caller's iterable (a camera that blocks) ends on its next frame.
             feeder.join(timeout=None if self._broken is None else 1.0)
 
-    def _drain(self, tickets: queue.SimpleQueue, last: int, owed: int) -> None:
-        """The caller stopped early: take the results of frames already sent (``owed`` of them
-        whose tickets were taken), so the stream is in step for the next map; a session that
-        cannot is closed."""
+    def _drain(self, last: int) -> None:
+        """The caller stopped early (its feeder ended): take the results of the frames still in
+        flight, so the stream is in step for the next map; a session that cannot is closed."""
         try:
-            for _ in range(owed):
-                self._next_result(last)
             while True:
-                ticket = tickets.get()
-                if ticket[0] == "end":
-                    return
-                if ticket[0] == "frame":
-                    self._next_result(last)
-                elif ticket[0] == "gone":
-                    self._fail(last)
+                with self._sending:
+                    if not self._inflight:
+                        return
+                self._next_result(last)
         except BaseException:
             self._abandon()
             raise
 
-    def _next_result(self, last: int) -> tuple[_Sent, object]:
+    def _next_result(self, last: int) -> tuple[Sent, object]:
         """The oldest frame in flight and its result; a job that dies on the way is restarted
         (with recovery) and the frames in flight sent again."""
         if self._move is not None:
             self._moved(last)
         while True:
-            try:
-                result = self._gw.result()
-            except Gone:
-                self._lost(last)
+            self._gw.wait_for_result()  # here a stop comes at once: nothing is taken yet
+            with stops_held():  # a result taken and counted as one step (core/stops.py)
+                try:
+                    result = self._gw.result()
+                except Gone:
+                    result = Gone
+                else:
+                    with self._sending:
+                        sent = self._inflight.popleft()
+            if result is Gone:
+                self._lost(last)  # a recovery takes long: a stop must reach it
                 continue
-            with self._sending:
-                sent = self._inflight.popleft()
-            if self._incidents and "first_result_s" not in self._incidents[-1]:
-                incident = self._incidents[-1]
-                incident["first_result_s"] = round(time.monotonic() - incident.pop("_t0"), 3)
+            self._figures.recovered()
             return sent, result
 
     def _lost(self, last: int) -> None:
@@ -437,20 +344,11 @@ class Session:
         with self._sending:
             self._gw = gw
             again = list(self._inflight)
-        self._incidents.append({**restart.incident, "replayed": len(again),
-                               "after_frame": last, "restart_s": round(time.monotonic() - t1, 3),
-                               "_t0": t0})
-
-        def replay() -> None:
-            try:
-                for sent in again:
-                    self._send(gw, sent.parts)
-            except OSError:
-                pass  # died again: the reader finds out
-            finally:
-                self._resume(pause)
-
-        threading.Thread(target=replay, name="autodice-replay", daemon=True).start()
+        self._figures.incident({**restart.incident, "replayed": len(again), "after_frame": last,
+                                "restart_s": round(time.monotonic() - t1, 3)}, t0)
+        threading.Thread(target=replay, name="autodice-replay", daemon=True,
+                         args=(again, lambda parts: self._send(gw, parts),
+                               lambda: self._resume(pause))).start()
 
     def _fail(self, last: int, problems: list[str] | None = None):
         """The job ended mid-stream for good. Say which rank, and what arrived."""
@@ -480,8 +378,7 @@ class Session:
         memory" from this machine, else "socket")."""
         out = {**self._figures.summary(), "window": self.window, "frames_via": self._frames_via}
         if self._recovery is not None:
-            out["incidents"] = [{k: v for k, v in i.items() if not k.startswith("_")}
-                                for i in self._incidents]
+            out["incidents"] = self._figures.incidents()
         if self._job_stats:
             out["ranks"] = per_frame(self._job_stats)
         return out

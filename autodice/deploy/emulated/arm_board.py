@@ -34,8 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core.errors import AutodiceError
-from .cross import machine_name, openmpi_for, toolchain
+from ...core.errors import AutodiceError
+from ..cross import machine_name, openmpi_for, toolchain
 
 QEMU = Path("/usr/bin/qemu-aarch64-static")
 DEBIAN_ARCH = "arm64"
@@ -93,7 +93,7 @@ def board_root(console=None) -> Path:
     Raises:
         AutodiceError: a tool or a package that cannot be had.
     """
-    from ..backend.engine import cache_root
+    from ...backend.engine import cache_root
 
     missing = missing_tools()
     if missing:
@@ -210,7 +210,7 @@ def _busybox_links(root: Path) -> None:
 def namespace_argv(root: Path, mpi_prefix: str, hostname: str) -> list[str]:
     """What a board's sshd is started under: its own user, mount and UTS namespaces with qemu's
     handler, the board's ``/usr/bin`` and its Open MPI at ``mpi_prefix``."""
-    return [sys.executable, "-m", "autodice.deploy.userns", "--hostname", hostname,
+    return [sys.executable, "-m", "autodice.deploy.emulated.userns", "--hostname", hostname,
             "--binfmt", BINFMT, "--bind", f"{root / 'usr' / 'bin'}:/usr/bin",
             "--bind", f"{(root / 'opt' / 'openmpi').resolve()}:{mpi_prefix}", "--"]
 
