@@ -81,18 +81,22 @@ def build(out):
 
 def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None = None,
         pipeline: bool = True, gpu_fallback: bool = False, preprocess: str | None = None,
-        labels: str | Path | None = None, top: int = 5):
+        labels: str | Path | None = None, top: int = 5, task: str | None = None,
+        conf: float = 0.25, iou: float = 0.7, max_det: int = 300):
     """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times).
 
     ``inputs``: ``{input name: .npy}`` of one frame, which the program streams ``frames``
     times (default 1); or, for a model of one input, what ``run --input`` takes: a folder of
-    images, an image or a batch ``.npy``, streamed through a session (at most ``frames``),
-    each image made a frame by ``preprocess``, each frame's ``top`` classes by ``labels`` in
-    ``frames.json``. Returns the run's result, or the stream's (``errors`` for the frames that
-    failed).
+    images, an image, a video (a file, ``rtsp://...``) or a batch ``.npy``, streamed through a
+    session (at most ``frames``), each image made a frame by ``preprocess``, each frame's
+    ``top`` classes by ``labels`` in ``frames.json``; ``task="detect"``: frames letterboxed and
+    each frame's boxes (``conf``, ``iou``, ``max_det``) in ``detections.jsonl`` and the
+    result's ``records``. Returns the run's result, or the stream's (``errors`` for the frames
+    that failed).
     """
     if isinstance(inputs, (str, Path)):
-        return _run_source(out, inputs, frames, preprocess, labels, top, gpu_fallback)
+        return _run_source(out, inputs, frames, preprocess, gpu_fallback,
+                           (task, labels, top, conf, iou, max_det))
     import autodice.backend.run
 
     from .backend.session import check_count
@@ -103,19 +107,19 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
                                     gpu_fallback=gpu_fallback)
 
 
-def _run_source(out, source, frames, preprocess, labels, top, gpu_fallback):
+def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args):
     from .backend.run import open_session
-    from .backend.session.results import finish, read_labels, source_frames, stream
+    from .backend.session.results import Reading, finish, source_frames, stream
     from .core.outdir import claim
     from .core.plan import load_plan
 
     plan = load_plan(out)
-    count, pairs = source_frames(plan, source, frames, preprocess)
-    names = read_labels(labels, plan) if labels else None
+    reading = Reading.of(plan, *reading_args)
+    count, pairs = source_frames(plan, source, frames, preprocess, reading.detect is not None)
     claim(Path(out), "results/")
     results = Path(out) / "results"
     with open_session(out, None, gpu_fallback) as session:
-        res = stream(session, plan, pairs, count, results, names=names, top=top)
+        res = stream(session, plan, pairs, count, results, reading=reading)
     return finish(session, res)
 
 

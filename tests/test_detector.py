@@ -1,7 +1,8 @@
 """A detector's shape through the whole chain without torch: ``graphs.yolo_like`` (three scales,
 the neck's Resize and Concat, heads flattened and concatenated, the Split of boxes and scores,
 DFL's softmax, anchors) split over three keys with cuts where detectors are cut, gen'd, built
-and run under mpirun, equal to onnxruntime."""
+and run under mpirun, equal to onnxruntime; then a video through it with ``--task detect``,
+boxes equal to onnxruntime's on the same frames."""
 
 from __future__ import annotations
 
@@ -11,17 +12,26 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from click.testing import CliRunner
 from graphs import yolo_like
 
 import autodice
+from autodice.backend.session.detect import detect, letterbox
+from autodice.cli import main
 from autodice.core.model import load_model
 
 pytestmark = pytest.mark.cpp
 
+SIDE, CLASSES = 64, 8
+SOURCE = (96, 80)  # the clip's width and height: letterboxed into 64x64 with grey above/below
 
-def test_a_yolo_shaped_detector_cut_in_its_neck_and_head_runs_like_onnxruntime(tmp_path):
-    onnx.save(yolo_like(), tmp_path / "model.onnx")
-    names = load_model(tmp_path / "model.onnx").layer_names
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    """yolo_like split over three keys (cuts in the neck and the head), gen'd and built."""
+    d = tmp_path_factory.mktemp("detector")
+    onnx.save(yolo_like(side=SIDE, classes=CLASSES), d / "model.onnx")
+    names = load_model(d / "model.onnx").layer_names
     backbone = names[:names.index("b4") + 1]
     rest = names[len(backbone):]
     last_scale = [n for n in rest if n.startswith("h2")]
@@ -31,18 +41,105 @@ def test_a_yolo_shaped_detector_cut_in_its_neck_and_head_runs_like_onnxruntime(t
     middle = [n for n in rest[:rest.index("split") + 1] if n not in last_scale] + ["dfl.s"]
     mapping = {"edge01_cpu0": backbone, "edge02_cpu1": middle,
                "edge03_cpu0": [n for n in rest if n not in middle]}
-    (tmp_path / "mapping.json").write_text(json.dumps(mapping))
-    (tmp_path / "platform.txt").write_text("edge01, cpu, slots=0\nedge02, cpu, slots=1\n"
-                                           "edge03, cpu, slots=0\n")
-    plan = autodice.split(tmp_path / "model.onnx", tmp_path / "mapping.json",
-                          tmp_path / "platform.txt", tmp_path / "out")
+    (d / "mapping.json").write_text(json.dumps(mapping))
+    (d / "platform.txt").write_text("edge01, cpu, slots=0\nedge02, cpu, slots=1\n"
+                                    "edge03, cpu, slots=0\n")
+    plan = autodice.split(d / "model.onnx", d / "mapping.json", d / "platform.txt", d / "out")
     assert {"h2.flat", "box", "cls", "dfl.t", "dfl.s"} <= {e.tensor for e in plan.edges}
-    autodice.gen(tmp_path / "out")
-    autodice.build(tmp_path / "out")
-    x = np.random.default_rng(0).random((1, 3, 64, 64)).astype(np.float32)
+    autodice.gen(d / "out")
+    autodice.build(d / "out")
+    return d
+
+
+def test_a_yolo_shaped_detector_cut_in_its_neck_and_head_runs_like_onnxruntime(detector,
+                                                                              tmp_path):
+    x = np.random.default_rng(0).random((1, 3, SIDE, SIDE)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    got = autodice.run(tmp_path / "out", {"images": tmp_path / "x.npy"}, frames=3)
-    want = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"images": x})[0]
+    got = autodice.run(detector / "out", {"images": tmp_path / "x.npy"}, frames=3)
+    want = ort.InferenceSession(str(detector / "model.onnx")).run(None, {"images": x})[0]
     out = got.outputs["output0"]
-    assert out.shape == want.shape == (1, 12, 84)
+    assert out.shape == want.shape == (1, 4 + CLASSES, 84)
     assert np.abs(out - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def moving_shapes(path, frames: int = 12) -> None:
+    """An MPEG-4 clip of coloured rectangles that move, encoded here with PyAV (FFmpeg)."""
+    import av
+
+    w, h = SOURCE
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for i in range(frames):
+            img = np.full((h, w, 3), 30, np.uint8)
+            img[10 + i:40 + i, 5 + 3 * i:35 + 3 * i] = (220, 40, 40)
+            img[50:70, 60 - 2 * i:90 - 2 * i] = (40, 200, 60)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def decoded(path) -> list:
+    import av
+
+    with av.open(str(path)) as clip:
+        return [f.to_image() for f in clip.decode(video=0)]
+
+
+def test_a_video_through_the_detector_gives_onnxruntimes_boxes(detector, tmp_path):
+    """``run --input clip.mp4 --task detect``: each frame decoded, letterboxed, run over the
+    three keys; detections.jsonl holds a line a frame whose boxes (in the clip's pixels) are
+    those onnxruntime's output gives through the same decoding and NMS."""
+    moving_shapes(tmp_path / "clip.mp4")
+    labels = tmp_path / "names.txt"
+    labels.write_text("".join(f"thing{k}\n" for k in range(CLASSES)))
+    said = CliRunner().invoke(main, ["run", str(detector / "out"), "--input",
+                                     str(tmp_path / "clip.mp4"), "--task", "detect",
+                                     "--conf", "0.3", "--labels", str(labels),
+                                     "--results", str(tmp_path / "r")])
+    assert said.exit_code == 0, said.output
+    lines = [json.loads(ln) for ln in (tmp_path / "r" / "detections.jsonl").read_text()
+             .splitlines()]
+    ref = ort.InferenceSession(str(detector / "model.onnx"))
+    frames = decoded(tmp_path / "clip.mp4")
+    assert [ln["frame"] for ln in lines] == list(range(len(frames))) == list(range(12))
+    found = 0
+    for line, image in zip(lines, frames):
+        x, box = letterbox(image, (1, 3, SIDE, SIDE))
+        want = detect(ref.run(None, {"images": x})[0], conf=0.3, box=box)
+        got = line["detections"]
+        assert [d["class"] for d in got] == [d.cls for d in want], line["frame"]
+        assert np.allclose([d["box"] for d in got], [d.box for d in want], atol=0.02)
+        assert np.allclose([d["score"] for d in got], [d.score for d in want], atol=1e-4)
+        assert all(d["label"] == f"thing{d['class']}" for d in got)
+        assert all(0 <= d["box"][0] <= d["box"][2] <= SOURCE[0]
+                   and 0 <= d["box"][1] <= d["box"][3] <= SOURCE[1] for d in got)
+        found += len(got)
+    assert found  # the seeded head finds something to compare
+    text = [ln for ln in said.stdout.splitlines() if ln.split(":")[0].isdigit()]
+    assert len(text) == 12 and text[0].startswith("0: ") and " box" in text[0]
+    records = json.loads((tmp_path / "r" / "frames.json").read_text())
+    assert [r["detections"] for r in records] == [ln["detections"] for ln in lines]
+
+
+def test_detect_refuses_what_it_cannot_read_in_one_line(detector, fig2_built, tmp_path):
+    """Settings out of range, an output of no detector, a video that cannot be opened: one
+    line each, exit 2, before any job starts and with nothing written."""
+    (tmp_path / "bad.mp4").write_bytes(b"not a video at all")
+    (tmp_path / "images").mkdir()
+    cases = [
+        ([str(detector / "out"), "--input", str(tmp_path / "bad.mp4"), "--task", "detect"],
+         f"{tmp_path / 'bad.mp4'}: cannot open it as a video"),
+        ([str(detector / "out"), "--input", str(tmp_path / "none.mp4"), "--task", "detect"],
+         f"{tmp_path / 'none.mp4'}: no such video"),
+        ([str(detector / "out"), "--input", str(tmp_path / "images"), "--task", "detect",
+          "--conf", "1.5", "--max-det", "0"], "--conf 1.5: from 0 to 1"),
+        ([str(fig2_built / "out"), "--input", str(tmp_path / "images"), "--task", "detect"],
+         "--task detect: the output is 1x4x4x4, neither a YOLO head's"),
+    ]
+    for args, first in cases:
+        said = CliRunner().invoke(main, ["run", *args, "--results", str(tmp_path / "r")])
+        assert said.exit_code == 2, said.output
+        assert said.stderr.splitlines()[0].startswith(f"error: {first}"), said.stderr
+        assert not (tmp_path / "r").exists()

@@ -212,8 +212,19 @@ def stream_options(command):
                          help="Images: resize (shorter side over the input's, default 1.143), "
                               "mean and std (a/b/c; default ImageNet's), scale (255), layout "
                               "(nchw|nhwc), bgr (0|1)."),
+            click.option("--task", type=click.Choice(["classify", "detect"]), default=None,
+                         help="detect: a YOLO head's output as boxes in the source's pixels "
+                              "(frames letterboxed as Ultralytics does; detections.jsonl). "
+                              "[default: classify with --labels, else the outputs alone]"),
+            click.option("--conf", type=float, default=0.25, show_default=True,
+                         help="detect: the least score a box keeps."),
+            click.option("--iou", type=float, default=0.7, show_default=True,
+                         help="detect: boxes of a class overlapping past this are one (NMS)."),
+            click.option("--max-det", "max_det", type=int, default=300, show_default=True,
+                         help="detect: boxes a frame at most."),
             click.option("--labels", type=click.Path(dir_okay=False), default=None,
-                         help="Class names, one a line: print each frame's top-k classes."),
+                         help="Class names, one a line: print each frame's top-k classes "
+                              "(with --task detect, each box's class name)."),
             click.option("--top-k", "top", default=5, show_default=True, type=click.IntRange(1),
                          help="Classes printed per frame."),
             click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]),
@@ -228,8 +239,9 @@ def stream_options(command):
 
 
 INPUT_HELP = ("Model input: FILE.npy holding one frame (repeated --frames times) or a batch "
-              "(N, ...) of frames, a folder of images, one image, or - for raw frames on stdin "
-              "(NAME= needed when the model has several inputs).")
+              "(N, ...) of frames, a folder of images, one image, a video (a file, rtsp://..., "
+              "/dev/videoN), or - for raw frames on stdin (NAME= needed when the model has "
+              "several inputs).")
 
 
 input_shape_option = click.option(

@@ -62,17 +62,20 @@ def build(output):
               help="Where outputs and stats.json go (default OUTPUT/results).")
 @stream_options
 @job_options
-def run(output, inputs, results, frames, preprocess, labels, top, fmt, window, no_pipeline,
-        check, rtol, gpu_fallback):
+def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, labels, top, fmt,
+        window, no_pipeline, check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     if is_a_stream(plan, given, no_pipeline):
-        return run_stream(output, plan, given, frames, results, preprocess, labels, top, fmt,
+        from ..backend.session.results import Reading
+
+        reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
+        return run_stream(output, plan, given, frames, results, preprocess, reading, fmt,
                           window, check, rtol, gpu_fallback)
-    names = one_frame_labels(plan, given, preprocess, labels)
+    names = one_frame_labels(plan, given, preprocess, labels, task)
     res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
                        check, rtol, gpu_fallback)
     if names is not None:
@@ -116,15 +119,17 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
     return res
 
 
-def one_frame_labels(plan, given: dict, preprocess, labels) -> list[str] | None:
-    """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` is refused
-    there, as it is for any source of no images."""
+def one_frame_labels(plan, given: dict, preprocess, labels, task=None) -> list[str] | None:
+    """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` and ``--task
+    detect`` are refused there, as they are for any source of no images."""
     from ..backend.session.results import read_labels
 
-    if preprocess:
-        raise AutodiceError(f"--preprocess: {', '.join(map(str, given.values()))} holds no "
-                            "images, its frame is fed as it is")
+    for flag, given_flag in (("--preprocess", preprocess), ("--task detect", task == "detect")):
+        if given_flag:
+            raise AutodiceError(f"{flag}: {', '.join(map(str, given.values()))} holds no "
+                                "images, its frame is fed as it is")
     return read_labels(labels, plan) if labels else None
+
 
 
 def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int, fmt: str) -> None:
@@ -136,11 +141,23 @@ def show_top_k(plan, given: dict, outputs: dict, names: list[str], k: int, fmt: 
     emit(frame_line(record, fmt))
 
 
+BOXES_SHOWN = 5  # boxes a text line names; the rest are counted
+
+
 def frame_line(record: dict, fmt: str) -> str | None:
-    """One frame's result as its line on stdout: its record as JSON (``--format jsonl``), or
-    its classes, ``cat.jpg: tabby (0.62), tiger cat (0.21), ...`` (None: nothing to say)."""
+    """One frame's result as its line on stdout: its record as JSON (``--format jsonl``), its
+    classes, ``cat.jpg: tabby (0.62), tiger cat (0.21), ...``, or its boxes, ``12: 2 boxes:
+    person 0.91 [10,20,120,310], car 0.5 [...]`` (None: nothing to say)."""
     if fmt == "jsonl":
         return json.dumps(record)  # control characters in a file name come escaped
+    if "detections" in record:
+        found = record["detections"]
+        shown = ", ".join(f"{d.get('label', d['class'])} {d['score']:.2g} "
+                          f"[{','.join(f'{v:.0f}' for v in d['box'])}]"
+                          for d in found[:BOXES_SHOWN])
+        more = f", and {len(found) - BOXES_SHOWN} more" if len(found) > BOXES_SHOWN else ""
+        return visible(f"{record['frame']}: {len(found)} box{'es' if len(found) != 1 else ''}"
+                       + (f": {shown}{more}" if found else ""))
     if "classes" not in record:
         return None
     return visible(f"{record['frame']}: " + ", ".join(f"{c['label']} ({c['score']:.3g})"
@@ -159,9 +176,11 @@ def emit(line: str | None, bar=None) -> None:
         sys.stdout.flush()
 
 
-def run_stream(output, plan, given, frames, results, preprocess, labels, top, fmt, window,
+def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, window,
                check, rtol, gpu_fallback, open_session=None):
-    """Frames of a batch, a folder of images or stdin through a session, in order.
+    """Frames of a batch, a folder of images, a video or stdin through a session, in order;
+    ``reading``: what each frame's line says (:class:`~autodice.backend.session.results.
+    Reading`).
 
     ``open_session(status)`` starts the session (default: every rank here); ``status(text)``
     shows what it is doing (deploying, starting the ranks) while the user waits.
@@ -170,15 +189,20 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, fm
 
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
-    from ..backend.session.results import finish, read_labels, source_frames, stream
+    from ..backend.session.results import finish, source_frames, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
 
     if frames is not None and frames < 1:
         raise AutodiceError(f"--frames {frames}: need at least 1 frame")
     check_window(window)
-    count, source = source_frames(plan, next(iter(given.values())), frames, preprocess)
-    names = read_labels(labels, plan) if labels else None
+    detect = reading.detect is not None
+    count, source = source_frames(plan, next(iter(given.values())), frames, preprocess, detect)
+    if detect:
+        h, w = plan.model_inputs[0].shape[2:]
+        console.print(f"frames letterboxed into {w}x{h} as Ultralytics does (RGB / 255, grey "
+                      f"114 around); boxes into {Path(results or Path(output) / 'results')}"
+                      "/detections.jsonl")
     whole = whole_session(plan, Path(output), None) if check else None
     if results is None:
         claim(Path(output), "results/")
@@ -197,7 +221,7 @@ def run_stream(output, plan, given, frames, results, preprocess, labels, top, fm
                                   soft_wrap=True)
                 emit(frame_line(record, fmt), bar)
 
-            res = stream(session, plan, source, count, Path(results), whole, shown, names, top)
+            res = stream(session, plan, source, count, Path(results), whole, shown, reading)
         res = finish(session, res)
     s = res.stats
     lat = s["latency_s"]

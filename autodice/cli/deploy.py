@@ -131,8 +131,9 @@ def _cluster_table(c) -> None:
 @click.option("--front", type=click.Path(file_okay=False, exists=True), default=None,
               help="With --recover: a `dse` output; its fastest point on the hosts left is "
                    "the new mapping (default: the mapping's keys there, balanced).")
-def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, fmt, window,
-           no_pipeline, check, rtol, gpu_fallback, timeout, keep_connections, recover, front):
+def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, iou, max_det,
+           labels, top, fmt, window, no_pipeline, check, rtol, gpu_fallback, timeout,
+           keep_connections, recover, front):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -141,7 +142,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
     from ..deploy.deploy import deploy as run_deploy
     from ..frontend.check import compare_with_model
 
-    only_with("--run", run_job, "inputs", "frames", "preprocess", "labels", "top", "fmt",
+    only_with("--run", run_job, "inputs", "frames", "preprocess", "task", "labels", "top", "fmt",
               "window", "no_pipeline", "check", "rtol", "gpu_fallback", "timeout", "recover")
     only_with("--recover", recover, "front")
     plan = load_plan(output)
@@ -158,10 +159,13 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, labels, top, 
                                  lambda host, step: status(f"{host}: {step}"), keep_connections,
                                  recover=front or True)
 
-        return run_stream(output, plan, given, frames, None, preprocess, labels, top, fmt,
+        from ..backend.session.results import Reading
+
+        reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
+        return run_stream(output, plan, given, frames, None, preprocess, reading, fmt,
                           window, check, rtol, gpu_fallback, open_session=opener)
     frames = 1 if frames is None else frames
-    names = one_frame_labels(plan, given, preprocess, labels) if run_job else None
+    names = one_frame_labels(plan, given, preprocess, labels, task) if run_job else None
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),
                   TextColumn("{task.description}"), TimeElapsedColumn()) as bar:
         tasks = {h: bar.add_task("waiting", host=h, total=None) for h in plan.hosts()}

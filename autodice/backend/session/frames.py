@@ -136,19 +136,36 @@ class ImageRecipe:
 
 
 def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
-                recipe: ImageRecipe | None = None) -> tuple[int | None, Iterator]:
+                recipe: ImageRecipe | None = None,
+                letterboxed: bool = False) -> tuple[int | None, Iterator]:
     """(number of frames if known, the ``(label, frame)`` pairs) of ``source``: a ``.npy``
-    holding a batch ``(N, ...)`` of frames (or one frame), a folder of images, one image, or
-    ``-`` for frames of ``shape`` and ``dtype`` as raw bytes on stdin, one after another.
-    ``recipe`` (``--preprocess``) is for images: with any other source it is an error, not a
-    recipe silently left unused.
+    holding a batch ``(N, ...)`` of frames (or one frame), a folder of images, one image, a
+    video (a file, a stream URL, a camera: :mod:`.video`), or ``-`` for frames of ``shape`` and
+    ``dtype`` as raw bytes on stdin, one after another. ``recipe`` (``--preprocess``) is for
+    images: with any other source it is an error, not a recipe silently left unused.
+    ``letterboxed``: images and video frames are made by Ultralytics' letterbox instead
+    (``--task detect``), and each pair is ``(label, frame, Letterbox)``.
 
     Raises:
         AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, a
-            folder without images, or a recipe for a source of no images; all before any frame
-            is read.
+            folder without images, a video that cannot be opened, or a recipe for a source of
+            no images; all before any frame is read.
     """
+    from .video import is_video, video_frames
+
     path = Path(source)
+    pictures = source != "-" and (path.is_dir() or is_image(path) or is_video(source))
+    if letterboxed and not pictures:
+        raise AutodiceError(f"--task detect: {'stdin' if source == '-' else path} holds no "
+                            "images or video; its frames are fed as they are, so no box can be "
+                            "mapped back to a picture")
+    if letterboxed and (recipe is not None or len(shape) != 4 or tuple(shape[:2]) != (1, 3)):
+        why = (", not by --preprocess" if recipe is not None
+               else f"; this one is {'x'.join(map(str, shape))}")
+        raise AutodiceError("--task detect: frames are letterboxed as Ultralytics does it, "
+                            f"into a 1x3xHxW input{why}")
+    if is_video(source) and source != "-":
+        return video_frames(source, _maker(shape, dtype, recipe or ImageRecipe(), letterboxed))
     if source == "-" or not (path.is_dir() or is_image(path)):  # frames as they are
         if recipe is not None:
             raise AutodiceError(f"--preprocess: {'stdin' if source == '-' else path} holds no "
@@ -172,7 +189,7 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
         if channels and len(values) not in (1, channels):
             raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
                                 f"one value, or one per channel of the input ({channels})")
-    return len(images), _image_frames(images, shape, dtype, recipe)
+    return len(images), _image_frames(images, _maker(shape, dtype, recipe, letterboxed))
 
 
 def is_image(path: Path) -> bool:
@@ -184,7 +201,9 @@ def is_stream(source: str, shape: tuple[int, ...]) -> bool:
     """Whether ``source`` holds a stream of frames (one image is a stream of one) rather than
     the one frame ``run --frames`` repeats (a ``.npy`` that is neither is left to run's own
     checks, which name what is wrong)."""
-    if source == "-" or Path(source).is_dir() or is_image(Path(source)):
+    from .video import is_video
+
+    if source == "-" or Path(source).is_dir() or is_image(Path(source)) or is_video(source):
         return True
     try:
         a = open_npy(source)
@@ -235,10 +254,20 @@ def _load_batch(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
                         f"(N, ...) of frames of {'x'.join(map(str, shape))}")
 
 
-def _image_frames(images: list[Path], shape, dtype, recipe: ImageRecipe) -> Iterator:
+def _maker(shape, dtype, recipe: ImageRecipe, letterboxed: bool):
+    """What a picture (a path or a PIL image) becomes after its label: ``(frame,)``, or
+    ``(frame, Letterbox)`` for a detector's frames."""
+    if letterboxed:
+        from .detect import letterbox
+
+        return lambda picture: letterbox(picture, shape, dtype)
+    return lambda picture: (recipe.apply(picture, shape, dtype),)
+
+
+def _image_frames(images: list[Path], make) -> Iterator:
     for i, p in enumerate(images):
         try:
-            yield p.name, recipe.apply(p, shape, dtype)
+            yield (p.name, *make(p))
         except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
             yield p.name, _cannot(i, p, e)
 

@@ -1,10 +1,12 @@
-"""``autodice run --input DIR|BATCH.npy|-``: a stream of real frames through a session, results
-into one folder.
+"""``autodice run --input DIR|VIDEO|BATCH.npy|-``: a stream of real frames through a session,
+results into one folder.
 
 The results folder gets one stacked ``<output>.npy`` per model output (``(N, ...)``, frame i at
 index i; a frame that failed is left zero), ``frames.json`` (each frame's label: the image's file
-name or the batch index, its error if it had one, and with class names its top-k classes) and
-``stats.json`` (the session's figures: frames/s, latency percentiles, each rank's share).
+name, the video's or the batch's index, its error if it had one, and what the :class:`Reading`
+makes of it: with class names its top-k classes, with ``--task detect`` its boxes), for a
+detector ``detections.jsonl`` (one line a frame, written as frames come) and ``stats.json`` (the
+session's figures: frames/s, latency percentiles, each rank's share).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from ...core.errors import AutodiceError, read_text
 from ...core.outdir import tensor_files
 from ...core.plan import Plan
+from .detect import Detect, Letterbox, layout
 from .gateway import FrameError
 from .session import Session
 
@@ -35,18 +38,66 @@ class StreamResult:
     worst: dict[str, tuple[float, float]] = field(default_factory=dict)
     delivered: int = 0  # frames whose result (or error) was handed out, in order
     interrupted: str | None = None  # the signal that stopped the stream early ("SIGINT", ...)
+    records: list[dict] = field(default_factory=list)  # frames.json: each frame's record
 
 
-def read_labels(path: str | Path, plan: Plan | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Reading:
+    """What a stream makes of each frame's result beside its arrays, by the first model
+    output: its ``top`` classes by ``labels`` (a classifier), or its boxes (``detect``: frames
+    letterboxed, boxes in the source's pixels, labelled by ``labels`` when given)."""
+
+    labels: list[str] | None = None
+    top: int = 5
+    detect: Detect | None = None
+
+    @staticmethod
+    def of(plan: Plan, task: str | None = None, labels: str | Path | None = None, top: int = 5,
+           conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> Reading:
+        """The reading a run asks for (``--task``, ``--labels``, ...), the labels file read.
+
+        Raises:
+            AutodiceError: before any job starts: an unknown task, settings out of range, a
+                labels file that does not fit, an output of no detector for ``detect``.
+        """
+        if task not in (None, "classify", "detect"):
+            raise AutodiceError(f"task {task!r}: classify or detect")
+        if task == "classify" and not labels:
+            raise AutodiceError("--task classify: give the class names (--labels FILE)")
+        detect = Detect(conf, iou, max_det) if task == "detect" else None
+        if detect is not None:
+            detect.check()
+            layout(plan.model_outputs[0].shape)
+        names = read_labels(labels, plan, detect=detect is not None) if labels else None
+        return Reading(names, top, detect)
+
+    def record(self, scores: np.ndarray, box: Letterbox | None) -> dict:
+        """The reading's part of a frame's record (``scores``: the first output)."""
+        if self.detect is not None:
+            return {"detections": [d.as_json(self.labels)
+                                   for d in self.detect.boxes(scores, box)]}
+        if self.labels is not None:
+            return {"classes": classes(scores, self.labels, self.top)}
+        return {}
+
+
+def read_labels(path: str | Path, plan: Plan | None = None, detect: bool = False) -> list[str]:
     """One class name per line (ImageNet's synset files work as they are); with ``plan``,
-    checked to name each score of the model's first output, before any job starts.
+    checked to name each score of the model's first output (each class of a detector's, with
+    ``detect``), before any job starts.
 
     Raises:
         AutodiceError: the file cannot be read, is not UTF-8 text, or has another number of
-            labels than the output has scores.
+            labels than the output has scores (classes).
     """
     names = [ln.strip() for ln in read_text(path).splitlines()]
-    if plan is not None:
+    if plan is not None and detect:
+        shape = plan.model_outputs[0].shape
+        n = shape[1] - 4 if layout(shape) == "yolo" else None
+        if n is not None and len(names) != n:
+            raise AutodiceError(f"{path}: {len(names)} labels, but the detector's output "
+                                f'"{plan.model_outputs[0].name}" has {n} classes')
+    elif plan is not None:
         scores = math.prod(plan.model_outputs[0].shape)
         if len(names) != scores:
             raise AutodiceError(f"{path}: {len(names)} labels, but the model's output "
@@ -130,10 +181,11 @@ class Stacks:
 
 
 def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
-                  preprocess: str | None = None) -> tuple[int | None, Iterable]:
+                  preprocess: str | None = None,
+                  letterboxed: bool = False) -> tuple[int | None, Iterable]:
     """(how many frames, if known; the ``(label, frame)`` pairs) of ``source`` (a folder of
-    images, an image, a batch ``.npy``, ``-`` for stdin) for the model's one input, at most
-    ``frames`` of them.
+    images, an image, a video, a batch ``.npy``, ``-`` for stdin) for the model's one input, at
+    most ``frames`` of them; ``letterboxed``: ``(label, frame, Letterbox)``, for a detector.
 
     Raises:
         AutodiceError: a model of several inputs, a bad count or recipe, an unusable source.
@@ -150,7 +202,8 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
                             f"{', '.join(t.name for t in plan.model_inputs)}")
     t = plan.model_inputs[0]
     count, pairs = frames_from(str(source), t.shape, t.dtype,
-                               ImageRecipe.parse(preprocess) if preprocess else None)
+                               ImageRecipe.parse(preprocess) if preprocess else None,
+                               letterboxed)
     if frames is not None:
         count = min(count, frames) if count is not None else frames
         pairs = islice(pairs, frames)
@@ -166,8 +219,9 @@ def write_json(path: Path, data) -> None:
 
 def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, results: Path,
            whole=None, on_frame: Callable[[dict, object], None] | None = None,
-           names: list[str] | None = None, top: int = 5) -> StreamResult:
-    """Every ``(label, frame)`` of ``frames`` through ``session``; results stacked in ``results``.
+           reading: Reading = Reading()) -> StreamResult:
+    """Every ``(label, frame)`` (or ``(label, frame, Letterbox)``) of ``frames`` through
+    ``session``; results stacked in ``results``.
 
     Ctrl-C (or SIGTERM: :class:`~autodice.core.errors.Stopped`) ends the stream early and
     cleanly: the results of the frames delivered so far are written, cut to them, and
@@ -179,20 +233,22 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
             its run of the frame (``out.worst``).
         on_frame: called with each frame's record (its entry of ``frames.json``) and its
             result (or FrameError), in order.
-        names: class names: each frame's record gets its ``top`` best classes by the first
-            output.
+        reading: what each frame's record says of its result (classes, boxes).
     """
     stacks = Stacks(results, session.outputs, tensor_files(plan), count)
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
+    boxes = _Lines(results / "detections.jsonl") if reading.detect is not None else None
     labels: list[str] = []
-    status: list[dict] = []
+    letterboxes: list[Letterbox | None] = []
     out = StreamResult(results, {})
+    status = out.records
     name_in = session.inputs[0].name
     pending: list = []  # frames sent, kept only to check them
 
     def frames_only():
-        for label, frame in frames:
+        for label, frame, *made in frames:
             labels.append(label)
+            letterboxes.append(made[0] if made else None)
             if whole is not None:
                 pending.append(frame)
             yield frame
@@ -208,8 +264,10 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
             else:
                 arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
                 stacks.put(i, arrays)
-                if names is not None:
-                    record["classes"] = classes(arrays[session.outputs[0].name], names, top)
+                record.update(reading.record(arrays[session.outputs[0].name], letterboxes[i]))
+                if boxes is not None:
+                    boxes.add({"frame": i, "source": labels[i],
+                               "detections": record["detections"]})
                 if whole is not None:
                     _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
                         session.inputs[0].shape)}, arrays)
@@ -222,8 +280,28 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
         results_of.close()  # the frames in flight are taken: the session stays in step
     finally:
         stacks.close(out.delivered)
+        if boxes is not None:
+            boxes.close()
         write_json(results / "frames.json", status[:out.delivered])
     return out
+
+
+class _Lines:
+    """A JSON-lines file written a line a frame as results come (a reader can follow it), under
+    its partial name until closed: cut short, it still holds every frame delivered."""
+
+    def __init__(self, path: Path):
+        self.path, self.partial = path, path.with_name(f".{path.name}{PARTIAL}")
+        path.unlink(missing_ok=True)  # an earlier run's
+        self.file = open(self.partial, "w", encoding="utf-8")  # noqa: SIM115 - closed in close
+
+    def add(self, line: dict) -> None:
+        self.file.write(json.dumps(line) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        os.replace(self.partial, self.path)
 
 
 def _check(worst: dict, whole, feeds: dict, arrays: dict) -> None:

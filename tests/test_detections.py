@@ -1,0 +1,92 @@
+"""Boxes from a detector's output (autodice/backend/session/detect.py): Ultralytics' two layouts,
+class-aware NMS against a plain reference, and the letterbox there and back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from autodice.backend.session.detect import Letterbox, detect, layout, letterbox, nms
+from autodice.core.errors import AutodiceError
+
+
+def iou(a, b) -> float:
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
+    return w * h / union
+
+
+def reference_nms(boxes, scores, threshold) -> list[int]:
+    """Greedy NMS as the papers state it, one pair at a time."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    kept = []
+    for i in order:
+        if all(iou(boxes[i], boxes[k]) <= threshold for k in kept):
+            kept.append(i)
+    return kept
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nms_keeps_what_the_plain_greedy_rule_keeps(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    xy = rng.uniform(0, 100, (n, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(1, 40, (n, 2))], axis=1).astype(np.float32)
+    scores = rng.permutation(n).astype(np.float32) / n  # distinct: one right order
+    threshold = float(rng.uniform(0.2, 0.8))
+    assert nms(boxes, scores, threshold).tolist() == reference_nms(boxes.tolist(),
+                                                                   scores.tolist(), threshold)
+
+
+def yolo_output(candidates, classes=3, n=16) -> np.ndarray:
+    """(1, 4 + classes, n): the given (cx, cy, w, h, class, score) candidates, the rest empty."""
+    out = np.zeros((1, 4 + classes, n), np.float32)
+    for j, (cx, cy, w, h, c, s) in enumerate(candidates):
+        out[0, :4, j] = (cx, cy, w, h)
+        out[0, 4 + c, j] = s
+    return out
+
+
+def test_a_yolo_head_gives_boxes_suppressed_per_class():
+    out = yolo_output([(50, 50, 20, 20, 0, 0.9),   # kept
+                       (52, 50, 20, 20, 0, 0.8),   # the same object, same class: suppressed
+                       (52, 50, 20, 20, 1, 0.7),   # the same place, another class: kept
+                       (10, 10, 4, 4, 2, 0.2)])    # under conf
+    found = detect(out, conf=0.25, iou=0.7)
+    assert [(d.cls, round(d.score, 2)) for d in found] == [(0, 0.9), (1, 0.7)]
+    assert found[0].box == (40.0, 40.0, 60.0, 60.0)
+    assert found[0].as_json(["person", "car", "dog"]) == {
+        "box": [40.0, 40.0, 60.0, 60.0], "score": 0.9, "class": 0, "label": "person"}
+    assert detect(out, conf=0.95) == []  # no candidate: none, not an error
+    many = yolo_output([(8 * k, 8, 4, 4, 0, 0.5 + k / 100) for k in range(12)], n=12)
+    assert len(detect(many, max_det=5)) == 5  # twelve apart: five, the best
+    assert [round(d.score, 2) for d in detect(many, max_det=5)] == [0.61, 0.6, 0.59, 0.58, 0.57]
+
+
+def test_an_end_to_end_head_is_taken_as_it_is():
+    rows = np.array([[[1, 2, 3, 4, 0.3, 2], [5, 6, 7, 8, 0.9, 1], [0, 0, 1, 1, 0.1, 0]]],
+                    np.float32)
+    found = detect(rows, conf=0.25)
+    assert [(d.box, d.cls) for d in found] == [((5.0, 6.0, 7.0, 8.0), 1), ((1.0, 2.0, 3.0, 4.0), 2)]
+
+
+def test_an_output_of_another_shape_is_refused_by_its_shape():
+    assert layout((1, 84, 8400)) == "yolo" and layout((1, 300, 6)) == "end2end"
+    with pytest.raises(AutodiceError, match="the output is 1x1000, neither"):
+        layout((1, 1000))
+
+
+def test_the_letterbox_maps_boxes_back_to_the_source():
+    # A 640x480 image into 320x320: scale 0.5, 40 px of grey above and below.
+    box = Letterbox.fit((640, 480), (320, 320))
+    assert (box.scale, box.pad) == (0.5, (0.0, 40.0))
+    got = box.to_source(np.array([[10, 50, 110, 150], [-5, 0, 400, 400]], np.float32))
+    assert got.tolist() == [[20, 20, 220, 220], [0, 0, 640, 480]]  # clipped to the image
+    img = Image.new("RGB", (640, 480), (255, 0, 0))
+    frame, made = letterbox(img, (1, 3, 320, 320))
+    assert made == box and frame.shape == (1, 3, 320, 320) and frame.dtype == np.float32
+    grey, red = 114 / 255, (1, 0, 0)
+    for row, want in ((0, grey), (39, grey), (40, red), (279, red), (280, grey)):
+        assert np.allclose(frame[0, :, row, 5], want), row
