@@ -134,7 +134,8 @@ def _inputs(inputs) -> dict[str, Path]:
 
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
          gpu_fallback: bool = False, recover: bool | str | Path = False, ahead: bool = True,
-         preprocess: str | None = None):
+         preprocess: str | None = None, task: str | None = None, conf: float = 0.25,
+         iou: float = 0.7, max_det: int = 300):
     """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
     inventory's hosts first, and frames streamed through in order.
 
@@ -155,6 +156,9 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     ``ahead`` (the default) prepares and ships the job for each host's loss while the stream
     runs, so that recovery is a restart rather than a compile. ``preprocess``: how an image
     becomes a frame, as ``run --preprocess`` (``resize=1,mean=0.5/0.5/0.5,...``).
+    ``task="detect"``: each result is the frame's boxes (:class:`~autodice.backend.session.
+    detect.Detection`, best first; ``conf``, ``iou``, ``max_det`` as ``run --task detect``), an
+    image letterboxed as Ultralytics does and its boxes in its own pixels.
 
     Returns:
         :class:`~autodice.backend.session.Session`.
@@ -164,9 +168,12 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     """
     from .backend.session import check_window
     from .backend.session.frames import ImageRecipe
+    from .backend.session.results import Reading
+    from .core.plan import load_plan
 
     check_window(window)
     recipe = ImageRecipe.parse(preprocess)
+    reading = Reading.of(load_plan(out), task, None, 5, conf, iou, max_det)
     if inventory is not None:
         from .deploy.stream import open_deployed
 
@@ -180,6 +187,7 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
 
         session = open_session(out, window, gpu_fallback)
     session.preprocess = recipe
+    session.detect = reading.detect
     return session
 
 

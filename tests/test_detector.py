@@ -143,3 +143,31 @@ def test_detect_refuses_what_it_cannot_read_in_one_line(detector, fig2_built, tm
         assert said.exit_code == 2, said.output
         assert said.stderr.splitlines()[0].startswith(f"error: {first}"), said.stderr
         assert not (tmp_path / "r").exists()
+
+
+def test_a_detector_session_gives_each_frame_its_boxes(detector):
+    """``autodice.open(out, task="detect")``: a picture is letterboxed and its boxes come back
+    in its own pixels, an array's in the input's; the same as onnxruntime's, through map and
+    infer alike."""
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    pictures = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+                for w, h in ((96, 80), (50, 120))]
+    array = rng.random((1, 3, SIDE, SIDE)).astype(np.float32)
+    ref = ort.InferenceSession(str(detector / "model.onnx"))
+
+    def want(frame):
+        x, box = letterbox(frame, (1, 3, SIDE, SIDE)) if not isinstance(frame, np.ndarray) \
+            else (frame, None)
+        return detect(ref.run(None, {"images": x})[0], conf=0.3, box=box)
+
+    with autodice.open(detector / "out", task="detect", conf=0.3) as s:
+        got = list(s.map([*pictures, array]))
+        once = s.infer(pictures[1])
+    for frame, boxes in zip([*pictures, array, pictures[1]], [*got, once]):
+        expected = want(frame)
+        assert [d.cls for d in boxes] == [d.cls for d in expected]
+        assert np.allclose([d.box for d in boxes], [d.box for d in expected], atol=0.02)
+    assert sum(map(len, got)) > 0
+    assert max(d.box[3] for d in got[1]) > SIDE  # the tall picture's boxes, in its pixels

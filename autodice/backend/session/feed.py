@@ -1,5 +1,6 @@
-"""What goes into a session: the caller's numbers checked up front, and the feeder thread that
-turns the caller's frames into sends, a slot of the window at a time."""
+"""What goes into a session and what comes out: the caller's numbers checked up front, the
+feeder thread that turns the caller's frames into sends, a slot of the window at a time, and a
+detector's results read as boxes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ...core.errors import AutodiceError
-from .gateway import FrameError
+from .frames import image_frame, letterboxed
+from .gateway import FrameError, encode
 
 
 def check_window(window: int | None) -> None:
@@ -42,16 +44,18 @@ class Sent:
     index: int  # in the caller's map
     parts: list[memoryview]
     at: float  # perf_counter when first sent: a replayed frame's latency includes the recovery
+    box: object = None  # how a detector's frame was letterboxed (its boxes are mapped back)
 
 
-def feed(frames: Iterable, make: Callable[[object, int], list[memoryview]],
-         post: Callable[[int, list[memoryview]], object], tickets: queue.SimpleQueue,
+def feed(frames: Iterable, make: Callable[[object, int], tuple[list[memoryview], object]],
+         post: Callable[[int, list[memoryview], object], object], tickets: queue.SimpleQueue,
          slots: queue.SimpleQueue, stop: threading.Event, recovering: bool) -> None:
-    """The feeder thread: each of the caller's frames made into its parts (``make``) and sent
-    (``post``) once a slot of the window is free, a ticket for each in order for the reader:
-    ``("frame", i)`` sent, ``("error", FrameError)`` not sent, ``("raise", e)`` the caller's
-    iterable (or our code) raised, ``("gone", OSError)`` the gateway hung up, ``("end",)``.
-    Ends when ``stop`` is set, at the latest on the caller's next frame."""
+    """The feeder thread: each of the caller's frames made into its parts and letterbox
+    (``make``) and sent (``post``) once a slot of the window is free, a ticket for each in
+    order for the reader: ``("frame", i)`` sent, ``("error", FrameError)`` not sent,
+    ``("raise", e)`` the caller's iterable (or our code) raised, ``("gone", OSError)`` the
+    gateway hung up, ``("end",)``. Ends when ``stop`` is set, at the latest on the caller's
+    next frame."""
     try:
         source = iter(frames)
         i = -1
@@ -67,7 +71,7 @@ def feed(frames: Iterable, make: Callable[[object, int], list[memoryview]],
             try:
                 if isinstance(frame, FrameError):  # the source could not make it
                     raise frame
-                parts = make(frame, i)
+                parts, box = make(frame, i)
             except FrameError as e:
                 tickets.put(("error", e))
                 continue
@@ -77,7 +81,7 @@ def feed(frames: Iterable, make: Callable[[object, int], list[memoryview]],
             if stop.is_set():
                 return
             try:
-                post(i, parts)
+                post(i, parts, box)
             except FrameError as e:  # not sent: its slot is free
                 slots.put(None)
                 tickets.put(("error", e))
@@ -105,3 +109,17 @@ def replay(again: list[Sent], send: Callable[[list[memoryview]], None],
         pass  # died again: the reader finds out
     finally:
         resume()
+
+
+def frame_parts(frame, index: int, inputs, recipe, detect) -> tuple[list[memoryview], object]:
+    """A frame of the caller's as its parts on the wire, and for a detector (``detect``) the
+    letterbox a picture was made with (None for an array: its boxes stay in input pixels)."""
+    box = None
+    if detect is not None:
+        frame, box = letterboxed(frame, index, inputs)
+    return encode(inputs, image_frame(frame, index, inputs, recipe), index), box
+
+
+def boxes_of(result, outputs, detect, box) -> list:
+    """A detector's result as its boxes (:class:`~.detect.Detection`), by the first output."""
+    return detect.boxes(result if not isinstance(result, dict) else result[outputs[0].name], box)

@@ -298,6 +298,30 @@ def image_frame(item, index: int, inputs, recipe: ImageRecipe):
         raise _cannot(index, name, e) from None
 
 
+def letterboxed(item, index: int, inputs):
+    """``item`` of a detector session's stream: a picture (a path or a PIL image) letterboxed
+    for the model's one input, with its :class:`~.detect.Letterbox`; anything else as it is
+    (its boxes stay in the input's pixels).
+
+    Raises:
+        FrameError: the image cannot be read, or the model's input is no image's.
+    """
+    from PIL import Image
+
+    from .detect import letterbox
+
+    if not isinstance(item, (str, os.PathLike, Image.Image)):
+        return item, None
+    name = item if not isinstance(item, Image.Image) else "the image"
+    if len(inputs) != 1:
+        raise FrameError(index, f"{name}: the model has inputs "
+                                f"{', '.join(t.name for t in inputs)}: an image feeds one")
+    try:
+        return letterbox(item, inputs[0].shape, inputs[0].dtype)
+    except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
+        raise _cannot(index, name, e) from None
+
+
 def _stdin_frames(shape, dtype) -> Iterator:
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     stream = sys.stdin.buffer

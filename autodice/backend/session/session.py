@@ -32,10 +32,11 @@ from collections.abc import Callable, Iterable, Iterator
 from ...core.errors import AutodiceError, JobError
 from ...core.plan import Plan
 from ...core.stops import stops_held
-from .feed import Sent, check_window, feed, replay
+from .detect import Detect
+from .feed import Sent, boxes_of, check_window, feed, frame_parts, replay
 from .figures import Figures, per_frame
-from .frames import ImageRecipe, image_frame
-from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor, encode
+from .frames import ImageRecipe
+from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor
 from .job import Job, Recovery, Restart, SessionError, session_folder
 
 
@@ -74,6 +75,7 @@ class Session:
         self._jobs = 0
         self._frames_via = "socket"
         self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
+        self.detect: Detect | None = None  # set: pictures letterboxed, results are boxes
         try:
             self._gw = self._start(start, plan)
         except BaseException:
@@ -138,9 +140,9 @@ class Session:
             raise AutodiceError("this session is already streaming (one map at a time)")
         try:
             self._check_open()
-            parts = encode(self.inputs, image_frame(frame, 0, self.inputs, self.preprocess), 0)
+            parts, box = self._make(frame, 0)
             try:  # no feeder thread for one frame: starting one costs latency
-                self._post(0, parts)
+                self._post(0, parts, box)
             except OSError:
                 if self._recovery is None:
                     self._fail(-1)
@@ -152,7 +154,7 @@ class Session:
                 self._abandon()
                 raise
             self._figures.delivered_one(sent.at, first=True)
-            return result
+            return self._read(sent, result)
         finally:
             self._lock.release()
 
@@ -175,7 +177,14 @@ class Session:
             finally:
                 self._lock.release()
 
-    def _post(self, index: int, parts: list[memoryview]) -> Sent:
+    def _make(self, frame, index: int):
+        return frame_parts(frame, index, self.inputs, self.preprocess, self.detect)
+
+    def _read(self, sent: Sent, result):
+        return result if self.detect is None else boxes_of(result, self.outputs, self.detect,
+                                                           sent.box)
+
+    def _post(self, index: int, parts: list[memoryview], box=None) -> Sent:
         """Check a frame, keep it until its result is read, and send it to the gateway (once no
         restart is under way). A FrameError leaves nothing in flight. An OSError means the job
         is gone: the reader restarts it and sends the frame again, or says why."""
@@ -185,7 +194,7 @@ class Session:
             at = time.perf_counter()
             gw = self._gw
             gw.stage(index, parts)  # before a restart could send it again unchecked
-            sent = Sent(index, parts, at)
+            sent = Sent(index, parts, at, box)
             self._inflight.append(sent)
         self._send(gw, parts)  # OSError if hung up under a feeder: the reader says why
         return sent
@@ -206,11 +215,8 @@ class Session:
             slots.put(None)
         stop = threading.Event()
 
-        def make(frame, i: int) -> list[memoryview]:
-            return encode(self.inputs, image_frame(frame, i, self.inputs, self.preprocess), i)
-
         feeder = threading.Thread(target=feed, name="autodice-feed", daemon=True,
-                                  args=(frames, make, self._post, tickets, slots, stop,
+                                  args=(frames, self._make, self._post, tickets, slots, stop,
                                         self._recovery is not None))
         feeder.start()
         last = -1
@@ -231,7 +237,7 @@ class Session:
                 slots.put(None)
                 self._figures.delivered_one(sent.at, first=last < 0)
                 last = sent.index
-                yield result
+                yield self._read(sent, result)
         except BaseException:
             # The caller stopped early (a break, its own error, Ctrl-C): take the results of the
             # frames already sent, so the session is in step for the next map. One that cannot
