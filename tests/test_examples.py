@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -50,3 +51,42 @@ def test_classify_images_on_two_emulated_boards(tmp_path):
     assert list(said)[:5] == ["broken.png", "img0.jpg", "img1.png", "img2.jpg", "img3.png"]
     assert re.search(r"^4 of 5 images on edge01_arm0-3 \+ edge02_arm0-3: [\d.]+ images/s",
                      proc.stdout, re.M)
+
+
+def test_detect_video_on_an_x86_host_and_an_aarch64_board(tmp_path):
+    """A clip made here through a YOLO-shaped detector split over an x86 host and an emulated
+    aarch64 board: a line of boxes a frame, each frame's boxes those of onnxruntime on the same
+    decoded, letterboxed frame, and an annotated copy of the clip."""
+    import av
+    import onnx
+    from graphs import yolo_like
+    from test_arm import _missing
+    from test_detector import SIDE, decoded, moving_shapes
+
+    from autodice.backend.session.detect import detect, letterbox
+
+    if _missing():
+        pytest.skip(_missing())
+    onnx.save(yolo_like(side=SIDE), tmp_path / "yolo.onnx")
+    moving_shapes(tmp_path / "clip.mp4")
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "detect_video.py"),
+                           str(tmp_path / "clip.mp4"), "--model", str(tmp_path / "yolo.onnx"),
+                           "--conf", "0.3", "--work", str(work)],
+                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^12 frames on edge01_x860-1 \+ edge02_arm0-1: [\d.]+ frames/s",
+                     proc.stdout, re.M), proc.stdout
+    lines = [json.loads(ln) for ln in (work / "detections.jsonl").read_text().splitlines()]
+    ref = ort.InferenceSession(str(tmp_path / "yolo.onnx"))
+    frames = decoded(tmp_path / "clip.mp4")
+    assert len(lines) == len(frames) == 12
+    for line, image in zip(lines, frames):
+        x, box = letterbox(image, (1, 3, SIDE, SIDE))
+        want = detect(ref.run(None, {"images": x})[0], conf=0.3, box=box)
+        assert [d["class"] for d in line["detections"]] == [d.cls for d in want]
+        assert np.allclose([d["box"] for d in line["detections"]], [d.box for d in want],
+                           atol=0.02)
+    with av.open(str(work / "annotated.mp4")) as copy:
+        drawn = [f.to_image().size for f in copy.decode(video=0)]
+    assert drawn == [frames[0].size] * 12

@@ -1,0 +1,136 @@
+"""Detect objects in a video on two boards: a YOLO model split over an x86 head and an aarch64
+board, every frame streamed through, boxes drawn on an annotated copy of the video.
+
+    sudo python examples/detect_video.py clip.mp4 --model yolov8n.onnx --labels coco.txt
+    python examples/detect_video.py clip.mp4 --model yolov8n.onnx -i inventory.toml
+
+The model is an ONNX export of an Ultralytics detector (``yolo export format=onnx``: its output
+is 1 x (4 + classes) x N; YOLO26's 1 x K x 6 works too). It is cut into two runs of layers of
+about equal FLOPs (what ``autodice layers --balance`` does), one per board with all its cores,
+split, converted to ncnn and deployed; the aarch64 board's program is cross-built here. Each
+frame of the video is decoded here (PyAV), letterboxed as Ultralytics does, streamed through
+both boards in order, and its boxes come back in the video's pixels: printed a line a frame,
+written to ``detections.jsonl`` and drawn into ``annotated.mp4``.
+
+Without --inventory an emulated cluster is started here (``autodice cluster up --arch
+edge02=aarch64``: edge01 this machine's kind, edge02 an aarch64 board under qemu-user, 1 Gbit/s
+between them; needs root) and taken down at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import av
+from PIL import ImageDraw
+
+import autodice
+from autodice.core.model import load_model
+from autodice.core.spec import mapping_json, parse_platform
+from autodice.deploy.emulated import cluster
+from autodice.frontend.suggest import balanced_mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "detect-example"  # its own emulated cluster: a user's stays as it is
+# The emulated pair: an x86 head (this machine) and an aarch64 board, two cores each.
+BOARDS = "edge01, x86, slots=0-1\nedge02, arm, slots=0-1\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("video", help="A video FFmpeg reads (a file, rtsp://..., /dev/videoN).")
+    ap.add_argument("--model", type=Path, required=True, help="An Ultralytics detector, ONNX.")
+    ap.add_argument("--labels", type=Path, default=None, help="Class names, one a line.")
+    ap.add_argument("--conf", type=float, default=0.25, help="The least score a box keeps.")
+    ap.add_argument("--platform", type=Path, default=None,
+                    help="Your two boards (default: the emulated x86 head and aarch64 board).")
+    ap.add_argument("--inventory", "-i", type=Path, default=None,
+                    help="Real boards (inventory.toml); default: an emulated cluster here.")
+    ap.add_argument("--work", type=Path, default=ROOT / "build" / "examples" / "detect")
+    args = ap.parse_args(argv)
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    platform = args.platform or args.work / "platform.txt"
+    if args.platform is None:
+        platform.write_text(BOARDS)
+    keys = ["edge01_x860-1", "edge02_arm0-1"] if args.platform is None else [
+        f"{d.name}_{d.arch}{d.slots[0]}-{d.slots[-1]}"
+        for d in list(parse_platform(platform).devices.values())[:2]]
+    mapping = args.work / "mapping.json"
+    mapping.write_text(mapping_json(balanced_mapping(load_model(args.model), keys)))
+    out = args.work / "out"
+    print(f"splitting {args.model.name} over {' and '.join(keys)}, converting to ncnn",
+          flush=True)
+    autodice.split(args.model, mapping, platform, out)
+    autodice.gen(out)
+    names = args.labels.read_text().splitlines() if args.labels else None
+
+    inventory, emulated = args.inventory, args.inventory is None
+    if emulated:
+        inventory = args.work / "inventory.toml"
+        cluster.up(["edge01", "edge02"], "1gbit", arch={"edge02": "aarch64"},
+                   inventory=inventory, name=CLUSTER, replace=True)
+    try:
+        print(f"deploying ({'emulated here' if emulated else inventory}), starting the job",
+              flush=True)
+        with autodice.open(out, inventory=inventory, task="detect", conf=args.conf) as session:
+            frames = annotate(args.video, session, names, args.work)
+        stats = session.stats()
+    finally:
+        if emulated:
+            cluster.down(CLUSTER)
+    lat = stats["latency_s"]
+    print(f"{frames} frames on {' + '.join(keys)}: {stats['fps']:.1f} frames/s, latency p50 "
+          f"{lat['p50'] * 1e3:.1f} ms; {args.work / 'detections.jsonl'}, "
+          f"{args.work / 'annotated.mp4'}")
+    return 0
+
+
+def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
+    """Every frame of ``video`` through ``session``: its boxes printed, written a line a frame
+    and drawn into an annotated copy. Returns the frames done."""
+    with av.open(video) as clip, av.open(str(work / "annotated.mp4"), "w") as copy, \
+            open(work / "detections.jsonl", "w") as lines:
+        source = clip.streams.video[0]
+        drawn = copy.add_stream("mpeg4", rate=source.average_rate or 25)
+        drawn.width, drawn.height, drawn.pix_fmt = source.width, source.height, "yuv420p"
+        pictures = (frame.to_image() for frame in clip.decode(source))
+        kept: list = []  # each picture until its boxes come back: the session keeps the order
+
+        def remembered():
+            for picture in pictures:
+                kept.append(picture)
+                yield picture
+
+        n = 0
+        for n, boxes in enumerate(session.map(remembered()), start=1):
+            picture = kept.pop(0)
+            if isinstance(boxes, autodice.FrameError):
+                print(f"{n - 1}: {boxes}")
+                continue
+            found = [d.as_json(names) for d in boxes]
+            lines.write(json.dumps({"frame": n - 1, "detections": found}) + "\n")
+            print(f"{n - 1}: {len(found)} boxes" + "".join(
+                f", {d.get('label', d['class'])} {d['score']:.2f}" for d in found[:3]))
+            pen = ImageDraw.Draw(picture)
+            for d in found:
+                pen.rectangle(d["box"], outline=(255, 64, 0), width=2)
+                pen.text((d["box"][0] + 2, d["box"][1] + 1), str(d.get("label", d["class"])),
+                         fill=(255, 64, 0))
+            for packet in drawn.encode(av.VideoFrame.from_image(picture)):
+                copy.mux(packet)
+        for packet in drawn.encode():
+            copy.mux(packet)
+    return n
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except autodice.AutodiceError as e:  # a refusal is the user's to fix: its lines, no trace
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
