@@ -82,7 +82,7 @@ def build(out):
 def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None = None,
         pipeline: bool = True, gpu_fallback: bool = False, preprocess: str | None = None,
         labels: str | Path | None = None, top: int = 5, task: str | None = None,
-        conf: float = 0.25, iou: float = 0.7, max_det: int = 300):
+        conf: float = 0.25, iou: float = 0.7, max_det: int = 300, annotate=None):
     """Run every rank here under mpirun; outputs, stats.json (frames/s, per rank times).
 
     ``inputs``: ``{input name: .npy}`` of one frame, which the program streams ``frames``
@@ -91,12 +91,12 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
     session (at most ``frames``), each image made a frame by ``preprocess``, each frame's
     ``top`` classes by ``labels`` in ``frames.json``; ``task="detect"``: frames letterboxed and
     each frame's boxes (``conf``, ``iou``, ``max_det``) in ``detections.jsonl`` and the
-    result's ``records``. Returns the run's result, or the stream's (``errors`` for the frames
-    that failed).
+    result's ``records``, drawn into ``annotate`` (a video by its suffix, else a folder).
+    Returns the run's result, or the stream's (``errors`` for the frames that failed).
     """
     if isinstance(inputs, (str, Path)):
         return _run_source(out, inputs, frames, preprocess, gpu_fallback,
-                           (task, labels, top, conf, iou, max_det))
+                           (task, labels, top, conf, iou, max_det), annotate)
     import autodice.backend.run
 
     from .backend.session import check_count
@@ -107,8 +107,9 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
                                     gpu_fallback=gpu_fallback)
 
 
-def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args):
+def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args, annotate):
     from .backend.run import open_session
+    from .backend.session.annotate import Annotator
     from .backend.session.results import Reading, finish, source_frames, stream
     from .core.outdir import claim
     from .core.plan import load_plan
@@ -118,8 +119,9 @@ def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args):
     count, pairs = source_frames(plan, source, frames, preprocess, reading.detect is not None)
     claim(Path(out), "results/")
     results = Path(out) / "results"
+    drawn = Annotator.of(annotate, source) if annotate is not None else None
     with open_session(out, None, gpu_fallback) as session:
-        res = stream(session, plan, pairs, count, results, reading=reading)
+        res = stream(session, plan, pairs, count, results, reading=reading, annotate=drawn)
     return finish(session, res)
 
 

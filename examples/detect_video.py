@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 import av
-from PIL import ImageDraw
 
 import autodice
+from autodice.backend.session.annotate import Annotator
 from autodice.core.model import load_model
 from autodice.core.spec import mapping_json, parse_platform
 from autodice.deploy.emulated import cluster
@@ -92,12 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
     """Every frame of ``video`` through ``session``: its boxes printed, written a line a frame
     and drawn into an annotated copy. Returns the frames done."""
-    with av.open(video) as clip, av.open(str(work / "annotated.mp4"), "w") as copy, \
-            open(work / "detections.jsonl", "w") as lines:
-        source = clip.streams.video[0]
-        drawn = copy.add_stream("mpeg4", rate=source.average_rate or 25)
-        drawn.width, drawn.height, drawn.pix_fmt = source.width, source.height, "yuv420p"
-        pictures = (frame.to_image() for frame in clip.decode(source))
+    drawn = Annotator.of(work / "annotated.mp4", video)
+    with av.open(video) as clip, open(work / "detections.jsonl", "w") as lines:
+        pictures = (frame.to_image() for frame in clip.decode(video=0))
         kept: list = []  # each picture until its boxes come back: the session keeps the order
 
         def remembered():
@@ -115,15 +112,8 @@ def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
             lines.write(json.dumps({"frame": n - 1, "detections": found}) + "\n")
             print(f"{n - 1}: {len(found)} boxes" + "".join(
                 f", {d.get('label', d['class'])} {d['score']:.2f}" for d in found[:3]))
-            pen = ImageDraw.Draw(picture)
-            for d in found:
-                pen.rectangle(d["box"], outline=(255, 64, 0), width=2)
-                pen.text((d["box"][0] + 2, d["box"][1] + 1), str(d.get("label", d["class"])),
-                         fill=(255, 64, 0))
-            for packet in drawn.encode(av.VideoFrame.from_image(picture)):
-                copy.mux(packet)
-        for packet in drawn.encode():
-            copy.mux(packet)
+            drawn.add(n - 1, str(n - 1), picture, found)
+    drawn.close()
     return n
 
 

@@ -97,6 +97,7 @@ def test_a_video_through_the_detector_gives_onnxruntimes_boxes(detector, tmp_pat
     said = CliRunner().invoke(main, ["run", str(detector / "out"), "--input",
                                      str(tmp_path / "clip.mp4"), "--task", "detect",
                                      "--conf", "0.3", "--labels", str(labels),
+                                     "--annotate", str(tmp_path / "boxes.mp4"),
                                      "--results", str(tmp_path / "r")])
     assert said.exit_code == 0, said.output
     lines = [json.loads(ln) for ln in (tmp_path / "r" / "detections.jsonl").read_text()
@@ -121,6 +122,28 @@ def test_a_video_through_the_detector_gives_onnxruntimes_boxes(detector, tmp_pat
     assert len(text) == 12 and text[0].startswith("0: ") and " box" in text[0]
     records = json.loads((tmp_path / "r" / "frames.json").read_text())
     assert [r["detections"] for r in records] == [ln["detections"] for ln in lines]
+    drawn = decoded(tmp_path / "boxes.mp4")  # every frame, the clip's size, boxes on it
+    assert [p.size for p in drawn] == [SOURCE] * 12
+    assert not np.array_equal(np.asarray(drawn[0]), np.asarray(frames[0]))
+
+
+def test_a_folder_of_pictures_gets_a_folder_of_annotated_pictures(detector, tmp_path):
+    """``autodice.run(out, "photos/", task="detect", annotate=DIR)``: a picture a source
+    picture, named after it, its size, with its boxes; the records hold the boxes."""
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(7)
+    for name, (w, h) in (("a.png", (96, 80)), ("b.jpg", (40, 90))):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(photos / name)
+    res = autodice.run(detector / "out", photos, task="detect", conf=0.3,
+                       annotate=tmp_path / "drawn")
+    assert [r["frame"] for r in res.records] == ["a.png", "b.jpg"]
+    assert all("detections" in r for r in res.records)
+    drawn = sorted((tmp_path / "drawn").iterdir())
+    assert [p.name for p in drawn] == ["a.jpg", "b.jpg"]
+    assert [Image.open(p).size for p in drawn] == [(96, 80), (40, 90)]
 
 
 def test_detect_refuses_what_it_cannot_read_in_one_line(detector, fig2_built, tmp_path):

@@ -222,6 +222,9 @@ def stream_options(command):
                          help="detect: boxes of a class overlapping past this are one (NMS)."),
             click.option("--max-det", "max_det", type=int, default=300, show_default=True,
                          help="detect: boxes a frame at most."),
+            click.option("--annotate", type=click.Path(), default=None, metavar="DIR|FILE.mp4",
+                         help="detect: each frame with its boxes drawn, into a video (by its "
+                              "suffix) or a folder of pictures."),
             click.option("--labels", type=click.Path(dir_okay=False), default=None,
                          help="Class names, one a line: print each frame's top-k classes "
                               "(with --task detect, each box's class name)."),

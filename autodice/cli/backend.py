@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from ..core.errors import AutodiceError, Stopped
-from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, model_inputs, out,
-                  progress, rate_line, report_run, stats_table, stream_options, visible)
+from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, model_inputs,
+                  only_with, out, progress, rate_line, report_run, stats_table, stream_options,
+                  visible)
 
 
 @main.command()
@@ -62,11 +63,12 @@ def build(output):
               help="Where outputs and stats.json go (default OUTPUT/results).")
 @stream_options
 @job_options
-def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, labels, top, fmt,
-        window, no_pipeline, check, rtol, gpu_fallback):
+def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, annotate, labels,
+        top, fmt, window, no_pipeline, check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
+    only_with("--task detect", task == "detect", "conf", "iou", "max_det", "annotate")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     if is_a_stream(plan, given, no_pipeline):
@@ -74,7 +76,7 @@ def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, l
 
         reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
         return run_stream(output, plan, given, frames, results, preprocess, reading, fmt,
-                          window, check, rtol, gpu_fallback)
+                          window, check, rtol, gpu_fallback, annotate=annotate)
     names = one_frame_labels(plan, given, preprocess, labels, task)
     res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
                        check, rtol, gpu_fallback)
@@ -177,7 +179,7 @@ def emit(line: str | None, bar=None) -> None:
 
 
 def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, window,
-               check, rtol, gpu_fallback, open_session=None):
+               check, rtol, gpu_fallback, open_session=None, annotate=None):
     """Frames of a batch, a folder of images, a video or stdin through a session, in order;
     ``reading``: what each frame's line says (:class:`~autodice.backend.session.results.
     Reading`).
@@ -189,6 +191,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
 
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
+    from ..backend.session.annotate import Annotator
     from ..backend.session.results import finish, source_frames, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
@@ -198,6 +201,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
     check_window(window)
     detect = reading.detect is not None
     count, source = source_frames(plan, next(iter(given.values())), frames, preprocess, detect)
+    drawn = Annotator.of(annotate, next(iter(given.values()))) if annotate else None
     if detect:
         h, w = plan.model_inputs[0].shape[2:]
         console.print(f"frames letterboxed into {w}x{h} as Ultralytics does (RGB / 255, grey "
@@ -221,7 +225,8 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
                                   soft_wrap=True)
                 emit(frame_line(record, fmt), bar)
 
-            res = stream(session, plan, source, count, Path(results), whole, shown, reading)
+            res = stream(session, plan, source, count, Path(results), whole, shown, reading,
+                         drawn)
         res = finish(session, res)
     s = res.stats
     lat = s["latency_s"]

@@ -144,7 +144,7 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
     ``dtype`` as raw bytes on stdin, one after another. ``recipe`` (``--preprocess``) is for
     images: with any other source it is an error, not a recipe silently left unused.
     ``letterboxed``: images and video frames are made by Ultralytics' letterbox instead
-    (``--task detect``), and each pair is ``(label, frame, Letterbox)``.
+    (``--task detect``), and each is ``(label, frame, Letterbox, the picture)``.
 
     Raises:
         AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, a
@@ -257,10 +257,10 @@ def _load_batch(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
 def _maker(shape, dtype, recipe: ImageRecipe, letterboxed: bool):
     """What a picture (a path or a PIL image) becomes after its label: ``(frame,)``, or
     ``(frame, Letterbox)`` for a detector's frames."""
-    if letterboxed:
+    if letterboxed:  # the picture too: its boxes may be drawn on it (--annotate)
         from .detect import letterbox
 
-        return lambda picture: letterbox(picture, shape, dtype)
+        return lambda picture: (*letterbox(picture, shape, dtype), picture)
     return lambda picture: (recipe.apply(picture, shape, dtype),)
 
 
@@ -284,18 +284,8 @@ def image_frame(item, index: int, inputs, recipe: ImageRecipe):
     Raises:
         FrameError: the image cannot be read, or the model's input is no image's.
     """
-    from PIL import Image
-
-    if not isinstance(item, (str, os.PathLike, Image.Image)):
-        return item
-    name = item if not isinstance(item, Image.Image) else "the image"
-    if len(inputs) != 1:
-        raise FrameError(index, f"{name}: the model has inputs "
-                                f"{', '.join(t.name for t in inputs)}: an image feeds one")
-    try:
-        return recipe.apply(item, inputs[0].shape, inputs[0].dtype)
-    except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
-        raise _cannot(index, name, e) from None
+    return _picture_frame(item, index, inputs, item,
+                          lambda picture, t: recipe.apply(picture, t.shape, t.dtype))
 
 
 def letterboxed(item, index: int, inputs):
@@ -306,18 +296,24 @@ def letterboxed(item, index: int, inputs):
     Raises:
         FrameError: the image cannot be read, or the model's input is no image's.
     """
-    from PIL import Image
-
     from .detect import letterbox
 
+    return _picture_frame(item, index, inputs, (item, None),
+                          lambda picture, t: letterbox(picture, t.shape, t.dtype))
+
+
+def _picture_frame(item, index: int, inputs, otherwise, make):
+    """``make(picture, the model's one input)`` for a picture, ``otherwise`` for anything else."""
+    from PIL import Image
+
     if not isinstance(item, (str, os.PathLike, Image.Image)):
-        return item, None
+        return otherwise
     name = item if not isinstance(item, Image.Image) else "the image"
     if len(inputs) != 1:
         raise FrameError(index, f"{name}: the model has inputs "
                                 f"{', '.join(t.name for t in inputs)}: an image feeds one")
     try:
-        return letterbox(item, inputs[0].shape, inputs[0].dtype)
+        return make(item, inputs[0])
     except Exception as e:  # noqa: BLE001 - any decoder error is this image's problem
         raise _cannot(index, name, e) from None
 

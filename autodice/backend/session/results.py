@@ -24,6 +24,7 @@ import numpy as np
 from ...core.errors import AutodiceError, read_text
 from ...core.outdir import tensor_files
 from ...core.plan import Plan
+from .annotate import Annotator
 from .detect import Detect, Letterbox, layout
 from .gateway import FrameError
 from .session import Session
@@ -185,7 +186,8 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
                   letterboxed: bool = False) -> tuple[int | None, Iterable]:
     """(how many frames, if known; the ``(label, frame)`` pairs) of ``source`` (a folder of
     images, an image, a video, a batch ``.npy``, ``-`` for stdin) for the model's one input, at
-    most ``frames`` of them; ``letterboxed``: ``(label, frame, Letterbox)``, for a detector.
+    most ``frames`` of them; ``letterboxed``: ``(label, frame, Letterbox, picture)``, for a
+    detector.
 
     Raises:
         AutodiceError: a model of several inputs, a bad count or recipe, an unusable source.
@@ -219,9 +221,9 @@ def write_json(path: Path, data) -> None:
 
 def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, results: Path,
            whole=None, on_frame: Callable[[dict, object], None] | None = None,
-           reading: Reading = Reading()) -> StreamResult:
-    """Every ``(label, frame)`` (or ``(label, frame, Letterbox)``) of ``frames`` through
-    ``session``; results stacked in ``results``.
+           reading: Reading = Reading(), annotate: Annotator | None = None) -> StreamResult:
+    """Every ``(label, frame)`` (or ``(label, frame, Letterbox, picture)``) of ``frames``
+    through ``session``; results stacked in ``results``.
 
     Ctrl-C (or SIGTERM: :class:`~autodice.core.errors.Stopped`) ends the stream early and
     cleanly: the results of the frames delivered so far are written, cut to them, and
@@ -234,12 +236,14 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
         on_frame: called with each frame's record (its entry of ``frames.json``) and its
             result (or FrameError), in order.
         reading: what each frame's record says of its result (classes, boxes).
+        annotate: each picture with its boxes drawn (``--annotate``).
     """
     stacks = Stacks(results, session.outputs, tensor_files(plan), count)
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
     boxes = _Lines(results / "detections.jsonl") if reading.detect is not None else None
     labels: list[str] = []
     letterboxes: list[Letterbox | None] = []
+    pictures: dict[int, object] = {}  # the frames in flight's, until their boxes are drawn
     out = StreamResult(results, {})
     status = out.records
     name_in = session.inputs[0].name
@@ -247,6 +251,8 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
 
     def frames_only():
         for label, frame, *made in frames:
+            if annotate is not None and len(made) > 1:
+                pictures[len(labels)] = made[1]
             labels.append(label)
             letterboxes.append(made[0] if made else None)
             if whole is not None:
@@ -268,9 +274,12 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
                 if boxes is not None:
                     boxes.add({"frame": i, "source": labels[i],
                                "detections": record["detections"]})
+                if i in pictures:
+                    annotate.add(i, labels[i], pictures[i], record["detections"])
                 if whole is not None:
                     _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
                         session.inputs[0].shape)}, arrays)
+            pictures.pop(i, None)
             status.append(record)
             out.delivered = i + 1
             if on_frame is not None:
@@ -282,6 +291,8 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
         stacks.close(out.delivered)
         if boxes is not None:
             boxes.close()
+        if annotate is not None:
+            annotate.close()
         write_json(results / "frames.json", status[:out.delivered])
     return out
 

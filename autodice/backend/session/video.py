@@ -51,6 +51,14 @@ def open_video(source: str):
     return container, stream
 
 
+def frame_rate(source: str) -> float | None:
+    """The video's frames a second, as its stream says (None: it does not say)."""
+    container, stream = open_video(source)
+    with container:
+        rate = stream.average_rate or stream.guessed_rate
+    return float(rate) if rate else None
+
+
 def video_frames(source: str, make: Callable) -> tuple[int | None, Iterator]:
     """(frames in the file if its header says, the ``(label, *made)`` of each frame): ``make``
     turns a decoded frame (a PIL image) into what a source yields after its label."""
