@@ -58,6 +58,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/dse_bench.py
 	$(BIN)/python bench/parallel_bench.py
 	$(BIN)/python bench/session_bench.py
+	$(BIN)/python bench/detect_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
 	  && $(BIN)/python bench/arm_bench.py --ncnn; \
