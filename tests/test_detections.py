@@ -3,6 +3,9 @@ class-aware NMS against a plain reference, and the letterbox there and back."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -90,3 +93,44 @@ def test_the_letterbox_maps_boxes_back_to_the_source():
     grey, red = 114 / 255, (1, 0, 0)
     for row, want in ((0, grey), (39, grey), (40, red), (279, red), (280, grey)):
         assert np.allclose(frame[0, :, row, 5], want), row
+
+
+def test_a_live_source_gives_the_newest_frame_and_counts_the_rest():
+    """A camera or a stream does not wait: a thread reads it as fast as it comes and the taker
+    gets the newest item each time; what it could not take is counted, none is taken twice or
+    out of order, and an error of the source reaches the taker."""
+    from autodice.backend.session.video import Newest
+
+    def source(n, fail=False):
+        for i in range(n):
+            time.sleep(0.002)
+            yield i
+        if fail:
+            raise OSError("the stream went away")
+
+    taken = []
+    newest = Newest(source(200))
+    for item in newest:
+        taken.append(item)
+        time.sleep(0.01)  # a pipeline slower than the camera
+    assert taken == sorted(set(taken)) and taken[-1] == 199
+    assert 0 < newest.dropped and len(taken) + newest.dropped == 200
+    assert threading.active_count() < 50
+    with pytest.raises(OSError, match="the stream went away"):
+        list(Newest(source(3, fail=True)))
+
+
+def test_a_video_read_live_drops_what_a_slow_pipeline_cannot_take(tmp_path):
+    from test_detector import moving_shapes
+
+    from autodice.backend.session.video import video_frames
+
+    moving_shapes(tmp_path / "clip.mp4", frames=30)
+    count, frames = video_frames(str(tmp_path / "clip.mp4"), lambda p: (p.size,), live=True)
+    assert count is None
+    got = []
+    for label, size in frames:
+        got.append(int(label))
+        time.sleep(0.05)  # a pipeline slower than the camera
+    assert got == sorted(got) and size == (96, 80)
+    assert frames.dropped > 0 and len(got) + frames.dropped == 30

@@ -232,7 +232,8 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
     lat = s["latency_s"]
     out.print(rate_line(s, f", latency p50 {lat['p50'] * 1e3:.1f} ms, p99 "
                            f"{lat['p99'] * 1e3:.1f} ms"
-                           f"{f', {len(res.errors)} frames failed' if res.errors else ''}; "
+                           f"{f', {len(res.errors)} frames failed' if res.errors else ''}"
+                           f"{f', {res.dropped} live frames dropped' if res.dropped else ''}; "
                            f"results in {res.results}"))
     stats_table(s)
     for incident in s.get("incidents", []):

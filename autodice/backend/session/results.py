@@ -17,6 +17,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from ...core.errors import AutodiceError, read_text
 from ...core.outdir import tensor_files
 from ...core.plan import Plan
 from .annotate import Annotator
-from .detect import Detect, Letterbox, layout
+from .detect import CONF, IOU, MAX_DET, Detect, Letterbox, layout
 from .gateway import FrameError
 from .session import Session
 
@@ -40,6 +41,7 @@ class StreamResult:
     delivered: int = 0  # frames whose result (or error) was handed out, in order
     interrupted: str | None = None  # the signal that stopped the stream early ("SIGINT", ...)
     records: list[dict] = field(default_factory=list)  # frames.json: each frame's record
+    dropped: int | None = None  # a live source's frames the pipeline could not take
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Reading:
 
     @staticmethod
     def of(plan: Plan, task: str | None = None, labels: str | Path | None = None, top: int = 5,
-           conf: float = 0.25, iou: float = 0.7, max_det: int = 300) -> Reading:
+           conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET) -> Reading:
         """The reading a run asks for (``--task``, ``--labels``, ...), the labels file read.
 
         Raises:
@@ -192,8 +194,6 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
     Raises:
         AutodiceError: a model of several inputs, a bad count or recipe, an unusable source.
     """
-    from itertools import islice
-
     from .feed import check_count
     from .frames import ImageRecipe, frames_from
 
@@ -208,8 +208,23 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
                                letterboxed)
     if frames is not None:
         count = min(count, frames) if count is not None else frames
-        pairs = islice(pairs, frames)
+        pairs = _First(pairs, frames)
     return count, pairs
+
+
+class _First:
+    """The first ``n`` of ``items``, and what ``items`` dropped if it counts that (a live
+    video: :class:`~.video.VideoFrames`)."""
+
+    def __init__(self, items: Iterable, n: int):
+        self.items, self.n = items, n
+
+    @property
+    def dropped(self) -> int | None:
+        return getattr(self.items, "dropped", None)
+
+    def __iter__(self):
+        return islice(iter(self.items), self.n)
 
 
 def write_json(path: Path, data) -> None:
@@ -288,6 +303,7 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
         out.interrupted = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
         results_of.close()  # the frames in flight are taken: the session stays in step
     finally:
+        out.dropped = getattr(frames, "dropped", None)
         stacks.close(out.delivered)
         if boxes is not None:
             boxes.close()
@@ -330,6 +346,8 @@ def finish(session: Session, res: StreamResult) -> StreamResult:
     says when the stream was interrupted."""
     session.close()
     res.stats = session.stats()
+    if res.dropped is not None:
+        res.stats["frames_dropped"] = res.dropped
     if res.interrupted:
         res.stats["interrupted"] = res.interrupted
     write_json(res.results / "stats.json", res.stats)

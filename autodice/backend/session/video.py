@@ -3,11 +3,13 @@
 Decoded on the head by PyAV (FFmpeg, from its wheels), lazily, in the session's feeder thread:
 the pipeline pulls frames as fast as it takes them, and a frame the decoder cannot make is a
 :class:`~autodice.backend.session.gateway.FrameError` in its place (its index named) while the
-others go on. A file gives every frame, in order.
+others go on. A file gives every frame, in order; a live source (a stream URL, a camera) the
+newest frame each time the pipeline takes one, the frames it could not take counted as dropped.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,14 +61,92 @@ def frame_rate(source: str) -> float | None:
     return float(rate) if rate else None
 
 
-def video_frames(source: str, make: Callable) -> tuple[int | None, Iterator]:
+def is_live(source: str) -> bool:
+    """Whether ``source`` is live (a stream URL, a camera): it will not wait for the pipeline."""
+    return source.startswith(URL_SCHEMES) or source.startswith("/dev/video")
+
+
+def video_frames(source: str, make: Callable,
+                 live: bool | None = None) -> tuple[int | None, VideoFrames]:
     """(frames in the file if its header says, the ``(label, *made)`` of each frame): ``make``
-    turns a decoded frame (a PIL image) into what a source yields after its label."""
+    turns a decoded frame (a PIL image) into what a source yields after its label. A live
+    source (``live``; by default a stream URL or a camera) is read as fast as it comes, and the
+    pipeline takes the newest frame each time it takes one (:class:`Newest`)."""
     container, stream = open_video(source)
-    return (stream.frames or None), _decoded(container, stream, source, make)
+    pictures = _pictures(container, stream, source)
+    if is_live(source) if live is None else live:
+        return None, VideoFrames(Newest(pictures), source, make)
+    return (stream.frames or None), VideoFrames(pictures, source, make)
 
 
-def _decoded(container, stream, source: str, make: Callable) -> Iterator:
+class VideoFrames:
+    """A video's ``(label, *made)``, each frame made as the pipeline takes it; ``dropped``: the
+    frames of a live source it did not take (None for a file: every frame is taken)."""
+
+    def __init__(self, pictures, source: str, make: Callable):
+        self.pictures, self.source, self.make = pictures, source, make
+
+    @property
+    def dropped(self) -> int | None:
+        return getattr(self.pictures, "dropped", None)
+
+    def __iter__(self) -> Iterator:
+        for i, picture in self.pictures:
+            if isinstance(picture, FrameError):
+                yield str(i), picture
+                continue
+            try:
+                yield (str(i), *self.make(picture))
+            except Exception as e:  # noqa: BLE001 - this frame's problem, named
+                yield str(i), FrameError(i, f"{self.source}: frame {i}: cannot make a frame of "
+                                            f"it ({e})")
+
+
+class Newest:
+    """The newest of ``items``, which a thread of its own reads as fast as they come: an item
+    not taken before the next one comes is dropped (``dropped`` counts them), so a live source
+    never waits for the pipeline and a frame is never older than one the pipeline could take.
+    What ``items`` raises is raised where the next item is taken."""
+
+    def __init__(self, items: Iterator):
+        self.dropped = 0
+        self._item: object = None
+        self._error: BaseException | None = None
+        self._done = False
+        self._ready = threading.Condition()
+        threading.Thread(target=self._read, args=(items,), name="autodice-live",
+                         daemon=True).start()
+
+    def _read(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                with self._ready:
+                    self.dropped += self._item is not None
+                    self._item = item
+                    self._ready.notify()
+        except BaseException as e:  # noqa: BLE001 - the taker's to see
+            self._error = e
+        finally:
+            with self._ready:
+                self._done = True
+                self._ready.notify()
+
+    def __iter__(self) -> Iterator:
+        while True:
+            with self._ready:
+                while self._item is None and not self._done:
+                    self._ready.wait()
+                item, self._item = self._item, None
+                if item is None:
+                    if self._error is not None:
+                        raise self._error
+                    return
+            yield item
+
+
+def _pictures(container, stream, source: str) -> Iterator:
+    """``(index, PIL image)`` of each frame, ``(index, FrameError)`` for one FFmpeg cannot
+    decode (the rest go on)."""
     import av
 
     i = 0
@@ -75,15 +155,11 @@ def _decoded(container, stream, source: str, make: Callable) -> Iterator:
             try:
                 decoded = packet.decode()
             except av.FFmpegError as e:  # a corrupt packet: its frame, named; the rest go on
-                yield str(i), FrameError(i, f"{source}: frame {i} cannot be decoded ({_why(e)})")
+                yield i, FrameError(i, f"{source}: frame {i} cannot be decoded ({_why(e)})")
                 i += 1
                 continue
             for frame in decoded:
-                try:
-                    yield (str(i), *make(frame.to_image()))
-                except Exception as e:  # noqa: BLE001 - this frame's problem, named
-                    yield str(i), FrameError(i, f"{source}: frame {i}: cannot make a frame of "
-                                                f"it ({e})")
+                yield i, frame.to_image()
                 i += 1
     finally:
         container.close()
