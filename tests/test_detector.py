@@ -194,3 +194,28 @@ def test_a_detector_session_gives_each_frame_its_boxes(detector):
         assert np.allclose([d.box for d in boxes], [d.box for d in expected], atol=0.02)
     assert sum(map(len, got)) > 0
     assert max(d.box[3] for d in got[1]) > SIDE  # the tall picture's boxes, in its pixels
+
+
+def test_a_stream_url_is_read_live_and_what_the_pipeline_cannot_take_is_dropped(detector,
+                                                                                 tmp_path):
+    """A video over HTTP (loopback) is a live source: every frame the pipeline takes is the
+    newest there was, the rest are counted as dropped; none comes twice, and the taken frames'
+    boxes are written a line each."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    moving_shapes(tmp_path / "clip.mp4", frames=40)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/clip.mp4"
+        res = autodice.run(detector / "out", url, task="detect", conf=0.3)
+    finally:
+        server.shutdown()
+    taken = [int(r["frame"]) for r in res.records]
+    assert taken == sorted(set(taken)) and taken
+    assert res.stats["frames_dropped"] == 40 - len(taken)
+    lines = (detector / "out" / "results" / "detections.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["source"] for ln in lines] == [str(i) for i in taken]
