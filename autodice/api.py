@@ -137,7 +137,7 @@ def _inputs(inputs) -> dict[str, Path]:
 def open(out, inventory=None, window: int | None = None,  # noqa: A001
          gpu_fallback: bool = False, recover: bool | str | Path = False, ahead: bool = True,
          preprocess: str | None = None, task: str | None = None, conf: float = 0.25,
-         iou: float = 0.7, max_det: int = 300):
+         iou: float = 0.7, max_det: int = 300, metrics: str | None = None):
     """A session: every rank of ``out`` started once, here or (``inventory``) deployed to the
     inventory's hosts first, and frames streamed through in order.
 
@@ -160,7 +160,8 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     becomes a frame, as ``run --preprocess`` (``resize=1,mean=0.5/0.5/0.5,...``).
     ``task="detect"``: each result is the frame's boxes (:class:`~autodice.backend.session.
     detect.Detection`, best first; ``conf``, ``iou``, ``max_det`` as ``run --task detect``), an
-    image letterboxed as Ultralytics does and its boxes in its own pixels.
+    image letterboxed as Ultralytics does and its boxes in its own pixels. ``metrics``:
+    ``":9464"`` (loopback) or ``"host:port"``: Prometheus metrics served there while it runs.
 
     Returns:
         :class:`~autodice.backend.session.Session`.
@@ -170,10 +171,13 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     """
     from .backend.session import check_window
     from .backend.session.frames import ImageRecipe
+    from .backend.session.metrics import parse_address
     from .backend.session.results import Reading
     from .core.plan import load_plan
 
     check_window(window)
+    if metrics is not None:
+        parse_address(metrics)  # a bad address before anything starts
     recipe = ImageRecipe.parse(preprocess)
     reading = Reading.of(load_plan(out), task, None, 5, conf, iou, max_det)
     if inventory is not None:
@@ -190,6 +194,12 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
         session = open_session(out, window, gpu_fallback)
     session.preprocess = recipe
     session.detect = reading.detect
+    if metrics is not None:
+        try:
+            session.serve_metrics(metrics)
+        except BaseException:
+            session.close()
+            raise
     return session
 
 

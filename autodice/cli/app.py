@@ -236,7 +236,10 @@ def stream_options(command):
                               "classes a frame) or jsonl (a JSON object a frame: its label, "
                               "classes, error)."),
             click.option("--window", type=int, default=None,
-                         help="A stream: frames in flight at most [default: 2 x ranks + 2]."))):
+                         help="A stream: frames in flight at most [default: 2 x ranks + 2]."),
+            click.option("--metrics", default=None, metavar="[HOST]:PORT",
+                         help="A stream: Prometheus metrics served there while it runs "
+                              "(:9464 binds to loopback)."))):
         command = option(command)
     return command
 

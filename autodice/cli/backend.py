@@ -64,7 +64,7 @@ def build(output):
 @stream_options
 @job_options
 def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, annotate, labels,
-        top, fmt, window, no_pipeline, check, rtol, gpu_fallback):
+        top, fmt, window, metrics, no_pipeline, check, rtol, gpu_fallback):
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
@@ -76,7 +76,7 @@ def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, a
 
         reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
         return run_stream(output, plan, given, frames, results, preprocess, reading, fmt,
-                          window, check, rtol, gpu_fallback, annotate=annotate)
+                          window, check, rtol, gpu_fallback, annotate=annotate, metrics=metrics)
     names = one_frame_labels(plan, given, preprocess, labels, task)
     res = run_repeated(output, plan, given, 1 if frames is None else frames, results, no_pipeline,
                        check, rtol, gpu_fallback)
@@ -179,7 +179,7 @@ def emit(line: str | None, bar=None) -> None:
 
 
 def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, window,
-               check, rtol, gpu_fallback, open_session=None, annotate=None):
+               check, rtol, gpu_fallback, open_session=None, annotate=None, metrics=None):
     """Frames of a batch, a folder of images, a video or stdin through a session, in order;
     ``reading``: what each frame's line says (:class:`~autodice.backend.session.results.
     Reading`).
@@ -192,6 +192,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
     from ..backend.run import open_session as open_local
     from ..backend.session import check_window
     from ..backend.session.annotate import Annotator
+    from ..backend.session.metrics import parse_address
     from ..backend.session.results import finish, source_frames, stream
     from ..core.outdir import claim
     from ..frontend.check import OutputDiff, whole_session
@@ -199,6 +200,8 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
     if frames is not None and frames < 1:
         raise AutodiceError(f"--frames {frames}: need at least 1 frame")
     check_window(window)
+    if metrics is not None:
+        parse_address(metrics)  # a bad address before anything starts
     detect = reading.detect is not None
     count, source = source_frames(plan, next(iter(given.values())), frames, preprocess, detect)
     drawn = Annotator.of(annotate, next(iter(given.values()))) if annotate else None
@@ -216,6 +219,8 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
         opener = open_session or (lambda status: open_local(output, window,
                                                             gpu_fallback == "cpu"))
         with opener(lambda text: bar.update(task, description=text)) as session:
+            if metrics is not None:
+                console.print(f"metrics at http://{session.serve_metrics(metrics)}/metrics")
             bar.update(task, description="streaming")
 
             def shown(record, result):

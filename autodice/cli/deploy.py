@@ -132,8 +132,8 @@ def _cluster_table(c) -> None:
               help="With --recover: a `dse` output; its fastest point on the hosts left is "
                    "the new mapping (default: the mapping's keys there, balanced).")
 def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, iou, max_det,
-           annotate, labels, top, fmt, window, no_pipeline, check, rtol, gpu_fallback, timeout,
-           keep_connections, recover, front):
+           annotate, labels, top, fmt, window, metrics, no_pipeline, check, rtol, gpu_fallback,
+           timeout, keep_connections, recover, front):
     """Copy OUTPUT's packages to the hosts over ssh, build there and (--run) run with mpirun."""
     import numpy as np
     from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -143,8 +143,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
     from ..frontend.check import compare_with_model
 
     only_with("--run", run_job, "inputs", "frames", "preprocess", "task", "annotate", "labels",
-              "top", "fmt", "window", "no_pipeline", "check", "rtol", "gpu_fallback", "timeout",
-              "recover")
+              "top", "fmt", "window", "metrics", "no_pipeline", "check", "rtol", "gpu_fallback",
+              "timeout", "recover")
     only_with("--recover", recover, "front")
     only_with("--task detect", task == "detect", "conf", "iou", "max_det", "annotate")
     plan = load_plan(output)
@@ -166,7 +166,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
         reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
         return run_stream(output, plan, given, frames, None, preprocess, reading, fmt,
                           window, check, rtol, gpu_fallback, open_session=opener,
-                          annotate=annotate)
+                          annotate=annotate, metrics=metrics)
     frames = 1 if frames is None else frames
     names = one_frame_labels(plan, given, preprocess, labels, task) if run_job else None
     with progress(SpinnerColumn(), TextColumn("{task.fields[host]:<12}"),

@@ -9,9 +9,14 @@ includes the recovery, and each recovery is an incident with its own times.
 
 from __future__ import annotations
 
+import bisect
 import time
 
 import numpy as np
+
+# Seconds, the latency histogram's upper bounds (Prometheus' ``le``): a frame on a Pi's
+# pipeline takes from a millisecond to seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Figures:
@@ -21,6 +26,10 @@ class Figures:
         self.latency: list[float] = []
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
+        self.failed = 0  # frames that could not be sent
+        self.dropped = 0  # a live source's frames the pipeline could not take (its reader's)
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the latency histogram, +Inf last
+        self.latency_sum = 0.0
         self._incidents: list[dict] = []
         self._since: float | None = None  # monotonic time of the last incident's loss
 
@@ -39,6 +48,16 @@ class Figures:
     def incidents(self) -> list[dict]:
         return [dict(i) for i in self._incidents]
 
+    def stats(self, window: int, frames_via: str, recovering: bool, job_stats: dict | None
+              ) -> dict:
+        """:meth:`~autodice.backend.session.Session.stats`, from these figures."""
+        out = {**self.summary(), "window": window, "frames_via": frames_via}
+        if recovering:
+            out["incidents"] = self.incidents()
+        if job_stats:
+            out["ranks"] = per_frame(job_stats)
+        return out
+
     def delivered_one(self, sent: float, first: bool) -> None:
         """A result handed out, of a frame sent at ``sent`` (on the clock); ``first``: the
         first of its stream (busy time starts at its send, else at the last result)."""
@@ -50,6 +69,8 @@ class Figures:
         self._last = now
         self.delivered += 1
         self.latency.append(now - sent)
+        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, now - sent)] += 1
+        self.latency_sum += now - sent
 
     def summary(self) -> dict:
         """frames, seconds, fps, steady_fps (None before a stream's second result) and

@@ -295,6 +295,7 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
                     _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
                         session.inputs[0].shape)}, arrays)
             pictures.pop(i, None)
+            session.note_dropped(getattr(frames, "dropped", None))
             status.append(record)
             out.delivered = i + 1
             if on_frame is not None:

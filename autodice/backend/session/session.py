@@ -34,10 +34,11 @@ from ...core.plan import Plan
 from ...core.stops import stops_held
 from .detect import Detect
 from .feed import Sent, boxes_of, check_window, feed, frame_parts, replay
-from .figures import Figures, per_frame
+from .figures import Figures
 from .frames import ImageRecipe
 from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor
 from .job import Job, Recovery, Restart, SessionError, session_folder
+from .metrics import Metrics
 
 
 class Session:
@@ -64,6 +65,7 @@ class Session:
         self._figures = Figures()
         self._job_stats: dict | None = None
         self._kept = False
+        self._metrics: Metrics | None = None
         self._start_timeout_s = start_timeout_s
         self._recovery = recovery
         self._inflight: deque[Sent] = deque()
@@ -71,8 +73,7 @@ class Session:
         self._paused = False  # a restart is under way: frames wait
         self._pauses = 0  # restarts begun: a replay ends only the pause it was started in
         self._move: Restart | None = None  # rebalance() ready, started at the next result
-        self._ids = 0
-        self._jobs = 0
+        self._ids = self._jobs = 0  # frames sent (each its id), jobs started
         self._frames_via = "socket"
         self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
         self.detect: Detect | None = None  # set: pictures letterboxed, results are boxes
@@ -97,8 +98,6 @@ class Session:
         """What this session asks when its job dies (None: a death ends it)."""
         return self._recovery
 
-    # ---- starting --------------------------------------------------------------------------
-
     def _start(self, start: Callable[[str], Job], plan: Plan) -> Gateway:
         """Start a job, its gateway connected through a socket of its own (frames through shared
         memory if it runs on this machine: ``gateway.py``)."""
@@ -107,8 +106,6 @@ class Session:
                            self._start_timeout_s, slots=self.window)
         self._frames_via = "shared memory" if gw.shared else "socket"
         return gw
-
-    # ---- the stream ------------------------------------------------------------------------
 
     def map(self, frames: Iterable) -> Iterator:
         """Each frame's result, in input order, while up to ``window`` frames are in flight.
@@ -229,6 +226,7 @@ class Session:
                 if kind == "raise":
                     raise ticket[1]
                 if kind == "error":
+                    self._figures.failed += 1
                     yield ticket[1]
                     continue
                 if kind == "gone":
@@ -374,20 +372,23 @@ class Session:
         if not self._open:
             raise AutodiceError("this session is closed")
 
-    # ---- the end ---------------------------------------------------------------------------
-
     def stats(self) -> dict:
         """Frames delivered, frames/s and ``steady_fps`` (after each stream's first result),
         end-to-end latency (p50/p90/p99, seconds) and, once closed, the job's own figures per
         rank (``ranks``: compute and wait seconds, bytes, peak memory) with each rank's share of
         a frame (``ms_per_frame``). ``frames_via``: how the last job took frames ("shared
         memory" from this machine, else "socket")."""
-        out = {**self._figures.summary(), "window": self.window, "frames_via": self._frames_via}
-        if self._recovery is not None:
-            out["incidents"] = self._figures.incidents()
-        if self._job_stats:
-            out["ranks"] = per_frame(self._job_stats)
-        return out
+        return self._figures.stats(self.window, self._frames_via, self._recovery is not None,
+                                   self._job_stats)
+
+    def note_dropped(self, dropped: int | None) -> None:
+        """How many frames the live source feeding this session has dropped so far."""
+        self._figures.dropped = dropped or 0
+
+    def serve_metrics(self, address: str) -> str:
+        """Prometheus metrics at ``address`` until closed (:mod:`.metrics`); where served."""
+        self._metrics = Metrics(address, self._figures, lambda: len(self._inflight))
+        return self._metrics.address
 
     def close(self) -> None:
         """Stop the stream: the ranks finish, report and exit; nothing is left running."""
@@ -425,6 +426,8 @@ class Session:
         finally:
             if self._recovery is not None:
                 self._recovery.close()
+            if self._metrics is not None:
+                self._metrics.close()
             shutil.rmtree(self._tmp, ignore_errors=True)
             if self._gw is not None and not keep and not self._kept:
                 self._gw.job.log.unlink(missing_ok=True)
