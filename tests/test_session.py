@@ -166,6 +166,20 @@ def test_steady_rate_leaves_out_each_streams_first_result():
     assert figures.Figures().summary()["steady_fps"] is None
 
 
+def test_a_long_streams_latency_is_kept_in_bounded_memory(monkeypatch):
+    """A stream that runs for days: the percentiles are over the last LATENCY_KEPT frames (a
+    ring), the histogram and the count over all of them."""
+    monkeypatch.setattr(figures, "LATENCY_KEPT", 1000)
+    clock = iter(np.arange(1, 3001, dtype=float)).__next__
+    f = figures.Figures(clock=clock)
+    for k in range(3000):  # latency 0.5 s for the first 2000 frames, then 0.001 s
+        f.delivered_one(k + 1 - (0.5 if k < 2000 else 0.001), first=k == 0)
+    got = f.summary()
+    assert got["frames"] == 3000 and len(f._latency) == 1000
+    assert got["latency_s"]["p99"] == pytest.approx(0.001)  # the last 1000 frames only
+    assert sum(f.buckets) == 3000 and f.latency_sum == pytest.approx(2000 * 0.5 + 1000 * 0.001)
+
+
 def test_a_bad_frame_gets_its_error_and_the_stream_goes_on(built):
     good = frames(3, seed=1)
     want = reference(built / "model.onnx", good)

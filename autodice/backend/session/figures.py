@@ -17,13 +17,16 @@ import numpy as np
 # Seconds, the latency histogram's upper bounds (Prometheus' ``le``): a frame on a Pi's
 # pipeline takes from a millisecond to seconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# The latency percentiles are over the last this many frames: a stream that runs for days keeps
+# 8 MB of them (a list of every frame's had grown by 2.6 M floats a day at 30 frames/s).
+LATENCY_KEPT = 1_000_000
 
 
 class Figures:
     def __init__(self, clock=time.perf_counter) -> None:
         """``clock``: what sends are timed by (seconds)."""
         self._clock = clock
-        self.latency: list[float] = []
+        self._latency = np.zeros(0)  # the last LATENCY_KEPT frames', a ring (grown as needed)
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
         self.failed = 0  # frames that could not be sent
@@ -68,14 +71,17 @@ class Figures:
             self.steady += 1
         self._last = now
         self.delivered += 1
-        self.latency.append(now - sent)
+        at = (self.delivered - 1) % LATENCY_KEPT
+        if at >= len(self._latency):  # grown by doubling up to LATENCY_KEPT
+            self._latency = np.resize(self._latency, min(LATENCY_KEPT, max(1024, 2 * at)))
+        self._latency[at] = now - sent
         self.buckets[bisect.bisect_left(LATENCY_BUCKETS, now - sent)] += 1
         self.latency_sum += now - sent
 
     def summary(self) -> dict:
         """frames, seconds, fps, steady_fps (None before a stream's second result) and
-        latency_s (p50/p90/p99/mean)."""
-        lat = np.array(self.latency) if self.latency else np.zeros(1)
+        latency_s (p50/p90/p99/mean, over the last LATENCY_KEPT frames)."""
+        lat = self._latency[:min(self.delivered, LATENCY_KEPT)] if self.delivered else np.zeros(1)
         seconds = self.busy_s
         return {"frames": self.delivered, "seconds": seconds,
                 "fps": self.delivered / seconds if seconds > 0 else 0.0,
