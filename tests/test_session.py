@@ -33,8 +33,7 @@ from graphs import conv_chain, input_skip, wide_chain
 from onnx import helper
 
 import autodice
-from autodice.backend.session import figures, frame_copy
-from autodice.backend.session import FrameError, SessionError
+from autodice.backend.session import FrameError, SessionError, figures, frame_copy
 from autodice.backend.session.frames import ImageRecipe, frames_from
 from autodice.cli import main
 from autodice.frontend.check import session as ort_session
