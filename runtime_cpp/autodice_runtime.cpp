@@ -1,6 +1,7 @@
 // autodice runtime; see autodice_runtime.h for what each piece is for.
 #include "autodice_runtime.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <omp.h>
 #include <sched.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -89,7 +91,47 @@ static bool mpi_running() {
   return initialized && !finalized;
 }
 
+// Open MPI's shared-memory transport backs each local rank's segment with a file in /dev/shm
+// (sm_segment.<host>.<uid>.<job>.<rank>, 16 MB) that only MPI_Finalize unlinks. A job ended by
+// a signal (mpirun's SIGTERM when its owner went, or when a rank died) left them behind:
+// hundreds of MB of tmpfs after a day of restarts (23 files on the test machine). A rank that
+// ends the job (abort_run) or dies of SIGTERM, SIGINT or SIGHUP first unlinks the segment files
+// it has mapped (its own and its peers', which end with it; the mappings stay valid).
+// Async-signal-safe calls only: open, read, close, unlink (then sigaction, raise).
+static void unlink_segments() {
+  static char buf[16384];
+  static const char kSegment[] = "/dev/shm/sm_segment.";
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  size_t have = 0;
+  for (ssize_t n; fd >= 0 && (n = read(fd, buf + have, sizeof buf - 1 - have)) > 0;) {
+    have += static_cast<size_t>(n);
+    buf[have] = '\0';
+    char* line = buf;
+    for (char* end; (end = std::strchr(line, '\n')) != nullptr; line = end + 1) {
+      *end = '\0';
+      char* path = std::strstr(line, kSegment);
+      if (path != nullptr && std::strchr(path, ' ') == nullptr) unlink(path);  // not "(deleted)"
+    }
+    have = static_cast<size_t>(buf + have - line);  // a line cut by the buffer: read on
+    std::memmove(buf, line, have);
+    if (have == sizeof buf - 1) have = 0;  // no line is this long: drop it
+  }
+  if (fd >= 0) close(fd);
+}
+
+static void unlink_segments_and_die(int sig) {
+  unlink_segments();
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+}
+
 void init_runtime(MPI_Comm comm) {
+  struct sigaction sa {};
+  sa.sa_handler = unlink_segments_and_die;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   if (comm != MPI_COMM_WORLD) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   g_prefix.clear();
@@ -131,6 +173,7 @@ void log(const std::string& message, FILE* stream) {
 
 void abort_run(const std::string& message, int code) {
   log(message, stderr);
+  unlink_segments();
   if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }

@@ -209,7 +209,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
         h, w = plan.model_inputs[0].shape[2:]
         console.print(f"frames letterboxed into {w}x{h} as Ultralytics does (RGB / 255, grey "
                       f"114 around); boxes into {Path(results or Path(output) / 'results')}"
-                      "/detections.jsonl")
+                      "/detections.jsonl", soft_wrap=True)
     whole = whole_session(plan, Path(output), None) if check else None
     if results is None:
         claim(Path(output), "results/")
@@ -220,7 +220,8 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
                                                             gpu_fallback == "cpu"))
         with opener(lambda text: bar.update(task, description=text)) as session:
             if metrics is not None:
-                console.print(f"metrics at http://{session.serve_metrics(metrics)}/metrics")
+                console.print(f"metrics at http://{session.serve_metrics(metrics)}/metrics",
+                              soft_wrap=True)
             bar.update(task, description="streaming")
 
             def shown(record, result):
@@ -245,7 +246,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
         out.print(incident_line(incident))
     if res.interrupted:  # the frames delivered are written; now end as the signal asked
         console.print(f"{res.delivered} frames delivered before {res.interrupted}; their "
-                      f"results are in {res.results}")
+                      f"results are in {res.results}", soft_wrap=True)
         raise Stopped(getattr(signal, res.interrupted))
     if check:
         diffs = [OutputDiff(n, a, r) for n, (a, r) in res.worst.items()]

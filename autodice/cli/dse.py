@@ -111,9 +111,9 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     if res.unmatched:
         console.print(f"note: {len(res.unmatched)} layers matched no ncnn blob and share their "
                       f"successor's time: {', '.join(res.unmatched[:8])}"
-                      f"{'...' if len(res.unmatched) > 8 else ''}")
+                      f"{'...' if len(res.unmatched) > 8 else ''}", soft_wrap=True)
     for note in res.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", soft_wrap=True)
 
 
 def _links_table(links, inventory) -> None:

@@ -109,10 +109,12 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
             where = f"by {profile_path}" if profile_path else "measured on this machine's CPU"
             what = (f"compute and receiving over {platform_path}'s links" if platform_path
                     else "compute, and receiving where the profile has the link")
+            # soft_wrap: a line of its own whatever the width (a path cut in two cannot be
+            # copied, and a test that searched it once failed with a longer temporary path)
             console.print(f"predicted per frame ({visible(what)}), {visible(where)}: " + ", ".join(
-                f"{visible(k)} {s * 1e3:.2f} ms" for k, s in done.seconds.items()))
+                f"{visible(k)} {s * 1e3:.2f} ms" for k, s in done.seconds.items()), soft_wrap=True)
             for note in done.notes:
-                console.print(f"note: {visible(note)}")
+                console.print(f"note: {visible(note)}", soft_wrap=True)
             mapping = done.mapping
         click.echo(mapping_json(mapping), nl=False)
         return
