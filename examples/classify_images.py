@@ -18,7 +18,6 @@ taken down at the end.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from PIL import Image
@@ -102,9 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except autodice.AutodiceError as e:  # a refusal is the user's to fix: its lines, no trace
-        for problem in e.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    from refusals import run  # beside this script
+
+    run(main)

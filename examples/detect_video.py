@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import av
@@ -118,9 +117,6 @@ def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except autodice.AutodiceError as e:  # a refusal is the user's to fix: its lines, no trace
-        for problem in e.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
+    from refusals import run  # beside this script
+
+    run(main)

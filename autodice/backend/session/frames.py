@@ -164,7 +164,7 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
                else f"; this one is {'x'.join(map(str, shape))}")
         raise AutodiceError("--task detect: frames are letterboxed as Ultralytics does it, "
                             f"into a 1x3xHxW input{why}")
-    if is_video(source) and source != "-":
+    if is_video(source):
         return video_frames(source, _maker(shape, dtype, recipe or ImageRecipe(), letterboxed))
     if source == "-" or not (path.is_dir() or is_image(path)):  # frames as they are
         if recipe is not None:
