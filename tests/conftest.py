@@ -18,6 +18,22 @@ SPECS = Path(__file__).parent.parent / "specs"
 TEST_CLUSTER = {"name": "autodice-tests", "subnet": "10.79.0.0/24"}
 
 
+def board_missing() -> str:
+    """Why an emulated aarch64 board cannot be brought up here ("" when it can)."""
+    import os
+
+    from autodice.deploy.emulated.arm_board import QEMU
+
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root; CI runs these as root"
+    lacking = [p for p, ok in (("qemu-user-static", QEMU.exists()),
+                               ("g++-aarch64-linux-gnu", shutil.which("aarch64-linux-gnu-g++")),
+                               ("apt", shutil.which("apt-get"))) if not ok]
+    if lacking:
+        return f"an emulated aarch64 board needs {', '.join(lacking)} (`make test` installs them)"
+    return ""
+
+
 def netns(host: str) -> str:
     """The network namespace of ``host`` in the tests' cluster."""
     from autodice.deploy.emulated.state import load_state

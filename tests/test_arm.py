@@ -7,8 +7,6 @@ ncnn and the program here and ships the binary; outputs must equal onnxruntime's
 """
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,31 +14,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import TEST_CLUSTER
+from conftest import TEST_CLUSTER, board_missing
 
 from autodice.backend.gen import gen
 from autodice.core.errors import AutodiceError
 from autodice.core.spec import mapping_json
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
-from autodice.deploy.emulated.arm_board import QEMU
 from autodice.deploy.emulated.state import inventory_toml
 from autodice.deploy.head_build import HERE
 from autodice.frontend.split import split
 
-
-def _missing() -> str:
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root; CI runs these as root"
-    lacking = [p for p, ok in (("qemu-user-static", QEMU.exists()),
-                               ("g++-aarch64-linux-gnu", shutil.which("aarch64-linux-gnu-g++")),
-                               ("apt", shutil.which("apt-get"))) if not ok]
-    if lacking:
-        return f"an emulated aarch64 board needs {', '.join(lacking)} (`make test` installs them)"
-    return ""
-
-
-pytestmark = [pytest.mark.cpp, pytest.mark.skipif(bool(_missing()), reason=_missing())]
+pytestmark = [pytest.mark.cpp, pytest.mark.skipif(bool(board_missing()), reason=board_missing())]
 HOSTS = ["edge01", "edge02"]
 ELF_MACHINE = {b"\x3e\x00": "x86_64", b"\xb7\x00": "aarch64"}
 

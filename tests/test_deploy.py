@@ -324,9 +324,13 @@ def test_cli_deploy_checks_the_inventory_before_the_network(fig2_plan):
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--arch", "edge02"], "--arch edge02: expected HOST=MACHINE, e.g. edge02=aarch64"),
+    (["--arch", "edge02"], "--arch edge02: expected HOST=MACHINE[:RELEASE], e.g. edge02=aarch64"),
     (["--arch", "edge03=aarch64"], '--arch edge03=aarch64: "edge03" is not one of --hosts'),
     (["--arch", "edge02=sparc"], "--arch edge02=sparc: "),
+    (["--arch", "edge02=aarch64:buster"], '--arch edge02=aarch64:buster: "buster" is not a Debian '
+                                          "release known here (known: bookworm, bullseye)"),
+    (["--arch", "edge01=x86_64:bullseye"], "--arch edge01=x86_64:bullseye: a host of this "
+                                           "machine's kind runs this machine's OS"),
     (["--cores", "edge01"], "--cores edge01: expected HOST=CPUS, e.g. edge01=0-1"),
 ])
 def test_cli_cluster_up_takes_boards_of_another_architecture(args, said):

@@ -34,7 +34,8 @@ _name_option = click.option(
               help="Run a host (its sshd, all it starts) on CPUs, e.g. edge01=0-1 (repeatable).")
 @click.option("--arch", "arches", multiple=True, metavar="HOST=MACHINE",
               help="Make a host an emulated board of another architecture, e.g. "
-                   "edge02=aarch64 (qemu-user in the host's own user namespace; repeatable).")
+                   "edge02=aarch64 (qemu-user in the host's own user namespace; repeatable); "
+                   "edge02=aarch64:bullseye runs Debian 11 (glibc 2.31, as JetPack 5).")
 @click.option("--subnet", default=None,
               help="IPv4 subnet of the cluster; this machine gets its first address "
                    "[default: 10.77.0.0/24, a named cluster 10.77.N.0/24].")
@@ -53,7 +54,7 @@ def cluster_up(hosts, bandwidth, cores, arches, subnet, name, replace, ncnn_dir,
     pins, machines = {}, {}
     for option, specs, into, form in (("--cores", cores, pins, "HOST=CPUS, e.g. edge01=0-1"),
                                       ("--arch", arches, machines,
-                                       "HOST=MACHINE, e.g. edge02=aarch64")):
+                                       "HOST=MACHINE[:RELEASE], e.g. edge02=aarch64")):
         for spec in specs:
             host, eq, value = spec.partition("=")
             if not eq:

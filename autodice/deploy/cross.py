@@ -7,7 +7,9 @@ architecture and source, and ships the binary. What the program links is the boa
 the aarch64 build of the same Open MPI wheel this machine uses (its headers and ``libmpi``;
 at run time the board's own Open MPI at the inventory's ``mpi_prefix`` is found through the
 binary's run path), Debian's cross glibc, libstdc++ and libgomp, which are those a Debian-based
-board (Raspberry Pi OS, Jetson's Ubuntu) has.
+board (Raspberry Pi OS, Jetson's Ubuntu) has. A board whose runtime is older than those (deploy's
+check reads it) gets a toolchain that builds against an older Debian release's files instead
+(:meth:`Toolchain.for_board`, :mod:`.sysroot`), and its own ncnn and program builds.
 
 Architectures are ``uname -m`` names. aarch64 is supported; 32-bit ARM (armv7l, Raspberry Pi OS
 32-bit) has no Open MPI wheel, so it gets an error naming what is missing.
@@ -23,35 +25,70 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 from ..core.errors import AutodiceError
+from . import sysroot
+from .abi import Runtime, provided, release_for
+from .debian import Release
 
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Debian's cross toolchain for one architecture, and the wheel platform of its Open MPI."""
+    """Debian's cross toolchain for one architecture, and the wheel platform of its Open MPI;
+    with ``release``, building against that Debian release's files (:mod:`.sysroot`) for a
+    board whose runtime is older than the compiler's own."""
 
     machine: str  # uname -m
     triple: str  # the compiler's prefix
     package: str  # the Debian package of the C++ cross compiler
     wheel_platform: str
+    debian_arch: str
+    release: Release | None = None
 
     @property
     def cxx(self) -> str:
         return f"{self.triple}-g++"
 
+    @property
+    def key(self) -> str:
+        """What its builds are kept under: ``aarch64``, ``aarch64-bullseye``."""
+        return f"{self.machine}-{self.release.suite}" if self.release else self.machine
+
     def installed(self) -> bool:
         return shutil.which(self.cxx) is not None and shutil.which(f"{self.triple}-gcc") is not None
+
+    def for_board(self, board: Runtime, where: str) -> Toolchain:
+        """This toolchain as it builds for a board with runtime ``board``.
+
+        Raises:
+            AutodiceError: a board older than anything it builds for (:func:`.abi.release_for`).
+        """
+        return replace(self, release=release_for(board, own_runtime(self.triple), where))
 
 
 TOOLCHAINS = {
     "aarch64": Toolchain("aarch64", "aarch64-linux-gnu", "g++-aarch64-linux-gnu",
-                         "manylinux_2_28_aarch64"),
+                         "manylinux_2_28_aarch64", "arm64"),
 }
+
 _ALIASES = {"arm64": "aarch64"}
 ARM32 = ("armv7l", "armv7", "armv6l", "armhf", "arm")
+
+
+@cache
+def own_runtime(triple: str) -> Runtime:
+    """The glibc and libstdc++ a cross compiler links by default (read from their ELF)."""
+    def path(name: str) -> Path:
+        return Path(subprocess.run([f"{triple}-gcc", f"-print-file-name={name}"],
+                                   capture_output=True, text=True).stdout.strip())
+
+    libc, libstdcxx = path("libc.so.6"), path("libstdc++.so.6")
+    if not (libc.is_file() and libstdcxx.is_file()):
+        return Runtime()
+    return provided(libc, libstdcxx)
 
 
 def machine_name(machine: str) -> str:
@@ -83,13 +120,25 @@ def toolchain_file(tc: Toolchain) -> Path:
     build cached with it is keyed by what it says."""
     from ..backend.engine import cache_root
 
+    root = f"/usr/{tc.triple}"
+    lines = ["# Written by autodice: Debian's cross compiler and its sysroot."]
+    if tc.release is not None:
+        root = str(sysroot.sysroot(tc.triple, tc.debian_arch, tc.release))
+        c, cxx, link = _release_flags(tc)
+        lines = [f"# Written by autodice: Debian's cross compiler, building against Debian "
+                 f"{tc.release.suite}'s files.",
+                 f"set(CMAKE_SYSROOT {root})",
+                 f'set(CMAKE_C_FLAGS_INIT "{" ".join(c)}")',
+                 f'set(CMAKE_CXX_FLAGS_INIT "{" ".join(cxx)}")',
+                 f'set(CMAKE_EXE_LINKER_FLAGS_INIT "{" ".join(link)}")',
+                 f'set(CMAKE_SHARED_LINKER_FLAGS_INIT "{" ".join(link)}")']
     text = "\n".join([
-        "# Written by autodice: Debian's cross compiler and its sysroot.",
+        *lines,
         "set(CMAKE_SYSTEM_NAME Linux)",
         f"set(CMAKE_SYSTEM_PROCESSOR {tc.machine})",
         f"set(CMAKE_C_COMPILER {tc.triple}-gcc)",
         f"set(CMAKE_CXX_COMPILER {tc.triple}-g++)",
-        f"set(CMAKE_FIND_ROOT_PATH /usr/{tc.triple})",
+        f"set(CMAKE_FIND_ROOT_PATH {root})",
         "set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)",
         "set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)",
         "set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)",
@@ -97,7 +146,8 @@ def toolchain_file(tc: Toolchain) -> Path:
         "",
     ])
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    path = cache_root() / "cross" / f"{tc.triple}-{digest}.toolchain.cmake"
+    name = f"{tc.triple}-{tc.release.suite}" if tc.release else tc.triple
+    path = cache_root() / "cross" / f"{name}-{digest}.toolchain.cmake"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, text.encode())
@@ -184,11 +234,22 @@ def program_flags(tc: Toolchain, ncnn: Path, board_mpi_prefix: str | None) -> li
              f"-Dncnn_DIR={ncnn / CONFIG.parent}"]
     # Only the board's path in the run path (this machine's copy is not on the board). libmpi's
     # own libraries are the board's business: the link checks only the program's symbols.
-    link = [f"-Wl,-rpath-link,{mpi}/lib:{mpi}/lib/openmpi", "-Wl,--allow-shlib-undefined"]
+    # The release's files first when building for an older board: these flags replace the
+    # toolchain file's.
+    link = [*_release_flags(tc)[2], f"-Wl,-rpath-link,{mpi}/lib:{mpi}/lib/openmpi",
+            "-Wl,--allow-shlib-undefined"]
     if board_mpi_prefix:
         link.append(f"-Wl,-rpath,{board_mpi_prefix}/lib")
     return [*flags, "-DCMAKE_SKIP_BUILD_RPATH=ON", f"-DCMAKE_EXE_LINKER_FLAGS={' '.join(link)}",
             *werror_flags()]
+
+
+def _release_flags(tc: Toolchain) -> tuple[list[str], list[str], list[str]]:
+    """(C, C++, link) flags that build against ``tc.release``'s files; none without one."""
+    if tc.release is None:
+        return [], [], []
+    root = sysroot.sysroot(tc.triple, tc.debian_arch, tc.release)
+    return sysroot.flags(tc.triple, tc.release, root)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

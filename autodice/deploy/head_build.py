@@ -7,9 +7,11 @@ inventory says ``build = "head"``, or says nothing and the cross compiler is ins
 other host builds on itself (or gets its group's binary), as before. A host that can do neither
 is an error naming the package to install.
 
-:class:`HeadBuilds` then builds once per architecture here, only when the sources or flags
-differ from the stamp the last build left, in ``OUT/deploy/cross/<arch>/``, and hands the binary
-to :mod:`.remote_build`, which ships it to every board of that architecture whose copy differs.
+:class:`HeadBuilds` then builds once per toolchain here, only when the sources or flags
+differ from the stamp the last build left, in ``OUT/deploy/cross/<key>/`` (``aarch64``, or
+``aarch64-bullseye`` for boards whose runtime is older than the compiler's: :mod:`.sysroot`),
+and hands the binary to :mod:`.remote_build`, which ships it to every board of that kind whose
+copy differs, once its ELF says the board can load it (:mod:`.abi`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 from ..backend.build import keep_runtime, kept_runtime, run_logged
 from ..core.errors import AutodiceError
 from ..core.spec import Device
-from .cross import machine_name, ncnn_for, program_flags, require, toolchain
+from .abi import Runtime, lacks
+from .cross import Toolchain, machine_name, ncnn_for, program_flags, require, toolchain
 from .ssh import Build, Host
 
 HERE = "this machine (cross-compiled)"  # the builder deploy reports for such hosts
@@ -87,16 +90,23 @@ def choose(hosts: list[Host], devices: dict[str, Device] | None = None) -> None:
                     else f"; {no_toolchain}" if no_toolchain else "")
             problems.append(f"{t.where()}: check: missing {', '.join(h.lacks)} to build on the "
                             f"host{hint}")
+        if h.cross and tc is not None:  # built against files the board's runtime can load
+            try:
+                h.toolchain = tc.for_board(Runtime.of(h.facts), t.where())
+            except AutodiceError as e:
+                problems.append(e.problems[0])
     if problems:
         raise AutodiceError(*problems)
 
 
 class HeadBuilds:
-    """The cross builds of one deploy: one per architecture, made by the first host that needs
-    it while the others wait, then kept for them.
+    """The cross builds of one deploy: one per toolchain (an architecture, and the Debian release
+    its boards' runtime asks for), made by the first host that needs it while the others wait,
+    then kept for them.
 
     Args:
-        work: where the builds live (``OUT/deploy``): ``cross/<arch>/<folder>``.
+        work: where the builds live (``OUT/deploy``): ``cross/<key>/<folder>`` (``aarch64``,
+            ``aarch64-bullseye``).
         package: the local source folder for a host (the package its sync sends).
         ncnn_flags: the ncnn switches for a group of hosts (:func:`group_ncnn_flags`).
         runtime: the package has the runtime library, kept in this machine's cache per
@@ -114,30 +124,38 @@ class HeadBuilds:
 
     def binary(self, h: Host, group: list[Host]) -> tuple[Path, str, bool]:
         """(binary, its checksum as the check script writes it, compiled now) for ``h``'s
-        architecture, building it the first time it is asked for."""
-        arch = machine_name(h.arch)
+        toolchain, building it the first time it is asked for.
+
+        Raises:
+            AutodiceError: the build failed, or its binary asks for a glibc or libstdc++
+                newer than ``h``'s (:func:`.abi.lacks`): nothing is shipped then.
+        """
+        tc = h.toolchain or toolchain(h.arch)
         with self._lock:
-            lock = self._locks.setdefault(arch, threading.Lock())
+            lock = self._locks.setdefault(tc.key, threading.Lock())
         with lock:
-            if arch in self._done:
-                return (*self._done[arch], False)
-            compiled = self._build(h, group)
-            path = self.folder(arch) / "build" / self.build.exe
-            self._done[arch] = (path, _cksum(path))
-            return (*self._done[arch], compiled)
+            compiled = False
+            if tc.key not in self._done:
+                compiled = self._build(tc, h, group)
+                path = self.folder(tc.key) / "build" / self.build.exe
+                self._done[tc.key] = (path, _cksum(path))
+            path, checksum = self._done[tc.key]
+        why = lacks(path, Runtime.of(h.facts))
+        if why:
+            raise AutodiceError(f"{why}: {path}")
+        return path, checksum, compiled
 
-    def folder(self, arch: str) -> Path:
-        return self.work / "cross" / arch / (self.build.folder or "program")
+    def folder(self, key: str) -> Path:
+        return self.work / "cross" / key / (self.build.folder or "program")
 
-    def _build(self, h: Host, group: list[Host]) -> bool:
-        tc = toolchain(h.arch)
+    def _build(self, tc: Toolchain, h: Host, group: list[Host]) -> bool:
         ncnn = ncnn_for(tc, self.ncnn_flags(group))
         flags = program_flags(tc, ncnn, h.target.mpi_prefix)
         lib = kept_runtime(self.package(h), flags, tc.cxx) if self.runtime else None
         if lib is not None:
             flags.append(f"-DAUTODICE_RUNTIME_LIB={lib}")
         stamp = f"{self.sources}-{hashlib.sha256(' '.join(flags).encode()).hexdigest()[:12]}"
-        root = self.folder(tc.machine)
+        root = self.folder(tc.key)
         bdir, exe = root / "build", root / "build" / self.build.exe
         if exe.is_file() and _read(bdir / "autodice-built") == stamp:
             return False
@@ -147,10 +165,10 @@ class HeadBuilds:
         (bdir / "autodice-built").unlink(missing_ok=True)
         if _read(bdir / "autodice-flags") != " ".join(flags):
             run_logged(["cmake", "-S", str(self.package(h)), "-B", str(bdir), *flags], log,
-                 f"configuring the {tc.machine} cross build")
+                 f"configuring the {tc.key} cross build")
             (bdir / "autodice-flags").write_text(" ".join(flags))
         run_logged(["cmake", "--build", str(bdir), "-j", str(os.cpu_count() or 2)], log,
-             f"cross-compiling for {tc.machine}")
+             f"cross-compiling for {tc.key}")
         if lib is not None:
             keep_runtime(bdir, lib)
         (bdir / "autodice-built").write_text(stamp)

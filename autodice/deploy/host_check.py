@@ -2,12 +2,12 @@
 
 The check itself opens each host's ssh master connection, or reuses the one an earlier deploy
 left open (see :class:`~.ssh.Ssh`), and, in one remote shell, reports the architecture, cores
-and CPU features, the tools that are missing to run (rsync, mpirun) and those only a build
-there needs (compiler, cmake, mpicxx, ncnn: a board whose program is cross-built here needs
-none of them; :mod:`.remote_build` decides), and what an
-earlier deploy left there (the folders it synced, see :mod:`.sync`; a build stamp, the binary's
-checksum, an ncnn it built). Every failing host is reported at once, before anything is copied
-anywhere.
+and CPU features, its C and C++ runtime (:mod:`.abi`), the tools that are missing to run
+(rsync, mpirun) and those only a build there needs (compiler, cmake, mpicxx, ncnn: a board
+whose program is cross-built here needs none of them; :mod:`.remote_build` decides), and what
+an earlier deploy left there (the folders it synced, see :mod:`.sync`; a build stamp, the
+binary's checksum, an ncnn it built). Every failing host is reported at once, before anything
+is copied anywhere.
 
 Nothing of it is cached here: the one remote shell per host is what a redeploy cannot do
 without (it is how deploy learns what the host holds), and the prerequisites add a few forks
@@ -17,13 +17,14 @@ to it; measured on the emulated hosts, no difference beside the shell itself.
 from __future__ import annotations
 
 from ..core.errors import AutodiceError
+from .abi import PROBE
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, parallel, why_ssh_failed
 from .sync import STAMPS, SYNCED
 
 # Prerequisites, run on each host. Values arrive as "$1"...: never spliced into the script.
 # $3 is the remote dir, $4 the folder of the program being deployed (see Build), $5 its name,
 # then the folders whose sync stamps to read.
-_CHECK = STAMPS + r"""
+_CHECK = STAMPS + PROBE + r"""
 m=$1; n=$2; d=$3; b=$4; e=$5; shift 5
 echo "arch=$(uname -m)"
 echo "cpus=$(nproc 2>/dev/null || echo 1)"

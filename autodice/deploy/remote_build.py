@@ -175,7 +175,8 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
             on, so the next plan compiles only program.cpp. Empty: the package has none.
     """
     crossed = [h for h in hosts if h.cross]
-    arches = {h.arch: [m for m in crossed if m.arch == h.arch] for h in crossed}
+    kinds = {h.toolchain.key: [m for m in crossed if m.toolchain.key == h.toolchain.key]
+             for h in crossed}  # one build per toolchain (head_build.choose set them)
     heads = HeadBuilds(bin_dir.parent, sources, package or (lambda h: Path()),
                        lambda group: group_ncnn_flags(group, gpu_hosts), build, bool(runtime))
     groups = build_groups([h for h in hosts if not h.cross])
@@ -197,8 +198,9 @@ def build_all(ssh: Ssh, hosts: list[Host], sources: str, bin_dir: Path,
         if sync is not None:
             _step("sync", sync, h)
         if h.cross:
-            progress(name, f"cross-build ({h.arch}) here")
-            _step(f"cross-build for {h.arch}", lambda b: _ship_cross(b, arches[b.arch]), h)
+            kind = h.toolchain.key
+            progress(name, f"cross-build ({kind}) here")
+            _step(f"cross-build for {kind}", lambda b: _ship_cross(b, kinds[kind]), h)
             return
         if h.builder != name:
             return

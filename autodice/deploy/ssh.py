@@ -28,9 +28,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.errors import AutodiceError
 from .inventory import Inventory, Target
+
+if TYPE_CHECKING:
+    from .cross import Toolchain
 
 Progress = Callable[[str, str], None]  # (host, what it is doing now)
 
@@ -51,6 +55,7 @@ class Host:
     compiled: bool = False
     lacks: tuple[str, ...] = ()  # what a build on the host would need and it has not
     cross: bool = False  # its program is cross-built on this machine (see .cross)
+    toolchain: Toolchain | None = None  # what builds it there, for its runtime (see .head_build)
 
     @property
     def dir(self) -> str:

@@ -1,4 +1,5 @@
-"""An emulated aarch64 board for the emulated cluster (``cluster up --arch edge02=aarch64``).
+"""An emulated aarch64 board for the emulated cluster (``cluster up --arch edge02=aarch64``, or
+``edge02=aarch64:bullseye`` for a board with an older OS).
 
 What is emulated is the CPU: every program of the board is an aarch64 binary, run by Debian's
 ``qemu-user-static`` through a ``binfmt_misc`` handler registered in the board's own user
@@ -11,7 +12,8 @@ starts are the board's), and speed: qemu is several times slower than a real boa
 The board's files are a real aarch64 Debian's, put at the paths a board has them:
 
 - ``/usr/bin`` (and so ``/bin``) is the board's: ``busybox-static`` for the shell and the core
-  tools, ``rsync`` and the ssh client, from Debian bookworm's arm64 packages;
+  tools, ``rsync`` and the ssh client, from the arm64 packages of its Debian release (bookworm
+  unless ``--arch`` names another);
 - the C and C++ runtime (glibc, libstdc++, libgomp, zlib, and rsync's and ssh's libraries), from the
   packages, found by qemu through ``QEMU_LD_PREFIX`` (this machine has no ``/lib/aarch64-*`` to
   mount them on);
@@ -19,9 +21,9 @@ The board's files are a real aarch64 Debian's, put at the paths a board has them
 
 No compiler and no cmake: a board like this one gets its program cross-built (:mod:`.cross`).
 
-The packages come through ``apt-get`` with a private state directory (its own package lists for
-arm64), so nothing of this machine's apt or dpkg configuration changes. The root is assembled
-once, cached under ``~/.cache/autodice/boards/``, and shared read-only by every such board.
+The packages come through ``apt-get`` with a private state directory (:mod:`..debian`), so
+nothing of this machine's apt or dpkg configuration changes. The root is assembled once per
+release, cached under ``~/.cache/autodice/boards/``, and shared read-only by every such board.
 """
 
 from __future__ import annotations
@@ -31,22 +33,23 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ...core.errors import AutodiceError
 from ..cross import machine_name, openmpi_for, toolchain
+from ..debian import DEFAULT_SUITE, relative_links, release, unpacked
 
 QEMU = Path("/usr/bin/qemu-aarch64-static")
 DEBIAN_ARCH = "arm64"
-SUITE = "bookworm"
 # The board's runtime: what a Debian-based board has that the program and Open MPI link, busybox
 # for the tools, rsync (deploy copies with it), the ssh client (mpirun on a board that holds
-# rank 0 starts the others' daemons with it), and their libraries.
+# rank 0 starts the others' daemons with it), and their libraries; OpenSSL's soname is the
+# release's.
 PACKAGES = ("libc6", "libgcc-s1", "libstdc++6", "libgomp1", "zlib1g", "busybox-static", "rsync",
-            "libacl1", "liblz4-1", "libpopt0", "libssl3", "libxxhash0", "libzstd1",
+            "libacl1", "liblz4-1", "libpopt0", "libxxhash0", "libzstd1",
             "openssh-client", "libselinux1", "libpcre2-8-0", "libgssapi-krb5-2", "libkrb5-3",
             "libk5crypto3", "libkrb5support0", "libcom-err2", "libkeyutils1")
+SUITE_PACKAGES = {"bookworm": ("libssl3",), "bullseye": ("libssl1.1",)}
 # qemu's handler for 64-bit little-endian ARM ELF executables (magic and mask as in qemu's
 # qemu-binfmt-conf.sh); F: the interpreter is opened now, so it works inside the board's
 # mount namespace, where /usr/bin is the board's; P: argv[0] reaches the program as given —
@@ -66,19 +69,26 @@ def emulated(arch: str) -> bool:
     return machine_name(arch) != machine_name(platform.machine())
 
 
-def check_arch(arch: str) -> str:
-    """The ``uname -m`` name of an architecture a cluster host may have.
+def check_arch(arch: str) -> tuple[str, str]:
+    """(``uname -m`` name, Debian release) of a cluster host's ``--arch`` value: ``aarch64``
+    is a board running Debian bookworm, ``aarch64:bullseye`` one running bullseye (glibc 2.31,
+    as JetPack 5 and Raspberry Pi OS bullseye have).
 
     Raises:
-        AutodiceError: one that cannot be emulated here.
+        AutodiceError: an architecture that cannot be emulated here, or a release not known.
     """
-    name = machine_name(arch)
+    machine, _, suite = arch.partition(":")
+    name = machine_name(machine)
     if not emulated(name):
-        return name
+        if suite:
+            raise AutodiceError("a host of this machine's kind runs this machine's OS (a Debian "
+                                "release is for an emulated board)")
+        return name, ""
     if name != "aarch64":
         toolchain(name)  # names what is missing for 32-bit ARM and others
         raise AutodiceError(f"{arch}: only aarch64 boards are emulated")
-    return name
+    release(suite or DEFAULT_SUITE)
+    return name, suite
 
 
 def missing_tools() -> list[str]:
@@ -87,11 +97,11 @@ def missing_tools() -> list[str]:
                    if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool))})
 
 
-def board_root(console=None) -> Path:
-    """The aarch64 board's files, assembled once into the cache (appears by rename).
+def board_root(suite: str = DEFAULT_SUITE, console=None) -> Path:
+    """The files of an aarch64 board running Debian ``suite``, assembled once into the cache.
 
     Raises:
-        AutodiceError: a tool or a package that cannot be had.
+        AutodiceError: a tool, a release or a package that cannot be had.
     """
     from ...backend.engine import cache_root
 
@@ -99,69 +109,22 @@ def board_root(console=None) -> Path:
     if missing:
         raise AutodiceError(f"an emulated aarch64 board needs {', '.join(missing)} "
                             f"(apt-get install {' '.join(missing)})")
+    release(suite)
+    packages = (*PACKAGES, *SUITE_PACKAGES[suite])
     mpi = openmpi_for(toolchain("aarch64"))
-    key = hashlib.sha256(repr((SUITE, PACKAGES, mpi.name)).encode()).hexdigest()[:10]
-    root = cache_root() / "boards" / f"aarch64-{key}"
-    if (root / "usr" / "bin" / "sh").exists():
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    if console is not None:
-        console.print(f"assembling the aarch64 board's files (Debian {SUITE} arm64 packages)")
-    with tempfile.TemporaryDirectory(dir=root.parent, prefix=".tmp-") as tmp:
-        debs = _download(Path(tmp) / "debs", root.parent / "apt-arm64")
-        staged = Path(tmp) / "root"
-        for deb in debs:
-            _run(["dpkg-deb", "-x", str(deb), str(staged)], f"unpacking {deb.name}")
+    key = hashlib.sha256(repr((suite, packages, mpi.name)).encode()).hexdigest()[:10]
+    root = cache_root() / "boards" / f"aarch64-{suite}-{key}"
+
+    def finish(staged: Path) -> None:
         _merge_usr(staged)
-        _relative_links(staged)
+        relative_links(staged)
         _busybox_links(staged)
         (staged / "opt").mkdir(exist_ok=True)
         os.symlink(os.path.relpath(mpi, root / "opt"), staged / "opt" / "openmpi")  # once moved
-        try:
-            os.rename(staged, root)
-        except OSError:  # another process assembled it first
-            if not (root / "usr" / "bin" / "sh").exists():
-                raise
-    return root
 
-
-def _download(dest: Path, state: Path) -> list[Path]:
-    """``PACKAGES`` for arm64 as .deb files, with apt's lists and cache in ``state`` only."""
-    sources = state / "sources.list.d"
-    for d in (sources, state / "lists" / "partial", state / "cache" / "archives" / "partial"):
-        d.mkdir(parents=True, exist_ok=True)
-    mirror = _mirror()
-    (sources / "board.sources").write_text(
-        f"Types: deb\nURIs: {mirror}\nSuites: {SUITE}\nComponents: main\n"
-        f"Architectures: {DEBIAN_ARCH}\n"
-        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
-    options = [f"-oDir::State={state}", "-oDir::State::status=/dev/null",
-               f"-oDir::Cache={state / 'cache'}", "-oDir::Etc::SourceList=/dev/null",
-               f"-oDir::Etc::SourceParts={sources}", f"-oAPT::Architecture={DEBIAN_ARCH}",
-               f"-oAPT::Architectures::={DEBIAN_ARCH}", "-oDebug::NoLocking=1",
-               "-oAPT::Sandbox::User=root"]
-    _run(["apt-get", *options, "-q", "update"], f"apt-get update ({mirror}, {DEBIAN_ARCH})")
-    dest.mkdir(parents=True)
-    _run(["apt-get", *options, "-q", "download", *(f"{p}:{DEBIAN_ARCH}" for p in PACKAGES)],
-         f"downloading the board's packages ({DEBIAN_ARCH})", cwd=dest)
-    return sorted(dest.glob("*.deb"))
-
-
-def _mirror() -> str:
-    """The Debian mirror this machine's apt uses (its first ``deb.debian.org``-like source)."""
-    for f in sorted(Path("/etc/apt").glob("sources.list.d/*.sources")) + [
-            Path("/etc/apt/sources.list")]:
-        try:
-            text = f.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            words = line.split()
-            url = (words[1] if words[:1] == ["URIs:"] else
-                   words[1] if words[:1] == ["deb"] and len(words) > 2 else "")
-            if url and "security" not in url:
-                return url
-    return "http://deb.debian.org/debian"
+    if console is not None and not (root / "usr" / "bin" / "sh").exists():
+        console.print(f"assembling the aarch64 board's files (Debian {suite} arm64 packages)")
+    return unpacked(root, DEBIAN_ARCH, suite, packages, finish, ready="usr/bin/sh")
 
 
 def _merge_usr(root: Path) -> None:
@@ -180,18 +143,6 @@ def _merge_usr(root: Path) -> None:
                     os.rename(item, target)
         shutil.rmtree(src)
         os.symlink(f"usr/{into}", src)
-
-
-def _relative_links(root: Path) -> None:
-    """Absolute symbolic links made relative, so they point into the board's files and not at
-    this machine's (qemu opens the runtime's files with host paths)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            link = Path(dirpath) / name
-            if link.is_symlink() and os.readlink(link).startswith("/"):
-                target = root / os.readlink(link).lstrip("/")
-                link.unlink()
-                link.symlink_to(os.path.relpath(target, link.parent))
 
 
 def _busybox_links(root: Path) -> None:
@@ -218,11 +169,3 @@ def namespace_argv(root: Path, mpi_prefix: str, hostname: str) -> list[str]:
 def sshd_options(root: Path) -> list[str]:
     """sshd_config lines for a board's sessions: qemu finds the board's runtime libraries."""
     return [f"SetEnv QEMU_LD_PREFIX={root}"]
-
-
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
-                          env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    if proc.returncode != 0:
-        said = (proc.stderr or proc.stdout).strip().splitlines()
-        raise AutodiceError(f"{what} failed: {said[-1] if said else f'exit {proc.returncode}'}")

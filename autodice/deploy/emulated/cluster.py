@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ...core.errors import AutodiceError, Problems
 from ...core.spec import _RATE_UNITS, _number, parse_cores
+from ..debian import DEFAULT_SUITE
 from . import sshd
 from .arm_board import board_root, check_arch, emulated, missing_tools
 from .state import (
@@ -115,7 +116,7 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
             problems.add(f'--arch {host}={text}: "{host}" is not one of --hosts')
             continue
         try:
-            arches[host] = check_arch(text)
+            arches[host] = check_arch(text)  # (uname -m, Debian release)
         except AutodiceError as e:
             problems.add(f"--arch {host}={text}: {e.problems[0]}")
     try:
@@ -133,7 +134,8 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
         hosts=tuple(Host(name=h, netns=netns_prefix(slot) + h, veth=veth_name(slot, i),
                          address=str(base + 11 + i), cores=cores.get(h, ""),
                          remote_dir=str(root / "hosts" / h / "work"),
-                         arch=arches[h] if h in arches and emulated(arches[h]) else "")
+                         arch=arches[h][0] if h in arches and emulated(arches[h][0]) else "",
+                         os=arches[h][1] if h in arches else "")
                     for i, h in enumerate(hosts)), name=name, slot=slot)
 
 
@@ -177,19 +179,18 @@ def up(hosts: list[str], bandwidth: str | None = "1gbit", cores: dict[str, str] 
         have = None
     elif have is None and (_link_exists(want.bridge) or _our_namespaces(want.slot)):
         down(name)  # leftovers of an up that died before recording its state
-    boards = any(h.arch for h in want.hosts)
-    _ensure_tools(console, boards)
-    board = board_root(console) if boards else None
+    _ensure_tools(console, any(h.arch for h in want.hosts))
+    boards = {h.name: board_root(h.os or DEFAULT_SUITE, console) for h in want.hosts if h.arch}
     root = Path(want.state_dir)
     try:
         if have is None:
             _conflicts(want)
             save_state(want)  # first: `down` must know what to remove if anything below fails
             _create_network(want)
-            sshd.create_keys(want, board)
+            sshd.create_keys(want, boards)
         for host in want.hosts:
             if sshd.alive_pid(want, host) is None:
-                sshd.start(want, host, board)
+                sshd.start(want, host, boards.get(host.name))
         for host in want.hosts:
             sshd.wait(want, host)
     except BaseException:
@@ -414,7 +415,7 @@ def status(name: str = DEFAULT) -> tuple[Cluster | None, list[HostStatus]]:
     if c is None:
         return None, []
     return c, [HostStatus(h.name, h.address, h.cores, _netns_exists(h.netns), sshd.alive_pid(c, h),
-                          h.arch) for h in c.hosts]
+                          f"{h.arch}:{h.os}" if h.os else h.arch) for h in c.hosts]
 
 
 def stop_sshd(host_name: str, name: str = DEFAULT) -> None:

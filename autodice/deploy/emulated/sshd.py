@@ -24,9 +24,9 @@ def _keygen(*args: str) -> None:
                             f"{(proc.stderr or proc.stdout).strip()}")
 
 
-def create_keys(c: Cluster, board: Path | None = None) -> None:
-    """Host and client keys, known_hosts, and each host's sshd config (``board``: the files of
-    the emulated boards among them, :func:`~.arm_board.board_root`)."""
+def create_keys(c: Cluster, boards: dict[str, Path] | None = None) -> None:
+    """Host and client keys, known_hosts, and each host's sshd config (``boards``: host name ->
+    the files of each emulated board among them, :func:`~.arm_board.board_root`)."""
     root = Path(c.state_dir)
     root.chmod(0o700)
     _keygen("-q", "-t", "ed25519", "-N", "", "-C", "autodice-cluster",
@@ -43,6 +43,7 @@ def create_keys(c: Cluster, board: Path | None = None) -> None:
     c.known_hosts.write_text("".join(known))
     for h in c.hosts:
         folder = root / "hosts" / h.name
+        board = (boards or {}).get(h.name)
         extra = sshd_options(board) if h.arch and board else []
         (folder / "sshd_config").write_text(_config(c, h, folder, extra))
 

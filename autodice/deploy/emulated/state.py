@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...core.errors import AutodiceError
+from ..debian import DEFAULT_SUITE
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Host:
     cores: str  # taskset CPU list, "" for all
     remote_dir: str
     arch: str = ""  # uname -m of an emulated board of another architecture; "" for this machine's
+    os: str = ""  # an emulated board's Debian release when not the default (bookworm)
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ def inventory_toml(c: Cluster, hosts: list[str] | None = None,
         lines += ["", f"[hosts.{h.name}]", f"address = {_toml_str(h.address)}",
                   f"remote_dir = {_toml_str(h.remote_dir)}"]
         if h.arch:  # an emulated board: its program is cross-built here, with ncnn
-            lines.append(f"# an emulated {h.arch} board: no compiler, ncnn built here for it")
+            lines.append(f"# an emulated {h.arch} board ({h.os or DEFAULT_SUITE}): no compiler, "
+                         "ncnn built here for it")
         elif ncnn:
             lines.append(f"ncnn_dir = {_toml_str(str(ncnn))}")
     return "\n".join(lines) + "\n"
