@@ -216,6 +216,14 @@ def deploy(out, inventory, inputs: Mapping[str, str | Path] | None = None, frame
                                          pipeline=pipeline)
 
 
+def platform(inventory, output="platform.txt") -> str:
+    """Write ``output``, the platform file, from what each of the inventory's hosts says of
+    itself over ssh (:mod:`autodice.deploy.survey`); returns its text."""
+    from .deploy.survey import write_platform
+
+    return write_platform(inventory, output)
+
+
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
             inventory=None):
     """Every layer's latency on this machine's ncnn (and Vulkan device), and the links

@@ -4,10 +4,12 @@ edge02 runs Debian 11 (bullseye) arm64, glibc 2.31: what JetPack 5 (Ubuntu 20.04
 Pi OS bullseye have. Debian's cross compiler here links glibc 2.36, whose programs such a board
 refuses; deploy learns the board's runtime in its check and builds against bullseye's files
 (``autodice.deploy.sysroot``), and reads the binary's symbol versions before it ships it
-(``autodice.deploy.abi``). edge03 is a Debian 12 board, edge01 an x86 host. The cluster tests need
+(``autodice.deploy.abi``). edge03 is a Debian 12 board, edge01 an x86 host: ``autodice
+platform`` asks all three what they are (``autodice.deploy.survey``). The cluster tests need
 root, qemu-user-static and the aarch64 cross compiler (``make test`` installs them).
 """
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,12 +18,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from click.testing import CliRunner
 from conftest import TEST_CLUSTER, board_missing
 
 from autodice.backend.gen import gen
+from autodice.cli import main
 from autodice.core.errors import AutodiceError
-from autodice.core.spec import mapping_json
-from autodice.deploy import abi
+from autodice.core.spec import Device, mapping_json, parse_platform_text
+from autodice.deploy import abi, survey
 from autodice.deploy.debian import RELEASES
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
@@ -144,3 +148,65 @@ def test_squeezenet_across_an_x86_host_and_a_bullseye_board(emu, tmp_path, zoo_m
     again = deploy(out, tmp_path / "inventory.toml")
     assert not any(r.compiled or r.files for r in again.hosts.values())
 
+
+RK3588 = "".join([
+    "glibc=glibc 2.35\nlibstdcxx=6.0.30\narch=aarch64\nallowed=0-7\nquota=max 100000\n",
+    "mem=16303412\nmem_limit=8589934592\nboot_id=b1\nmodel=Radxa ROCK 5B\n",
+    *(f"freq={i} {1800000 if i < 4 else 2256000}\n" for i in range(8)),
+    *(f"cpuinfo=processor\t: {i}\ncpuinfo=CPU part\t: {'0xd05' if i < 4 else '0xd0b'}\n"
+      for i in range(8))])
+
+
+def test_a_board_with_two_kinds_of_cores_says_which_are_which():
+    """An RK3588 (4 Cortex-A55 + 4 Cortex-A76) in a container limited to 8 GiB, beside an x86
+    host whose cgroup allows 1.5 of its 4 cores and which has only lavapipe for Vulkan."""
+    x86 = ("arch=x86_64\nallowed=0-3\nquota=150000 100000\nmem=32000000\nboot_id=b2\n"
+           "icd=lvp_icd.x86_64.json\ncpuinfo=processor\t: 0\n")
+    text = survey.platform_text([survey.read("rk01", RK3588), survey.read("edge01", x86)])
+    devices = parse_platform_text(text).devices
+    assert devices["rk01"] == Device("rk01", "arm", tuple(range(8)), mem=8 * 2**30)
+    assert devices["edge01"] == Device("edge01", "x86", (0,), mem=30.5 * 2**30)  # rounded down
+    assert "#   cores 4-7: Cortex-A76, 2.26 GHz max\n#   cores 0-3: Cortex-A55, 1.80 GHz max\n" \
+        in text
+    assert "give a key cores of one kind" in text
+    assert "its cgroup's CPU quota (150000 100000) allows 1 of the 4 cores" in text
+    assert "its cgroup's memory limit (8.0 GiB) is below the machine's (15.5 GiB)" in text
+    assert "no gpu written" in text and "machine=" not in text
+
+
+@pytest.mark.parametrize("name", ["NVIDIA Jetson AGX Orin, (64GB) #1", "Jetson=Nano\n"])
+def test_a_gpu_name_from_a_host_is_data_in_the_platform_file(name):
+    s = survey.read("nx01", f"arch=aarch64\nallowed=0-5\nmodel={name}\n")
+    device = parse_platform_text(survey.platform_text([s])).devices["nx01"]
+    assert device.gpu_api == "VULKAN" and "Jetson" in device.gpu and "," not in device.gpu
+
+
+def test_cli_platform_refuses_a_missing_inventory_and_writes_nothing(tmp_path):
+    r = CliRunner().invoke(main, ["platform", "-i", str(tmp_path / "nope.toml"), "-o",
+                                  str(tmp_path / "platform.txt")])
+    assert r.exit_code == 2 and r.output.startswith("error: ") and "nope.toml" in r.output
+    assert not (tmp_path / "platform.txt").exists()
+
+
+@on_the_cluster
+def test_the_platform_file_is_read_from_an_x86_host_and_two_boards(emu, tmp_path):
+    (tmp_path / "inventory.toml").write_text(inventory_toml(emu))
+    r = CliRunner().invoke(main, ["platform", "-i", str(tmp_path / "inventory.toml"), "-o",
+                                  str(tmp_path / "platform.txt")])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "platform.txt").read_text()
+    devices = parse_platform_text(text).devices
+    assert [(d.name, d.arch) for d in devices.values()] == [
+        ("edge01", "x86"), ("edge02", "arm"), ("edge03", "arm")]
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    mem_kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+    for d in devices.values():
+        # One machine under them all (one kernel): its cores and memory, and it says so.
+        assert d.slots == cores and d.machine == "edge01"
+        assert mem_kb * 1024 - 0.1 * 2**30 < d.mem <= mem_kb * 1024
+    assert "# edge01: uname -m x86_64; glibc 2.36, libstdc++ 6.0.30" in text
+    assert "# edge02: uname -m aarch64; glibc 2.31, libstdc++ 6.0.28" in text
+    assert "# edge03: uname -m aarch64; glibc 2.36, libstdc++ 6.0.30" in text
+    # Each written line on stdout, as written.
+    assert [line for line in r.stdout.splitlines() if line.startswith("edge")] == [
+        line for line in text.splitlines() if line and not line.startswith("#")]

@@ -1,4 +1,4 @@
-"""deploy, cluster up|down|status: the verbs that reach the boards."""
+"""deploy, platform, cluster up|down|status: the verbs that reach the boards."""
 
 from __future__ import annotations
 
@@ -188,6 +188,25 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
             report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
         if names is not None:
             show_top_k(plan, given, res.run.outputs, names, top, fmt)
+
+
+@main.command()
+@click.option("--inventory", "-i", required=True, type=click.Path(dir_okay=False),
+              help="inventory.toml: the hosts to ask, as deploy reaches them.")
+@click.option("--output", "-o", default="platform.txt", show_default=True,
+              type=click.Path(dir_okay=False), help="The platform file to write.")
+def platform(inventory, output):
+    """Write a platform file from what each host says of itself over ssh: architecture, the
+    cores it lets us use and their kinds, memory, GPU, glibc (comments say where each came
+    from). Each written line also goes to stdout."""
+    from ..api import platform as write
+
+    with console.status("asking the hosts"):
+        text = write(inventory, output)
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            out.print(line, soft_wrap=True, highlight=False)
+    console.print(f"wrote {output}", soft_wrap=True)
 
 
 def _deploy_table(hosts, seconds) -> None:

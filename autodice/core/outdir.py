@@ -209,3 +209,15 @@ def tensor_files(plan: Plan) -> dict[str, str]:
     (``a/b`` and ``a_b``) get ``-2``, ``-3``... in plan order, so every name has its own."""
     names = [t.name for t in (*plan.model_inputs, *plan.model_outputs)]
     return unique_slugs(list(dict.fromkeys(names)), ".npy")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write one file whole or not at all: a temporary sibling, then a rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -110,6 +110,18 @@ def parse_cores(text: str) -> tuple[int, ...]:
     return tuple(cores)
 
 
+def format_cores(cores: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``: :func:`parse_cores` read backwards."""
+    out, start = [], None
+    for i, c in enumerate(cores):
+        if start is None:
+            start = c
+        if i + 1 == len(cores) or cores[i + 1] != c + 1:
+            out.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
 @dataclass(frozen=True)
 class Device:
     """One line of platform.txt. Optional figures are None when the line leaves them out."""

@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from ..core.errors import AutodiceError
+from ..core.outdir import write_atomic
 from . import sysroot
 from .abi import Runtime, provided, release_for
 from .debian import Release
@@ -150,7 +151,7 @@ def toolchain_file(tc: Toolchain) -> Path:
     path = cache_root() / "cross" / f"{name}-{digest}.toolchain.cmake"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, text.encode())
+        write_atomic(path, text.encode())
     return path
 
 
@@ -250,10 +251,3 @@ def _release_flags(tc: Toolchain) -> tuple[list[str], list[str], list[str]]:
         return [], [], []
     root = sysroot.sysroot(tc.triple, tc.debian_arch, tc.release)
     return sysroot.flags(tc.triple, tc.release, root)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..core.errors import SHOWN, Problems, did_you_mean
 from ..core.model import Graph
 from ..core.shapes import UNSUPPORTED_OPS
-from ..core.spec import Mapping, Platform, Resource
+from ..core.spec import Mapping, Platform, Resource, format_cores
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...
             if outside:
                 problems.add(f'{where}: key "{key}": core{"s" if len(outside) > 1 else ""} '
                              f'{",".join(map(str, outside))} not in the slots of "{res.host}" '
-                             f"({_ranges(dev.slots)})",
+                             f"({format_cores(dev.slots)})",
                              f"{where}: and {{n}} more keys with cores outside their host's slots")
             for c in res.cores:
                 other = claimed.get((res.host, c))
@@ -86,17 +86,6 @@ def check_resources(mapping: Mapping, platform: Platform) -> tuple[Resource, ...
         resources.append(res)
     problems.raise_if_any()
     return tuple(resources)
-
-
-def _ranges(cores: tuple[int, ...]) -> str:
-    out, start = [], None
-    for i, c in enumerate(cores):
-        if start is None:
-            start = c
-        if i + 1 == len(cores) or cores[i + 1] != c + 1:
-            out.append(str(start) if start == c else f"{start}-{c}")
-            start = None
-    return ",".join(out)
 
 
 def bind_slots(resources: tuple[Resource, ...], platform: Platform) -> tuple[tuple[int, ...], ...]:
