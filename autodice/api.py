@@ -91,7 +91,9 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
     session (at most ``frames``), each image made a frame by ``preprocess``, each frame's
     ``top`` classes by ``labels`` in ``frames.json``; ``task="detect"``: frames letterboxed and
     each frame's boxes (``conf``, ``iou``, ``max_det``) in ``detections.jsonl`` and the
-    result's ``records``, drawn into ``annotate`` (a video by its suffix, else a folder).
+    result's ``records``, drawn into ``annotate`` (a video by its suffix, else a folder);
+    ``task="segment"``: frames letterboxed (normalised by ``preprocess``, ImageNet's by
+    default) and each frame's mask in ``masks/<frame>.png``, laid over it in ``annotate``.
     Returns the run's result, or the stream's (``errors`` for the frames that failed).
     """
     if isinstance(inputs, (str, Path)):
@@ -115,11 +117,11 @@ def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args, ann
     from .core.plan import load_plan
 
     plan = load_plan(out)
-    reading = Reading.of(plan, *reading_args)
-    count, pairs = source_frames(plan, source, frames, preprocess, reading.detect is not None)
+    reading = Reading.of(plan, *reading_args, preprocess=preprocess)
+    count, pairs = source_frames(plan, source, frames, preprocess, reading.task)
     claim(Path(out), "results/")
     results = Path(out) / "results"
-    drawn = Annotator.of(annotate, source) if annotate is not None else None
+    drawn = Annotator.of(annotate, source, reading.labels) if annotate is not None else None
     with open_session(out, None, gpu_fallback) as session:
         res = stream(session, plan, pairs, count, results, reading=reading, annotate=drawn)
     return finish(session, res)
@@ -160,7 +162,10 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     becomes a frame, as ``run --preprocess`` (``resize=1,mean=0.5/0.5/0.5,...``).
     ``task="detect"``: each result is the frame's boxes (:class:`~autodice.backend.session.
     detect.Detection`, best first; ``conf``, ``iou``, ``max_det`` as ``run --task detect``), an
-    image letterboxed as Ultralytics does and its boxes in its own pixels. ``metrics``:
+    image letterboxed as Ultralytics does and its boxes in its own pixels. ``task="segment"``:
+    each result is the frame's :class:`~autodice.backend.session.segment.Mask` (a class a
+    pixel), an image letterboxed (normalised by ``preprocess``) and its mask in its own
+    pixels. ``metrics``:
     ``":9464"`` (loopback) or ``"host:port"``: Prometheus metrics served there while it runs.
 
     Returns:
@@ -179,7 +184,7 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
     if metrics is not None:
         parse_address(metrics)  # a bad address before anything starts
     recipe = ImageRecipe.parse(preprocess)
-    reading = Reading.of(load_plan(out), task, None, 5, conf, iou, max_det)
+    reading = Reading.of(load_plan(out), task, None, 5, conf, iou, max_det, preprocess)
     if inventory is not None:
         from .deploy.stream import open_deployed
 
@@ -193,7 +198,7 @@ def open(out, inventory=None, window: int | None = None,  # noqa: A001
 
         session = open_session(out, window, gpu_fallback)
     session.preprocess = recipe
-    session.detect = reading.detect
+    session.task = reading.task
     if metrics is not None:
         try:
             session.serve_metrics(metrics)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
     """Every frame of ``video`` through ``session``: its boxes printed, written a line a frame
     and drawn into an annotated copy. Returns the frames done."""
-    drawn = Annotator.of(work / "annotated.mp4", video)
+    drawn = Annotator.of(work / "annotated.mp4", video, names)
     with av.open(video) as clip, open(work / "detections.jsonl", "w") as lines:
         pictures = (frame.to_image() for frame in clip.decode(video=0))
         kept: list = []  # each picture until its boxes come back: the session keeps the order
@@ -111,7 +111,7 @@ def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
             lines.write(json.dumps({"frame": n - 1, "detections": found}) + "\n")
             print(f"{n - 1}: {len(found)} boxes" + "".join(
                 f", {d.get('label', d['class'])} {d['score']:.2f}" for d in found[:3]))
-            drawn.add(n - 1, str(n - 1), picture, found)
+            drawn.add(n - 1, str(n - 1), picture, boxes)
     drawn.close()
     return n
 

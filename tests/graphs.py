@@ -280,6 +280,36 @@ def past_fp16(seed: int = 0) -> onnx.ModelProto:
     return _model(nodes, "past_fp16", ("input", shape), ("output", shape), w, opset=13, ir=8)
 
 
+class _Nodes:
+    """A graph's nodes and initializers as a builder adds them: each node named after its one
+    output, convolutions with seeded weights (drawn in the order they are added)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits = [], []
+
+    def const(self, name, a):
+        self.inits.append(numpy_helper.from_array(np.asarray(a), name))
+        return name
+
+    def op(self, op_type, inputs, out, **attrs):
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k, s, name, act: str | None = "silu"):
+        """A k x k convolution with stride s, then ``act``: "silu" (x * sigmoid(x)), another
+        operator's name, or None."""
+        w = self.rng.standard_normal((cout, cin, k, k)) * (1.5 / np.sqrt(cin * k * k))
+        b = self.rng.standard_normal(cout) * 0.1
+        y = self.op("Conv", [x, self.const(f"{name}.w", w.astype(np.float32)),
+                             self.const(f"{name}.b", b.astype(np.float32))],
+                    f"{name}.conv" if act else name, kernel_shape=[k, k], strides=[s, s],
+                    pads=[k // 2] * 4)
+        if act == "silu":
+            return self.op("Mul", [y, self.op("Sigmoid", [y], f"{name}.sig")], name)
+        return self.op(act, [y], name) if act else y
+
+
 #   images -> b0 .. b3 (/8) -> b4 (/16) -> b5 (/32)       backbone, SiLU as x * sigmoid(x)
 #   b5 -up-> cat4(b4) -> n4 -up-> cat3(b3) -> n3           neck: Resize nearest, Concat
 #   n3, n4, b5 -> h0, h1, h2 -> (1, 64 + classes, h*w)    a head per scale, flattened
@@ -288,24 +318,11 @@ def past_fp16(seed: int = 0) -> onnx.ModelProto:
 def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProto:
     """A detector in Ultralytics' layout (YOLOv8's head, decoded in the graph), small enough to
     split, build and run in seconds: what CI covers of detectors without torch."""
-    rng = np.random.default_rng(seed)
-    nodes, inits = [], []
-
-    def const(name, a):
-        inits.append(numpy_helper.from_array(np.asarray(a), name))
-        return name
-
-    def op(op_type, inputs, out, **attrs):
-        nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
-        return out
+    g = _Nodes(seed)
+    const, op = g.const, g.op
 
     def conv(x, cin, cout, k, s, name, silu=True):
-        w = rng.standard_normal((cout, cin, k, k)) * (1.5 / np.sqrt(cin * k * k))
-        y = op("Conv", [x, const(f"{name}.w", w.astype(np.float32)),
-                        const(f"{name}.b", (rng.standard_normal(cout) * 0.1).astype(np.float32))],
-               f"{name}.conv" if silu else name, kernel_shape=[k, k], strides=[s, s],
-               pads=[k // 2] * 4)
-        return op("Mul", [y, op("Sigmoid", [y], f"{name}.sig")], name) if silu else y
+        return g.conv(x, cin, cout, k, s, name, "silu" if silu else None)
 
     b2 = conv(conv(conv("images", 3, 16, 3, 2, "b0"), 16, 32, 3, 2, "b1"), 32, 32, 3, 1, "b2")
     b3 = conv(b2, 32, 32, 3, 2, "b3")
@@ -326,7 +343,7 @@ def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProt
         anchors.append(np.stack([gx.ravel(), gy.ravel()]))
         strides.append(np.full(h * h, stride))
     n = sum(a.shape[1] for a in anchors)
-    nodes.append(helper.make_node("Split", [op("Concat", flats, "cat", axis=2),
+    g.nodes.append(helper.make_node("Split", [op("Concat", flats, "cat", axis=2),
                                             const("split.sizes", np.array([64, classes]))],
                                   ["box", "cls"], name="split", axis=1))
     bins = op("Transpose", [op("Reshape", ["box", const("dfl.shape", np.array([1, 4, 16, n]))],
@@ -334,7 +351,7 @@ def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProt
     weights = const("dfl.w", np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1))
     dist = op("Reshape", [op("Conv", [op("Softmax", [bins], "dfl.s", axis=1), weights], "dfl.c",
                              kernel_shape=[1, 1]), const("dfl.out", np.array([1, 4, n]))], "dist")
-    nodes.append(helper.make_node("Split", [dist, const("lt.sizes", np.array([2, 2]))],
+    g.nodes.append(helper.make_node("Split", [dist, const("lt.sizes", np.array([2, 2]))],
                                   ["lt", "rb"], name="lt_rb", axis=1))
     anchor = const("anchors", np.concatenate(anchors, 1)[None].astype(np.float32))
     x1y1, x2y2 = op("Sub", [anchor, "lt"], "x1y1"), op("Add", [anchor, "rb"], "x2y2")
@@ -344,5 +361,31 @@ def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProt
     boxes = op("Mul", [xywh, const("strides", np.concatenate(strides)[None, None].astype(
         np.float32))], "boxes")
     op("Concat", [boxes, op("Sigmoid", ["cls"], "scores")], "output0", axis=1)
-    return _model(nodes, "yolo_like", ("images", [1, 3, side, side]),
-                  ("output0", [1, 4 + classes, n]), inits, 17, 8)
+    return _model(g.nodes, "yolo_like", ("images", [1, 3, side, side]),
+                  ("output0", [1, 4 + classes, n]), g.inits, 17, 8)
+
+
+def lraspp_like(seed: int = 0, side: int = 64, classes: int = 4) -> onnx.ModelProto:
+    """A segmenter in LRASPP's shape (torchvision's LRASPP-MobileNetV3 head): a backbone with a
+    low-level tap, a high branch gated by a global-average-pooled sigmoid, both classified and
+    added at the low level's size, then upsampled to the input: (1, classes, side, side)
+    scores. What CI covers of segmenters without torch."""
+    g = _Nodes(seed)
+    const, op = g.const, g.op
+
+    def conv(x, cin, cout, k, s, name, act="Relu"):
+        return g.conv(x, cin, cout, k, s, name, act)
+
+    low = conv(conv("image", 3, 16, 3, 2, "s0"), 16, 24, 3, 2, "s1")  # 1/4
+    high = conv(conv(low, 24, 32, 3, 2, "s2"), 32, 48, 3, 2, "s3")  # 1/16
+    cbr = conv(high, 48, 32, 1, 1, "cbr")
+    gate = conv(op("GlobalAveragePool", [high], "pool"), 48, 32, 1, 1, "scale", act="Sigmoid")
+    gated = op("Mul", [cbr, gate], "gated")
+    up = op("Resize", [gated, "", const("up.scales", np.array([1, 1, 4, 4], np.float32))],
+            "up", mode="linear")
+    scores = op("Add", [conv(low, 24, classes, 1, 1, "low_cls", act=None),
+                        conv(up, 32, classes, 1, 1, "high_cls", act=None)], "scores")
+    op("Resize", [scores, "", const("out.scales", np.array([1, 1, 4, 4], np.float32))], "out",
+       mode="linear")
+    return _model(g.nodes, "lraspp_like", ("image", [1, 3, side, side]),
+                  ("out", [1, classes, side, side]), g.inits, 17, 8)

@@ -59,14 +59,14 @@ def test_detect_video_on_an_x86_host_and_an_aarch64_board(tmp_path):
     decoded, letterboxed frame, and an annotated copy of the clip."""
     import av
     import onnx
+    from conftest import board_missing
     from graphs import yolo_like
-    from test_arm import _missing
     from test_detector import SIDE, decoded, moving_shapes
 
     from autodice.backend.session.detect import detect, letterbox
 
-    if _missing():
-        pytest.skip(_missing())
+    if board_missing():
+        pytest.skip(board_missing())
     onnx.save(yolo_like(side=SIDE), tmp_path / "yolo.onnx")
     moving_shapes(tmp_path / "clip.mp4")
     work = tmp_path / "work"

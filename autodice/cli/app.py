@@ -212,9 +212,12 @@ def stream_options(command):
                          help="Images: resize (shorter side over the input's, default 1.143), "
                               "mean and std (a/b/c; default ImageNet's), scale (255), layout "
                               "(nchw|nhwc), bgr (0|1)."),
-            click.option("--task", type=click.Choice(["classify", "detect"]), default=None,
+            click.option("--task", type=click.Choice(["classify", "detect", "segment"]),
+                         default=None,
                          help="detect: a YOLO head's output as boxes in the source's pixels "
                               "(frames letterboxed as Ultralytics does; detections.jsonl). "
+                              "segment: each pixel's class, in the source's pixels (frames "
+                              "letterboxed, normalised by --preprocess; masks/*.png). "
                               "[default: classify with --labels, else the outputs alone]"),
             click.option("--conf", type=float, default=0.25, show_default=True,
                          help="detect: the least score a box keeps."),
@@ -223,11 +226,12 @@ def stream_options(command):
             click.option("--max-det", "max_det", type=int, default=300, show_default=True,
                          help="detect: boxes a frame at most."),
             click.option("--annotate", type=click.Path(), default=None, metavar="DIR|FILE.mp4",
-                         help="detect: each frame with its boxes drawn, into a video (by its "
-                              "suffix) or a folder of pictures."),
+                         help="detect, segment: each frame with its boxes or mask drawn, into "
+                              "a video (by its suffix) or a folder of pictures."),
             click.option("--labels", type=click.Path(dir_okay=False), default=None,
                          help="Class names, one a line: print each frame's top-k classes "
-                              "(with --task detect, each box's class name)."),
+                              "(with --task detect or segment, each box's or mask's class "
+                              "names)."),
             click.option("--top-k", "top", default=5, show_default=True, type=click.IntRange(1),
                          help="Classes printed per frame."),
             click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]),

@@ -68,13 +68,14 @@ def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, a
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
-    only_with("--task detect", task == "detect", "conf", "iou", "max_det", "annotate")
+    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
+    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     if is_a_stream(plan, given, no_pipeline):
         from ..backend.session.results import Reading
 
-        reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
+        reading = Reading.of(plan, task, labels, top, conf, iou, max_det, preprocess)
         return run_stream(output, plan, given, frames, results, preprocess, reading, fmt,
                           window, check, rtol, gpu_fallback, annotate=annotate, metrics=metrics)
     names = one_frame_labels(plan, given, preprocess, labels, task)
@@ -123,10 +124,11 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
 
 def one_frame_labels(plan, given: dict, preprocess, labels, task=None) -> list[str] | None:
     """``--labels`` read for one ``.npy`` frame (None without); ``--preprocess`` and ``--task
-    detect`` are refused there, as they are for any source of no images."""
+    detect`` (``segment``) are refused there, as they are for any source of no images."""
     from ..backend.session.results import read_labels
 
-    for flag, given_flag in (("--preprocess", preprocess), ("--task detect", task == "detect")):
+    for flag, given_flag in (("--preprocess", preprocess),
+                             (f"--task {task}", task in ("detect", "segment"))):
         if given_flag:
             raise AutodiceError(f"{flag}: {', '.join(map(str, given.values()))} holds no "
                                 "images, its frame is fed as it is")
@@ -149,7 +151,8 @@ BOXES_SHOWN = 5  # boxes a text line names; the rest are counted
 def frame_line(record: dict, fmt: str) -> str | None:
     """One frame's result as its line on stdout: its record as JSON (``--format jsonl``), its
     classes, ``cat.jpg: tabby (0.62), tiger cat (0.21), ...``, or its boxes, ``12: 2 boxes:
-    person 0.91 [10,20,120,310], car 0.5 [...]`` (None: nothing to say)."""
+    person 0.91 [10,20,120,310], car 0.5 [...]``, or its mask's classes, ``12: background 71%,
+    person 29% -> masks/000012.png`` (None: nothing to say)."""
     if fmt == "jsonl":
         return json.dumps(record)  # control characters in a file name come escaped
     if "detections" in record:
@@ -160,6 +163,10 @@ def frame_line(record: dict, fmt: str) -> str | None:
         more = f", and {len(found) - BOXES_SHOWN} more" if len(found) > BOXES_SHOWN else ""
         return visible(f"{record['frame']}: {len(found)} box{'es' if len(found) != 1 else ''}"
                        + (f": {shown}{more}" if found else ""))
+    if "shares" in record:  # a mask: its classes by the share of the picture they cover
+        return visible(f"{record['frame']}: " + ", ".join(
+            f"{c.get('label', c['class'])} {c['share']:.0%}" for c in record["shares"]
+            [:BOXES_SHOWN]) + f" -> {record['mask']}")
     if "classes" not in record:
         return None
     return visible(f"{record['frame']}: " + ", ".join(f"{c['label']} ({c['score']:.3g})"
@@ -202,14 +209,20 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
     check_window(window)
     if metrics is not None:
         parse_address(metrics)  # a bad address before anything starts
-    detect = reading.detect is not None
-    count, source = source_frames(plan, next(iter(given.values())), frames, preprocess, detect)
-    drawn = Annotator.of(annotate, next(iter(given.values()))) if annotate else None
-    if detect:
+    count, source = source_frames(plan, next(iter(given.values())), frames, preprocess,
+                                  reading.task)
+    drawn = (Annotator.of(annotate, next(iter(given.values())), reading.labels) if annotate
+             else None)
+    if reading.task is not None:
         h, w = plan.model_inputs[0].shape[2:]
-        console.print(f"frames letterboxed into {w}x{h} as Ultralytics does (RGB / 255, grey "
-                      f"114 around); boxes into {Path(results or Path(output) / 'results')}"
-                      "/detections.jsonl", soft_wrap=True)
+        where = Path(results or Path(output) / "results")
+        r = reading.task.recipe
+        console.print(f"frames letterboxed into {w}x{h} " + (
+            "as Ultralytics does (RGB / 255, grey 114 around); boxes into "
+            f"{where}/detections.jsonl" if r is None else
+            f"(RGB / {r.scale:g}, mean {'/'.join(f'{v:g}' for v in r.mean)}, std "
+            f"{'/'.join(f'{v:g}' for v in r.std)}); masks into {where}/masks/"),
+            soft_wrap=True)
     whole = whole_session(plan, Path(output), None) if check else None
     if results is None:
         claim(Path(output), "results/")

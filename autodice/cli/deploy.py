@@ -147,7 +147,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
               "top", "fmt", "window", "metrics", "no_pipeline", "check", "rtol", "gpu_fallback",
               "timeout", "recover")
     only_with("--recover", recover, "front")
-    only_with("--task detect", task == "detect", "conf", "iou", "max_det", "annotate")
+    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
+    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     streaming = run_job and is_a_stream(plan, given, no_pipeline)
@@ -164,7 +165,7 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
 
         from ..backend.session.results import Reading
 
-        reading = Reading.of(plan, task, labels, top, conf, iou, max_det)
+        reading = Reading.of(plan, task, labels, top, conf, iou, max_det, preprocess)
         return run_stream(output, plan, given, frames, None, preprocess, reading, fmt,
                           window, check, rtol, gpu_fallback, open_session=opener,
                           annotate=annotate, metrics=metrics)

@@ -1,4 +1,5 @@
-"""``--annotate PATH``: a detector's frames with their boxes drawn, for people to look at.
+"""``--annotate PATH``: a detector's frames with their boxes drawn (a segmenter's with its mask
+laid over them), for people to look at.
 
 PATH is a video when it ends like one (``.mp4``, ``.mkv``, ...: every frame in order, at the
 source video's rate, H.264 where PyAV's FFmpeg has it, else MPEG-4), else a folder with a
@@ -15,44 +16,62 @@ from .video import VIDEO_SUFFIXES
 INK = (255, 64, 0)
 
 
-def draw(picture, detections: list[dict]):
-    """``picture`` (a PIL image, or a path) as RGB with each detection's box and name on it."""
+def draw(picture, read, labels: list[str] | None = None):
+    """``picture`` (a PIL image, or a path) as RGB with a task's reading of it drawn: each
+    detection's box and name (:class:`~.detect.Detection`), or a mask's classes in their
+    palette colours, half covering the picture (:class:`~.segment.Mask`; class 0, the
+    background, left clear)."""
     from PIL import Image, ImageDraw
+
+    from .segment import Mask
 
     image = picture.convert("RGB") if isinstance(picture, Image.Image) else \
         Image.open(picture).convert("RGB")
+    if isinstance(read, Mask):
+        colours = read.picture().convert("RGB")
+        if colours.size != image.size:
+            colours = colours.resize(image.size, Image.NEAREST)
+        seen = Image.fromarray(((read.classes != 0) * 128).astype("uint8"), "L")
+        image.paste(colours, (0, 0), seen.resize(image.size, Image.NEAREST))
+        return image
     pen = ImageDraw.Draw(image)
-    for d in detections:
-        pen.rectangle(d["box"], outline=INK, width=2)
-        pen.text((d["box"][0] + 3, d["box"][1] + 2),
-                 f"{d.get('label', d['class'])} {d['score']:.2f}", fill=INK)
+    for d in read:
+        pen.rectangle(d.box, outline=INK, width=2)
+        name = labels[d.cls] if labels and 0 <= d.cls < len(labels) else d.cls
+        pen.text((d.box[0] + 3, d.box[1] + 2), f"{name} {d.score:.2f}", fill=INK)
     return image
+
+
+def picture_name(index: int, label: str) -> str:
+    """A frame's file name without suffix: its source's (an image's stem), or its index for
+    a video's or a batch's frames."""
+    return Path(label).stem if not label.isdigit() else f"{index:06d}"
 
 
 class Annotator:
     """Frames with their boxes drawn, into a video or a folder (see the module docstring)."""
 
-    def __init__(self, path: str | Path, rate: float = 25.0):
-        self.path, self.rate = Path(path), rate
+    def __init__(self, path: str | Path, rate: float = 25.0, labels: list[str] | None = None):
+        self.path, self.rate, self.labels = Path(path), rate, labels
         self.video = self.path.suffix.lower() in VIDEO_SUFFIXES
         self._out = self._stream = None
         if not self.video:
             self.path.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
-    def of(path: str | Path, source) -> Annotator:
+    def of(path: str | Path, source, labels: list[str] | None = None) -> Annotator:
         """The annotator for frames of ``source``: a video keeps the source video's rate
-        (pictures: 25 frames/s)."""
+        (pictures: 25 frames/s); boxes are named by ``labels`` when given."""
         from .video import frame_rate, is_video
 
         return Annotator(path, (frame_rate(str(source)) if is_video(str(source)) else None)
-                         or 25.0)
+                         or 25.0, labels)
 
-    def add(self, index: int, label: str, picture, detections: list[dict]) -> None:
-        image = draw(picture, detections)
+    def add(self, index: int, label: str, picture, read) -> None:
+        """Frame ``index`` (named ``label``), its ``picture`` with the task's ``read`` drawn."""
+        image = draw(picture, read, self.labels)
         if not self.video:
-            name = Path(label).stem if not label.isdigit() else f"{index:06d}"
-            image.save(self.path / f"{name}.jpg", quality=90)
+            image.save(self.path / f"{picture_name(index, label)}.jpg", quality=90)
             return
         import av
 

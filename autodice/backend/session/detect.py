@@ -57,9 +57,12 @@ class Letterbox:
         return out
 
 
-def letterbox(image, shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, Letterbox]:
+def letterbox(image, shape: tuple[int, ...], dtype=np.float32,
+              recipe=None) -> tuple[np.ndarray, Letterbox]:
     """``image`` (a path or a PIL image) as a frame of ``shape`` (1, 3, H, W) by Ultralytics'
-    recipe, and the letterbox to map boxes back."""
+    recipe, and the letterbox to map boxes back. ``recipe``: an
+    :class:`~.frames.ImageRecipe` whose scale, channel order, mean and std the letterboxed
+    picture is normalised by instead (a segmenter's), its resize aside."""
     from PIL import Image
 
     if len(shape) != 4 or shape[:2] != (1, 3):
@@ -71,6 +74,8 @@ def letterbox(image, shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarr
     canvas = Image.new("RGB", (w, h), (PAD, PAD, PAD))
     canvas.paste(img.convert("RGB").resize(new, Image.BILINEAR), (int(box.pad[0]),
                                                                   int(box.pad[1])))
+    if recipe is not None:
+        return recipe.normalised(np.asarray(canvas, np.float32), dtype), box
     frame = np.empty((1, 3, h, w), dtype)  # in one pass: float64 steps between took 4x as long
     np.divide(np.asarray(canvas).transpose(2, 0, 1), np.float32(255), out=frame[0],
               casting="unsafe")
@@ -111,7 +116,10 @@ class Detect:
         if bad:
             raise AutodiceError(*bad)
 
-    def boxes(self, output: np.ndarray, box: Letterbox | None) -> list[Detection]:
+    recipe = None  # pictures are letterboxed as Ultralytics does: RGB / 255, no mean or std
+
+    def read(self, output: np.ndarray, box: Letterbox | None) -> list[Detection]:
+        """One frame's boxes, by its first output (see :func:`detect`)."""
         return detect(output, self.conf, self.iou, self.max_det, box)
 
 

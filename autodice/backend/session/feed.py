@@ -1,6 +1,6 @@
 """What goes into a session and what comes out: the caller's numbers checked up front, the
 feeder thread that turns the caller's frames into sends, a slot of the window at a time, and a
-detector's results read as boxes."""
+detector's or segmenter's results read as boxes or masks."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class Sent:
     index: int  # in the caller's map
     parts: list[memoryview]
     at: float  # perf_counter when first sent: a replayed frame's latency includes the recovery
-    box: object = None  # how a detector's frame was letterboxed (its boxes are mapped back)
+    box: object = None  # how a picture was letterboxed (its boxes or mask are mapped back)
 
 
 def feed(frames: Iterable, make: Callable[[object, int], tuple[list[memoryview], object]],
@@ -111,15 +111,16 @@ def replay(again: list[Sent], send: Callable[[list[memoryview]], None],
         resume()
 
 
-def frame_parts(frame, index: int, inputs, recipe, detect) -> tuple[list[memoryview], object]:
-    """A frame of the caller's as its parts on the wire, and for a detector (``detect``) the
-    letterbox a picture was made with (None for an array: its boxes stay in input pixels)."""
+def frame_parts(frame, index: int, inputs, recipe, task) -> tuple[list[memoryview], object]:
+    """A frame of the caller's as its parts on the wire, and with a ``task`` (a detector's or
+    a segmenter's) the letterbox a picture was made with (None for an array: its result stays
+    in input pixels)."""
     box = None
-    if detect is not None:
-        frame, box = letterboxed(frame, index, inputs)
+    if task is not None:
+        frame, box = letterboxed(frame, index, inputs, task.recipe)
     return encode(inputs, image_frame(frame, index, inputs, recipe), index), box
 
 
-def boxes_of(result, outputs, detect, box) -> list:
-    """A detector's result as its boxes (:class:`~.detect.Detection`), by the first output."""
-    return detect.boxes(result if not isinstance(result, dict) else result[outputs[0].name], box)
+def read_result(result, outputs, task, box):
+    """A task's reading of a result (boxes, a mask), by the first output."""
+    return task.read(result if not isinstance(result, dict) else result[outputs[0].name], box)

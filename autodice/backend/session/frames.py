@@ -125,7 +125,13 @@ class ImageRecipe:
             img = img.resize((w, h), Image.BILINEAR,
                              box=(left / kx, top / ky, (left + w) / kx, (top + h) / ky))
             a = np.asarray(img, dtype=np.float32)
-        a = a.reshape(h, w, channels) / self.scale
+        return self.normalised(a.reshape(h, w, channels), dtype)
+
+    def normalised(self, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """Pixels ``a`` (H, W, C as decoded) as a frame: scaled, channels reordered, mean and
+        std applied, laid out as ``layout`` with a batch axis of 1."""
+        channels = a.shape[2]
+        a = a / self.scale
         if self.bgr and channels > 1:  # BGR, BGRA
             a = a[..., [2, 1, 0, 3][:channels]]
         a = (a - np.array(self.mean[:channels], np.float32)) / np.array(self.std[:channels],
@@ -143,8 +149,10 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
     video (a file, a stream URL, a camera: :mod:`.video`), or ``-`` for frames of ``shape`` and
     ``dtype`` as raw bytes on stdin, one after another. ``recipe`` (``--preprocess``) is for
     images: with any other source it is an error, not a recipe silently left unused.
-    ``letterboxed``: images and video frames are made by Ultralytics' letterbox instead
-    (``--task detect``), and each is ``(label, frame, Letterbox, the picture)``.
+    ``letterboxed``: images and video frames are letterboxed instead (``--task detect`` and
+    ``segment``: the whole picture scaled to fit, padded), normalised by ``recipe`` (its resize
+    aside) or, without one, as Ultralytics does, and each is ``(label, frame, Letterbox, the
+    picture)``.
 
     Raises:
         AutodiceError: a source that does not exist, a ``.npy`` of no use for this input, a
@@ -156,16 +164,14 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
     path = Path(source)
     pictures = source != "-" and (path.is_dir() or is_image(path) or is_video(source))
     if letterboxed and not pictures:
-        raise AutodiceError(f"--task detect: {'stdin' if source == '-' else path} holds no "
-                            "images or video; its frames are fed as they are, so no box can be "
-                            "mapped back to a picture")
-    if letterboxed and (recipe is not None or len(shape) != 4 or tuple(shape[:2]) != (1, 3)):
-        why = (", not by --preprocess" if recipe is not None
-               else f"; this one is {'x'.join(map(str, shape))}")
-        raise AutodiceError("--task detect: frames are letterboxed as Ultralytics does it, "
-                            f"into a 1x3xHxW input{why}")
+        raise AutodiceError(f"--task: {'stdin' if source == '-' else path} holds no images or "
+                            "video; its frames are fed as they are, so no result can be mapped "
+                            "back to a picture")
+    if letterboxed and (len(shape) != 4 or tuple(shape[:2]) != (1, 3)):
+        raise AutodiceError("--task: frames are letterboxed into a 1x3xHxW input; this one is "
+                            f"{'x'.join(map(str, shape))}")
     if is_video(source):
-        return video_frames(source, _maker(shape, dtype, recipe or ImageRecipe(), letterboxed))
+        return video_frames(source, _maker(shape, dtype, recipe, letterboxed))
     if source == "-" or not (path.is_dir() or is_image(path)):  # frames as they are
         if recipe is not None:
             raise AutodiceError(f"--preprocess: {'stdin' if source == '-' else path} holds no "
@@ -182,10 +188,10 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
         images = [path]
     else:
         raise AutodiceError(f"{path}: no such image")
-    recipe = recipe or ImageRecipe()
-    channels = (shape[1] if recipe.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
+    given = recipe or ImageRecipe()
+    channels = (shape[1] if given.layout == "nchw" else shape[3]) if len(shape) == 4 else 0
     for key in ("mean", "std"):  # an input that is no image: each frame says so
-        values = getattr(recipe, key)
+        values = getattr(given, key)
         if channels and len(values) not in (1, channels):
             raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
                                 f"one value, or one per channel of the input ({channels})")
@@ -254,13 +260,14 @@ def _load_batch(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
                         f"(N, ...) of frames of {'x'.join(map(str, shape))}")
 
 
-def _maker(shape, dtype, recipe: ImageRecipe, letterboxed: bool):
+def _maker(shape, dtype, recipe: ImageRecipe | None, letterboxed: bool):
     """What a picture (a path or a PIL image) becomes after its label: ``(frame,)``, or
-    ``(frame, Letterbox)`` for a detector's frames."""
-    if letterboxed:  # the picture too: its boxes may be drawn on it (--annotate)
+    ``(frame, Letterbox, picture)`` letterboxed (normalised by ``recipe`` when given)."""
+    if letterboxed:  # the picture too: its results may be drawn on it (--annotate)
         from .detect import letterbox
 
-        return lambda picture: (*letterbox(picture, shape, dtype), picture)
+        return lambda picture: (*letterbox(picture, shape, dtype, recipe), picture)
+    recipe = recipe or ImageRecipe()
     return lambda picture: (recipe.apply(picture, shape, dtype),)
 
 
@@ -288,10 +295,11 @@ def image_frame(item, index: int, inputs, recipe: ImageRecipe):
                           lambda picture, t: recipe.apply(picture, t.shape, t.dtype))
 
 
-def letterboxed(item, index: int, inputs):
-    """``item`` of a detector session's stream: a picture (a path or a PIL image) letterboxed
-    for the model's one input, with its :class:`~.detect.Letterbox`; anything else as it is
-    (its boxes stay in the input's pixels).
+def letterboxed(item, index: int, inputs, recipe: ImageRecipe | None = None):
+    """``item`` of a detector's or segmenter's session's stream: a picture (a path or a PIL
+    image) letterboxed for the model's one input (normalised by ``recipe``, else as Ultralytics
+    does), with its :class:`~.detect.Letterbox`; anything else as it is (its result stays in
+    the input's pixels).
 
     Raises:
         FrameError: the image cannot be read, or the model's input is no image's.
@@ -299,7 +307,7 @@ def letterboxed(item, index: int, inputs):
     from .detect import letterbox
 
     return _picture_frame(item, index, inputs, (item, None),
-                          lambda picture, t: letterbox(picture, t.shape, t.dtype))
+                          lambda picture, t: letterbox(picture, t.shape, t.dtype, recipe))
 
 
 def _picture_frame(item, index: int, inputs, otherwise, make):

@@ -4,9 +4,11 @@ results into one folder.
 The results folder gets one stacked ``<output>.npy`` per model output (``(N, ...)``, frame i at
 index i; a frame that failed is left zero), ``frames.json`` (each frame's label: the image's file
 name, the video's or the batch's index, its error if it had one, and what the :class:`Reading`
-makes of it: with class names its top-k classes, with ``--task detect`` its boxes), for a
-detector ``detections.jsonl`` (one line a frame, written as frames come) and ``stats.json`` (the
-session's figures: frames/s, latency percentiles, each rank's share).
+makes of it: with class names its top-k classes, with ``--task detect`` its boxes, with
+``--task segment`` its mask's file and each class's share), for a detector ``detections.jsonl``
+(one line a frame, written as frames come), for a segmenter ``masks/<frame>.png`` (palette PNGs
+in the source's pixels) and ``stats.json`` (the session's figures: frames/s, latency
+percentiles, each rank's share).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -25,9 +28,11 @@ import numpy as np
 from ...core.errors import AutodiceError, read_text
 from ...core.outdir import tensor_files
 from ...core.plan import Plan
-from .annotate import Annotator
+from .annotate import Annotator, picture_name
 from .detect import CONF, IOU, MAX_DET, Detect, Letterbox, layout
+from .frames import ImageRecipe
 from .gateway import FrameError
+from .segment import Segment, classes_of, write_mask
 from .session import Session
 
 
@@ -47,58 +52,80 @@ class StreamResult:
 @dataclass(frozen=True)
 class Reading:
     """What a stream makes of each frame's result beside its arrays, by the first model
-    output: its ``top`` classes by ``labels`` (a classifier), or its boxes (``detect``: frames
-    letterboxed, boxes in the source's pixels, labelled by ``labels`` when given)."""
+    output: its ``top`` classes by ``labels`` (a classifier); with a ``task``, pictures
+    letterboxed and the result read in the source's pixels: boxes (:class:`~.detect.Detect`)
+    or a mask (:class:`~.segment.Segment`), classes named by ``labels`` when given."""
 
     labels: list[str] | None = None
     top: int = 5
-    detect: Detect | None = None
+    task: Detect | Segment | None = None
 
     @staticmethod
     def of(plan: Plan, task: str | None = None, labels: str | Path | None = None, top: int = 5,
-           conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET) -> Reading:
+           conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET,
+           preprocess: str | None = None) -> Reading:
         """The reading a run asks for (``--task``, ``--labels``, ...), the labels file read.
 
         Raises:
             AutodiceError: before any job starts: an unknown task, settings out of range, a
-                labels file that does not fit, an output of no detector for ``detect``.
+                labels file that does not fit, an output of no detector (segmenter) for
+                ``detect`` (``segment``), ``--preprocess`` for a detector's frames.
         """
-        if task not in (None, "classify", "detect"):
-            raise AutodiceError(f"task {task!r}: classify or detect")
+        if task not in (None, "classify", "detect", "segment"):
+            raise AutodiceError(f"task {task!r}: classify, detect or segment")
         if task == "classify" and not labels:
             raise AutodiceError("--task classify: give the class names (--labels FILE)")
-        detect = Detect(conf, iou, max_det) if task == "detect" else None
-        if detect is not None:
-            detect.check()
+        reader: Detect | Segment | None = None
+        if task == "detect":
+            if preprocess:
+                raise AutodiceError("--task detect: frames are letterboxed as Ultralytics does "
+                                    "it, not by --preprocess")
+            reader = Detect(conf, iou, max_det)
+            reader.check()
             layout(plan.model_outputs[0].shape)
-        names = read_labels(labels, plan, detect=detect is not None) if labels else None
-        return Reading(names, top, detect)
+        elif task == "segment":
+            classes_of(plan.model_outputs[0].shape)
+            shape = plan.model_inputs[0].shape
+            if len(shape) != 4 or tuple(shape[:2]) != (1, 3):
+                raise AutodiceError("--task segment: frames are letterboxed into a 1x3xHxW "
+                                    f"input; this one is {'x'.join(map(str, shape))}")
+            reader = Segment((shape[2], shape[3]), ImageRecipe.parse(preprocess))
+        names = read_labels(labels, plan, task=task) if labels else None
+        return Reading(names, top, reader)
 
-    def record(self, scores: np.ndarray, box: Letterbox | None) -> dict:
-        """The reading's part of a frame's record (``scores``: the first output)."""
-        if self.detect is not None:
-            return {"detections": [d.as_json(self.labels)
-                                   for d in self.detect.boxes(scores, box)]}
+    def read(self, scores: np.ndarray, box: Letterbox | None):
+        """The task's reading of a frame's first output: its boxes, its mask, or None."""
+        return self.task.read(scores, box) if self.task is not None else None
+
+    def record(self, scores: np.ndarray, read) -> dict:
+        """The reading's part of a frame's record (``read``: :meth:`read`'s)."""
+        if isinstance(self.task, Detect):
+            return {"detections": [d.as_json(self.labels) for d in read]}
+        if isinstance(self.task, Segment):
+            return {"shares": read.as_json(self.labels)}
         if self.labels is not None:
             return {"classes": classes(scores, self.labels, self.top)}
         return {}
 
 
-def read_labels(path: str | Path, plan: Plan | None = None, detect: bool = False) -> list[str]:
+def read_labels(path: str | Path, plan: Plan | None = None,
+                task: str | None = None) -> list[str]:
     """One class name per line (ImageNet's synset files work as they are); with ``plan``,
-    checked to name each score of the model's first output (each class of a detector's, with
-    ``detect``), before any job starts.
+    checked to name each score of the model's first output (each class of a detector's or a
+    segmenter's, with ``task``), before any job starts.
 
     Raises:
         AutodiceError: the file cannot be read, is not UTF-8 text, or has another number of
             labels than the output has scores (classes).
     """
     names = [ln.strip() for ln in read_text(path).splitlines()]
-    if plan is not None and detect:
+    if plan is not None and task in ("detect", "segment"):
         shape = plan.model_outputs[0].shape
-        n = shape[1] - 4 if layout(shape) == "yolo" else None
+        n = ((shape[1] - 4 if layout(shape) == "yolo" else None) if task == "detect"
+             else classes_of(shape))
         if n is not None and len(names) != n:
-            raise AutodiceError(f"{path}: {len(names)} labels, but the detector's output "
+            kind = "detector" if task == "detect" else "segmenter"
+            raise AutodiceError(f"{path}: {len(names)} labels, but the {kind}'s output "
                                 f'"{plan.model_outputs[0].name}" has {n} classes')
     elif plan is not None:
         scores = math.prod(plan.model_outputs[0].shape)
@@ -185,17 +212,17 @@ class Stacks:
 
 def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
                   preprocess: str | None = None,
-                  letterboxed: bool = False) -> tuple[int | None, Iterable]:
+                  task: Detect | Segment | None = None) -> tuple[int | None, Iterable]:
     """(how many frames, if known; the ``(label, frame)`` pairs) of ``source`` (a folder of
     images, an image, a video, a batch ``.npy``, ``-`` for stdin) for the model's one input, at
-    most ``frames`` of them; ``letterboxed``: ``(label, frame, Letterbox, picture)``, for a
-    detector.
+    most ``frames`` of them; with a ``task`` (a :class:`Reading`'s), pictures letterboxed as it
+    asks: ``(label, frame, Letterbox, picture)``.
 
     Raises:
         AutodiceError: a model of several inputs, a bad count or recipe, an unusable source.
     """
     from .feed import check_count
-    from .frames import ImageRecipe, frames_from
+    from .frames import frames_from
 
     if frames is not None:
         check_count("frames", frames, "frame")
@@ -203,9 +230,9 @@ def source_frames(plan: Plan, source: str | Path, frames: int | None = None,
         raise AutodiceError("a stream feeds a model with one input; this one has "
                             f"{', '.join(t.name for t in plan.model_inputs)}")
     t = plan.model_inputs[0]
-    count, pairs = frames_from(str(source), t.shape, t.dtype,
-                               ImageRecipe.parse(preprocess) if preprocess else None,
-                               letterboxed)
+    recipe = (task.recipe if task is not None else
+              ImageRecipe.parse(preprocess) if preprocess else None)
+    count, pairs = frames_from(str(source), t.shape, t.dtype, recipe, task is not None)
     if frames is not None:
         count = min(count, frames) if count is not None else frames
         pairs = _First(pairs, frames)
@@ -255,7 +282,11 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
     """
     stacks = Stacks(results, session.outputs, tensor_files(plan), count)
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
-    boxes = _Lines(results / "detections.jsonl") if reading.detect is not None else None
+    boxes = _Lines(results / "detections.jsonl") if isinstance(reading.task, Detect) else None
+    masks = results / "masks" if isinstance(reading.task, Segment) else None
+    if masks is not None:
+        shutil.rmtree(masks, ignore_errors=True)  # an earlier run's
+        masks.mkdir(parents=True)
     labels: list[str] = []
     letterboxes: list[Letterbox | None] = []
     pictures: dict[int, object] = {}  # the frames in flight's, until their boxes are drawn
@@ -285,12 +316,17 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
             else:
                 arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
                 stacks.put(i, arrays)
-                record.update(reading.record(arrays[session.outputs[0].name], letterboxes[i]))
+                first = arrays[session.outputs[0].name]
+                read = reading.read(first, letterboxes[i])
+                record.update(reading.record(first, read))
                 if boxes is not None:
                     boxes.add({"frame": i, "source": labels[i],
                                "detections": record["detections"]})
+                if masks is not None:
+                    record["mask"] = str(write_mask(masks, picture_name(i, labels[i]), read)
+                                         .relative_to(results))
                 if i in pictures:
-                    annotate.add(i, labels[i], pictures[i], record["detections"])
+                    annotate.add(i, labels[i], pictures[i], read)
                 if whole is not None:
                     _check(out.worst, whole, {name_in: np.asarray(frame).reshape(
                         session.inputs[0].shape)}, arrays)

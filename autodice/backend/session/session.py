@@ -33,12 +33,13 @@ from ...core.errors import AutodiceError, JobError
 from ...core.plan import Plan
 from ...core.stops import stops_held
 from .detect import Detect
-from .feed import Sent, boxes_of, check_window, feed, frame_parts, replay
+from .feed import Sent, check_window, feed, frame_parts, read_result, replay
 from .figures import Figures
 from .frames import ImageRecipe
 from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor
 from .job import Job, Recovery, Restart, SessionError, session_folder
 from .metrics import Metrics
+from .segment import Segment
 
 
 class Session:
@@ -76,7 +77,7 @@ class Session:
         self._ids = self._jobs = 0  # frames sent (each its id), jobs started
         self._frames_via = "socket"
         self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
-        self.detect: Detect | None = None  # set: pictures letterboxed, results are boxes
+        self.task: Detect | Segment | None = None  # set: pictures letterboxed, results read
         try:
             self._gw = self._start(start, plan)
         except BaseException:
@@ -175,11 +176,11 @@ class Session:
                 self._lock.release()
 
     def _make(self, frame, index: int):
-        return frame_parts(frame, index, self.inputs, self.preprocess, self.detect)
+        return frame_parts(frame, index, self.inputs, self.preprocess, self.task)
 
     def _read(self, sent: Sent, result):
-        return result if self.detect is None else boxes_of(result, self.outputs, self.detect,
-                                                           sent.box)
+        return result if self.task is None else read_result(result, self.outputs, self.task,
+                                                            sent.box)
 
     def _post(self, index: int, parts: list[memoryview], box=None) -> Sent:
         """Check a frame, keep it until its result is read, and send it to the gateway (once no
