@@ -22,6 +22,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -257,3 +258,41 @@ def test_an_image_past_the_pixel_limit_is_refused_before_it_is_decoded(tmp_path)
     (tmp_path / "huge.png").write_bytes(png(20000, 6000, b"\0"))  # claims 120 Mpx, holds none
     with pytest.raises(ValueError, match="20000x6000 pixels, past the 100 million"):
         ImageRecipe().apply(tmp_path / "huge.png", (1, 3, 224, 224), np.float32)
+
+
+class _CountedThenStopped:
+    """A session that counts a frame as handed over and is stopped before the stream takes it:
+    the gap a signal can fall into between the session's count and the stream's record."""
+
+    inputs = outputs = [SimpleNamespace(name="y", shape=(1, 2), dtype=np.float32)]
+
+    def __init__(self, stop_at: int):
+        self.stop_at, self.counted = stop_at, 0
+
+    def map(self, frames):
+        for i, _ in enumerate(frames):
+            self.counted += 1
+            if i == self.stop_at:
+                raise KeyboardInterrupt  # after the count, before the yield
+            yield np.full((1, 2), i, np.float32)
+
+    def note_dropped(self, dropped):
+        pass
+
+    def close(self):
+        pass
+
+    def stats(self):
+        return {"frames": self.counted}
+
+
+def test_stats_speak_of_the_frames_written_when_a_stop_falls_after_the_count(tmp_path):
+    from autodice.backend.session.results import finish, stream
+
+    plan = SimpleNamespace(model_inputs=[], model_outputs=_CountedThenStopped.outputs)
+    session = _CountedThenStopped(stop_at=3)
+    frames = ((str(i), np.zeros((1, 2), np.float32)) for i in range(10))
+    res = finish(session, stream(session, plan, frames, None, tmp_path))
+    assert res.interrupted == "SIGINT" and res.delivered == 3 and session.counted == 4
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["frames"] == 3 == len(np.load(tmp_path / "y.npy"))

@@ -387,5 +387,9 @@ def finish(session: Session, res: StreamResult) -> StreamResult:
         res.stats["frames_dropped"] = res.dropped
     if res.interrupted:
         res.stats["interrupted"] = res.interrupted
+        # The session counts a frame as it hands it over; a stop that came after that and
+        # before the stream wrote it leaves one frame counted that no results file holds.
+        # stats.json speaks of the results beside it.
+        res.stats["frames"] = res.delivered
     write_json(res.results / "stats.json", res.stats)
     return res
