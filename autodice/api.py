@@ -91,7 +91,8 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
     session (at most ``frames``), each image made a frame by ``preprocess``, each frame's
     ``top`` classes by ``labels`` in ``frames.json``; ``task="detect"``: frames letterboxed and
     each frame's boxes (``conf``, ``iou``, ``max_det``) in ``detections.jsonl`` and the
-    result's ``records``, drawn into ``annotate`` (a video by its suffix, else a folder);
+    result's ``records``, drawn into ``annotate`` (a video by its suffix, else a folder; the
+    task when none is given, for pictures through a YOLO head: ``task="none"`` says no);
     ``task="segment"``: frames letterboxed (normalised by ``preprocess``, ImageNet's by
     default) and each frame's mask in ``masks/<frame>.png``, laid over it in ``annotate``.
     Returns the run's result, or the stream's (``errors`` for the frames that failed).
@@ -112,12 +113,14 @@ def run(out, inputs: Mapping[str, str | Path] | str | Path, frames: int | None =
 def _run_source(out, source, frames, preprocess, gpu_fallback, reading_args, annotate):
     from .backend.run import open_session
     from .backend.session.annotate import Annotator
-    from .backend.session.results import Reading, finish, source_frames, stream
+    from .backend.session.results import Reading, finish, inferred_task, source_frames, stream
     from .core.outdir import claim
     from .core.plan import load_plan
 
     plan = load_plan(out)
-    reading = Reading.of(plan, *reading_args, preprocess=preprocess)
+    task, *rest = reading_args
+    reading = Reading.of(plan, task or inferred_task(plan, source), *rest,
+                         preprocess=preprocess)
     count, pairs = source_frames(plan, source, frames, preprocess, reading.task)
     claim(Path(out), "results/")
     results = Path(out) / "results"

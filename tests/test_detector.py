@@ -219,3 +219,39 @@ def test_a_stream_url_is_read_live_and_what_the_pipeline_cannot_take_is_dropped(
     assert res.stats["frames_dropped"] == 40 - len(taken)
     lines = (detector / "out" / "results" / "detections.jsonl").read_text().splitlines()
     assert [json.loads(ln)["source"] for ln in lines] == [str(i) for i in taken]
+
+
+def test_pictures_through_a_yolo_head_are_read_as_boxes_without_being_told(detector, tmp_path):
+    """No --task: a video through an output that can only be a YOLO head's is read as boxes,
+    and the run says so; --task none keeps the outputs alone."""
+    moving_shapes(tmp_path / "clip.mp4", frames=3)
+    run = ["run", str(detector / "out"), "--input", str(tmp_path / "clip.mp4"), "--conf", "0.3"]
+    said = CliRunner().invoke(main, [*run, "--results", str(tmp_path / "r")])
+    assert said.exit_code == 0, said.output
+    assert f"--task detect: output0 is 1x{4 + CLASSES}x84, a YOLO head's output" in said.stderr
+    assert len((tmp_path / "r" / "detections.jsonl").read_text().splitlines()) == 3
+    plain = CliRunner().invoke(main, [*run[:-2], "--task", "none", "--results",
+                                      str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    assert not (tmp_path / "plain" / "detections.jsonl").exists()
+    assert "--task detect" not in plain.stderr
+
+
+@pytest.mark.parametrize("inputs, output, source, task", [
+    ((1, 3, 640, 640), (1, 84, 8400), "clip.mp4", "detect"),  # YOLOv8n/YOLO11n at 640
+    ((1, 3, 320, 320), (1, 300, 6), "photos", "detect"),  # YOLO26n's end-to-end head
+    ((1, 3, 640, 640), (1, 84, 8400), "batch.npy", None),  # frames as they are: no letterbox
+    ((1, 3, 224, 224), (1, 197, 768), "photos", None),  # a ViT's tokens are no boxes
+    ((1, 3, 640, 640), (1, 84, 2100), "photos", None),  # anchors of another input size
+    ((1, 3, 520, 520), (1, 21, 520, 520), "photos", None),  # a segmenter's: also an image's
+])
+def test_a_task_is_inferred_only_where_the_output_leaves_no_doubt(tmp_path, inputs, output,
+                                                                  source, task):
+    from types import SimpleNamespace
+
+    from autodice.backend.session.results import inferred_task
+
+    (tmp_path / "photos").mkdir()
+    plan = SimpleNamespace(model_inputs=[SimpleNamespace(shape=inputs)],
+                           model_outputs=[SimpleNamespace(shape=output)])
+    assert inferred_task(plan, tmp_path / source) == task

@@ -212,13 +212,14 @@ def stream_options(command):
                          help="Images: resize (shorter side over the input's, default 1.143), "
                               "mean and std (a/b/c; default ImageNet's), scale (255), layout "
                               "(nchw|nhwc), bgr (0|1)."),
-            click.option("--task", type=click.Choice(["classify", "detect", "segment"]),
+            click.option("--task", type=click.Choice(["classify", "detect", "segment", "none"]),
                          default=None,
                          help="detect: a YOLO head's output as boxes in the source's pixels "
                               "(frames letterboxed as Ultralytics does; detections.jsonl). "
                               "segment: each pixel's class, in the source's pixels (frames "
-                              "letterboxed, normalised by --preprocess; masks/*.png). "
-                              "[default: classify with --labels, else the outputs alone]"),
+                              "letterboxed, normalised by --preprocess; masks/*.png). none: "
+                              "the outputs alone. [default: detect for pictures through a "
+                              "YOLO head, else classify with --labels, else none]"),
             click.option("--conf", type=float, default=0.25, show_default=True,
                          help="detect: the least score a box keeps."),
             click.option("--iou", type=float, default=0.7, show_default=True,

@@ -68,11 +68,13 @@ def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, a
     """Run all ranks of OUTPUT on this machine under mpirun; write outputs and stats.json."""
     from ..core.plan import load_plan
 
-    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
-    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
-    if is_a_stream(plan, given, no_pipeline):
+    streaming = is_a_stream(plan, given, no_pipeline)
+    task = task_for(plan, given, task) if streaming else task
+    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
+    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
+    if streaming:
         from ..backend.session.results import Reading
 
         reading = Reading.of(plan, task, labels, top, conf, iou, max_det, preprocess)
@@ -83,6 +85,21 @@ def run(output, inputs, results, frames, preprocess, task, conf, iou, max_det, a
                        check, rtol, gpu_fallback)
     if names is not None:
         show_top_k(plan, given, res.outputs, names, top, fmt)
+
+
+def task_for(plan, given: dict, task: str | None) -> str | None:
+    """``--task`` as given or, when absent, the one a stream's outputs leave no doubt about
+    (:func:`~autodice.backend.session.results.inferred_task`), said on stderr."""
+    from ..backend.session.results import inferred_task
+
+    if task is not None or len(given) != 1:
+        return task
+    found = inferred_task(plan, next(iter(given.values())))
+    if found is not None:
+        t = plan.model_outputs[0]
+        console.print(f"--task {found}: {t.name} is {'x'.join(map(str, t.shape))}, a YOLO "
+                      "head's output (--task none: the outputs alone)", soft_wrap=True)
+    return found
 
 
 def is_a_stream(plan, given: dict, no_pipeline: bool) -> bool:

@@ -11,7 +11,7 @@ from ..core.plan import human_bytes
 from ..deploy.emulated.state import DEFAULT as DEFAULT_CLUSTER
 from .app import (INPUT_HELP, console, job_options, main, model_inputs, only_with, out, progress,
                   rate_line, report_run, stats_table, stream_options)
-from .backend import is_a_stream, one_frame_labels, run_stream, show_top_k
+from .backend import is_a_stream, one_frame_labels, run_stream, show_top_k, task_for
 
 
 @main.group()
@@ -147,11 +147,12 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
               "top", "fmt", "window", "metrics", "no_pipeline", "check", "rtol", "gpu_fallback",
               "timeout", "recover")
     only_with("--recover", recover, "front")
-    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
-    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
     plan = load_plan(output)
     given = model_inputs(plan, inputs)
     streaming = run_job and is_a_stream(plan, given, no_pipeline)
+    task = task_for(plan, given, task) if streaming else task
+    only_with("--task detect", task == "detect", "conf", "iou", "max_det")
+    only_with("--task detect or segment", task in ("detect", "segment"), "annotate")
     if recover and not streaming:
         raise AutodiceError("--recover and --front are for a stream: --run --input with a "
                             "folder of images, a batch .npy or -")

@@ -162,8 +162,7 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
     from .video import is_video, video_frames
 
     path = Path(source)
-    pictures = source != "-" and (path.is_dir() or is_image(path) or is_video(source))
-    if letterboxed and not pictures:
+    if letterboxed and not holds_pictures(source):
         raise AutodiceError(f"--task: {'stdin' if source == '-' else path} holds no images or "
                             "video; its frames are fed as they are, so no result can be mapped "
                             "back to a picture")
@@ -196,6 +195,15 @@ def frames_from(source: str, shape: tuple[int, ...], dtype: np.dtype,
             raise AutodiceError(f"--preprocess {key}={'/'.join(f'{v:g}' for v in values)}: "
                                 f"one value, or one per channel of the input ({channels})")
     return len(images), _image_frames(images, _maker(shape, dtype, recipe, letterboxed))
+
+
+def holds_pictures(source: str | Path) -> bool:
+    """Whether ``source`` is pictures (a folder of images, an image, a video), whose frames are
+    made here, rather than frames as they are (a ``.npy``, stdin)."""
+    from .video import is_video
+
+    path = Path(source)
+    return str(source) != "-" and (path.is_dir() or is_image(path) or is_video(str(source)))
 
 
 def is_image(path: Path) -> bool:

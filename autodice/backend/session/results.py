@@ -64,15 +64,16 @@ class Reading:
     def of(plan: Plan, task: str | None = None, labels: str | Path | None = None, top: int = 5,
            conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET,
            preprocess: str | None = None) -> Reading:
-        """The reading a run asks for (``--task``, ``--labels``, ...), the labels file read.
+        """The reading a run asks for (``--task``, ``--labels``, ...), the labels file read;
+        ``task="none"``: the outputs alone, as without a task.
 
         Raises:
             AutodiceError: before any job starts: an unknown task, settings out of range, a
                 labels file that does not fit, an output of no detector (segmenter) for
                 ``detect`` (``segment``), ``--preprocess`` for a detector's frames.
         """
-        if task not in (None, "classify", "detect", "segment"):
-            raise AutodiceError(f"task {task!r}: classify, detect or segment")
+        if task not in (None, "none", "classify", "detect", "segment"):
+            raise AutodiceError(f"task {task!r}: classify, detect, segment or none")
         if task == "classify" and not labels:
             raise AutodiceError("--task classify: give the class names (--labels FILE)")
         reader: Detect | Segment | None = None
@@ -106,6 +107,26 @@ class Reading:
         if self.labels is not None:
             return {"classes": classes(scores, self.labels, self.top)}
         return {}
+
+
+def inferred_task(plan: Plan, source: str | Path) -> str | None:
+    """The task a run without ``--task`` reads pictures with: ``detect`` when the first output
+    can only be a YOLO head's (``1x(4+classes)xN`` with N the anchors of strides 8, 16 and 32
+    over the input, or YOLO26's ``1x300x6``), else None. A ``1xSxD`` alone could be a
+    transformer's tokens, and a segmenter's ``1xCxHxW`` an image-to-image model's output: those
+    are not guessed."""
+    from .frames import holds_pictures
+
+    shape, given = tuple(plan.model_outputs[0].shape), tuple(plan.model_inputs[0].shape)
+    if not holds_pictures(source) or len(given) != 4 or len(shape) != 3:
+        return None
+    anchors = sum((given[2] // s) * (given[3] // s) for s in (8, 16, 32))
+    try:
+        kind = layout(shape)
+    except AutodiceError:
+        return None
+    return "detect" if (kind, shape[2 if kind == "yolo" else 1]) in (
+        ("yolo", anchors), ("end2end", MAX_DET)) else None
 
 
 def read_labels(path: str | Path, plan: Plan | None = None,
