@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +135,71 @@ def test_a_video_read_live_drops_what_a_slow_pipeline_cannot_take(tmp_path):
         time.sleep(0.05)  # a pipeline slower than the camera
     assert got == sorted(got) and size == (96, 80)
     assert frames.dropped > 0 and len(got) + frames.dropped == 30
+
+
+def _serve_twice(data: bytes) -> int:
+    """A TCP server on loopback that sends ``data`` to the first two clients, closing each
+    connection after it (the stream is lost), then stops listening (it does not come back)."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        with server:
+            for _ in range(2):
+                conn, _ = server.accept()
+                with conn:
+                    conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def test_a_lost_live_stream_is_reconnected_then_a_clear_error(tmp_path, monkeypatch, capfd):
+    """An MPEG-TS stream over TCP (loopback) that breaks: it is opened again after the first
+    wait and its frames go on, numbered on; when it breaks again and does not come back, each
+    attempt is said and the stream ends with one line naming the source."""
+    import av
+
+    from autodice.backend.session import video
+    from autodice.core.errors import JobError
+
+    with av.open(str(tmp_path / "clip.ts"), "w", format="mpegts") as out:
+        stream = out.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(10):
+            image = np.full((48, 64, 3), 20 * i, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    port = _serve_twice((tmp_path / "clip.ts").read_bytes())
+    monkeypatch.setattr(video, "RECONNECT_S", (0.05, 0.1))
+    source = f"tcp://127.0.0.1:{port}"
+    _, frames = video.video_frames(source, lambda picture: (picture.size,))
+    got = []
+    with pytest.raises(JobError) as e:
+        for label, size in frames:
+            got.append(int(label))
+            assert size == (64, 48)
+    assert got == sorted(set(got)) and max(got) >= 10  # frames of the second connection
+    assert e.value.problems[0].startswith(f"{source}: lost (") and e.value.problems[0].endswith(
+        "not back after 2 attempts over 0.15 s; the frames before it were delivered")
+    said = capfd.readouterr().err
+    assert f"{source}: lost at frame 10 (it ended); reconnecting in 0.05 s (attempt 1 of 2)" in said
+    assert f"{source}: back at frame 10" in said and "(attempt 2 of 2)" in said
+
+
+@pytest.mark.parametrize("spec, want", [
+    ("rtsp://cam.local:554/stream?channel=1&subtype=0", "rtsp://cam.local:554/stream?channel=1&subtype=0"),
+    ("images=rtsp://cam/x", "rtsp://cam/x"),
+    ("clip.mp4", Path("clip.mp4")),
+])
+def test_a_stream_url_reaches_the_reader_as_it_was_given(spec, want):
+    """``--input rtsp://...`` was made a Path (``rtsp:/...``) and then refused as no video."""
+    from types import SimpleNamespace
+
+    from autodice.cli.app import model_inputs
+
+    plan = SimpleNamespace(model_inputs=[SimpleNamespace(name="images")])
+    assert model_inputs(plan, [spec]) == {"images": want}

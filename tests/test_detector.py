@@ -255,3 +255,42 @@ def test_a_task_is_inferred_only_where_the_output_leaves_no_doubt(tmp_path, inpu
     plan = SimpleNamespace(model_inputs=[SimpleNamespace(shape=inputs)],
                            model_outputs=[SimpleNamespace(shape=output)])
     assert inferred_task(plan, tmp_path / source) == task
+
+
+def test_a_live_stream_that_is_lost_for_good_ends_the_run_keeping_what_came(detector, tmp_path,
+                                                                           monkeypatch):
+    """``run --input tcp://...`` whose server goes away: reconnect attempts on stderr, one
+    error line naming the source, exit 4, and detections.jsonl a line for each frame
+    delivered before."""
+    import av
+    from test_detections import _serve_twice
+
+    from autodice.backend.session import video
+
+    moving_shapes(tmp_path / "clip.mp4", frames=8)
+    with av.open(str(tmp_path / "clip.mp4")) as clip, \
+            av.open(str(tmp_path / "clip.ts"), "w", format="mpegts") as out:
+        stream = out.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = SOURCE[0], SOURCE[1], "yuv420p"
+        for frame in clip.decode(video=0):
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    monkeypatch.setattr(video, "RECONNECT_S", (0.05,))
+    source = f"tcp://127.0.0.1:{_serve_twice((tmp_path / 'clip.ts').read_bytes())}"
+    said = CliRunner().invoke(main, ["run", str(detector / "out"), "--input", source,
+                                     "--task", "detect", "--conf", "0.3", "--results",
+                                     str(tmp_path / "r")])
+    assert said.exit_code == 4, said.output
+    errors = [ln for ln in said.stderr.splitlines() if ln.startswith("error:")]
+    # Back once (the server's second connection), then refused: the last reason is named.
+    assert errors == [f"error: {source}: lost (cannot open it as a video (Connection refused)) "
+                      "and not back after 1 attempt over 0.05 s; the frames before it were "
+                      "delivered"]
+    assert said.stderr.count("reconnecting in 0.05 s (attempt 1 of 1)") == 2
+    assert f"{source}: back at frame" in said.stderr
+    lines = (tmp_path / "r" / "detections.jsonl").read_text().splitlines()
+    records = json.loads((tmp_path / "r" / "frames.json").read_text())
+    assert lines and len(lines) == len(records)
+    assert [json.loads(ln)["source"] for ln in lines] == [r["frame"] for r in records]

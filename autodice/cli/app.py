@@ -99,7 +99,7 @@ def text_table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]
 # Exit codes (docs/running.md, "Exit codes and signals"): besides 0, and 1 for a failed --check.
 EXIT_REFUSED = 2  # bad input or an unusable environment, said before anything ran
 EXIT_FRAMES_FAILED = 3  # a stream delivered what it could; some frames (or all) failed
-EXIT_JOB_FAILED = 4  # the job started and then failed (a rank died, a board was lost)
+EXIT_JOB_FAILED = 4  # the job started and then failed (a rank died, a board or a live source lost)
 
 
 class Main(click.Group):
@@ -289,23 +289,27 @@ def only_with(needed: str, present: bool, *params: str) -> None:
             raise AutodiceError(f"{option.opts[0]}: only with {needed}")
 
 
-def model_inputs(plan, specs) -> dict[str, Path]:
-    """``--input [NAME=]FILE.npy`` options as model input name -> file. A name is one of the
-    model's (names and paths may both hold "="); with one input, a path alone will do."""
+def model_inputs(plan, specs) -> dict[str, Path | str]:
+    """``--input [NAME=]FILE.npy`` options as model input name -> file, or a stream's URL as
+    it is (``rtsp://cam/x?channel=1``: a Path would make ``rtsp:/``). A name is one of the
+    model's (names and paths may both hold "="); with one input, a path or URL alone will do."""
+    from ..backend.session.video import URL_SCHEMES
+
     names = [t.name for t in plan.model_inputs]
     given = {}
     for spec in specs:
         name = max((n for n in names if spec.startswith(n + "=")), key=len, default=None)
         if name is not None:
             path = spec[len(name) + 1:]
-        elif len(names) == 1 and ("=" not in spec or Path(spec).exists()):
+        elif len(names) == 1 and ("=" not in spec or Path(spec).exists()
+                                  or spec.startswith(URL_SCHEMES)):
             name, path = names[0], spec
         else:
             raise AutodiceError(f'--input {spec}: name one of the model inputs '
                                 f'({", ".join(names)}) as NAME=FILE.npy')
         if name in given:
             raise AutodiceError(f'--input {spec}: input "{name}" is given twice')
-        given[name] = Path(path)
+        given[name] = path if path.startswith(URL_SCHEMES) else Path(path)
     return given
 
 

@@ -5,21 +5,30 @@ the pipeline pulls frames as fast as it takes them, and a frame the decoder cann
 :class:`~autodice.backend.session.gateway.FrameError` in its place (its index named) while the
 others go on. A file gives every frame, in order; a live source (a stream URL, a camera) the
 newest frame each time the pipeline takes one, the frames it could not take counted as dropped.
+A live source that is lost (a network stream that breaks or ends, a camera that goes away) is
+opened again after each of :data:`RECONNECT_S`, each attempt said on stderr; if it does not come
+back, the stream ends with a :class:`~autodice.core.errors.JobError` naming the source (what was
+delivered is kept).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ...core.errors import AutodiceError
+from ...core.errors import AutodiceError, JobError
 from .gateway import FrameError
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mkv", ".webm", ".avi", ".mov", ".ts", ".mpg", ".mpeg",
                   ".flv", ".y4m")
 URL_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://")
 OPEN_TIMEOUT_S = 10.0  # a stream that says nothing for this long is not there
+RECONNECT_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # waits before each reopening of a lost live source
+# Sources that never end on their own: their end is a loss. An HTTP URL may be a file that ends.
+_UNENDING = ("rtsp://", "rtsps://", "rtmp://", "udp://", "tcp://", "/dev/video")
 
 
 def is_video(source: str) -> bool:
@@ -73,10 +82,10 @@ def video_frames(source: str, make: Callable,
     source (``live``; by default a stream URL or a camera) is read as fast as it comes, and the
     pipeline takes the newest frame each time it takes one (:class:`Newest`)."""
     container, stream = open_video(source)
-    pictures = _pictures(container, stream, source)
     if is_live(source) if live is None else live:
-        return None, VideoFrames(Newest(pictures), source, make)
-    return (stream.frames or None), VideoFrames(pictures, source, make)
+        return None, VideoFrames(Newest(_reconnecting(container, stream, source)), source, make)
+    return (stream.frames or None), VideoFrames(_pictures(container, stream, source), source,
+                                                make)
 
 
 class VideoFrames:
@@ -144,12 +153,49 @@ class Newest:
             yield item
 
 
-def _pictures(container, stream, source: str) -> Iterator:
-    """``(index, PIL image)`` of each frame, ``(index, FrameError)`` for one FFmpeg cannot
-    decode (the rest go on)."""
+def _reconnecting(container, stream, source: str) -> Iterator:
+    """A live source's ``(index, picture)``, opened again with back-off when it is lost (see
+    the module docstring); indices go on across reconnections.
+
+    Raises:
+        JobError: the source did not come back after the last attempt.
+    """
     import av
 
-    i = 0
+    start = 0
+    while True:
+        lost = "it ended"
+        try:
+            for start, picture in _pictures(container, stream, source, start):
+                yield start, picture
+                start += 1
+        except (av.FFmpegError, OSError) as e:
+            lost = _why(e)
+        if not source.startswith(_UNENDING) and lost == "it ended":
+            return  # an HTTP file that ended: done
+        for attempt, wait in enumerate(RECONNECT_S, 1):
+            print(f"{source}: lost at frame {start} ({lost}); reconnecting in {wait:g} s "
+                  f"(attempt {attempt} of {len(RECONNECT_S)})", file=sys.stderr, flush=True)
+            time.sleep(wait)
+            try:
+                container, stream = open_video(source)
+                print(f"{source}: back at frame {start}", file=sys.stderr, flush=True)
+                break
+            except AutodiceError as e:
+                lost = e.problems[0].removeprefix(f"{source}: ")
+        else:
+            n = len(RECONNECT_S)
+            raise JobError(f"{source}: lost ({lost}) and not back after {n} attempt"
+                           f"{'s' if n != 1 else ''} over {sum(RECONNECT_S):g} s; the frames "
+                           "before it were delivered")
+
+
+def _pictures(container, stream, source: str, start: int = 0) -> Iterator:
+    """``(index, PIL image)`` of each frame, ``(index, FrameError)`` for one FFmpeg cannot
+    decode (the rest go on); indices from ``start``."""
+    import av
+
+    i = start
     try:
         for packet in container.demux(stream):
             try:
