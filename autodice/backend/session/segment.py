@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core.errors import AutodiceError
-from .detect import Letterbox
+from .detect import Detect, Letterbox
 from .frames import ImageRecipe
 
 MAX_CLASSES = 255  # a palette PNG has 256 entries
@@ -126,6 +126,9 @@ def to_source(classes: np.ndarray, box: Letterbox, input_hw: tuple[int, int]) ->
     region = (px * kx, py * ky, (px + w0 * box.scale) * kx, (py + h0 * box.scale) * ky)
     image = Image.fromarray(classes, "L").resize((w0, h0), Image.NEAREST, box=region)
     return np.asarray(image, dtype=np.uint8)
+
+
+Task = Detect | Segment  # what a session reads its results with (``Session.task``)
 
 
 def write_mask(folder: Path, name: str, mask: Mask) -> Path:

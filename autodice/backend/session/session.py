@@ -32,14 +32,13 @@ from collections.abc import Callable, Iterable, Iterator
 from ...core.errors import AutodiceError, JobError
 from ...core.plan import Plan
 from ...core.stops import stops_held
-from .detect import Detect
 from .feed import Sent, check_window, feed, frame_parts, read_result, replay
 from .figures import Figures
 from .frames import ImageRecipe
 from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor
 from .job import Job, Recovery, Restart, SessionError, session_folder
 from .metrics import Metrics
-from .segment import Segment
+from .segment import Task
 
 
 class Session:
@@ -77,7 +76,7 @@ class Session:
         self._ids = self._jobs = 0  # frames sent (each its id), jobs started
         self._frames_via = "socket"
         self.preprocess = ImageRecipe()  # how an image given as a frame becomes one
-        self.task: Detect | Segment | None = None  # set: pictures letterboxed, results read
+        self.task: Task | None = None  # set: pictures letterboxed, results read
         try:
             self._gw = self._start(start, plan)
         except BaseException:
