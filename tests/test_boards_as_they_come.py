@@ -164,7 +164,8 @@ def test_a_board_with_two_kinds_of_cores_says_which_are_which():
            "icd=lvp_icd.x86_64.json\ncpuinfo=processor\t: 0\n")
     text = survey.platform_text([survey.read("rk01", RK3588), survey.read("edge01", x86)])
     devices = parse_platform_text(text).devices
-    assert devices["rk01"] == Device("rk01", "arm", tuple(range(8)), mem=8 * 2**30)
+    assert devices["rk01"] == Device("rk01", "arm", tuple(range(8)), mem=8 * 2**30,
+                                     little=(0, 1, 2, 3))
     assert devices["edge01"] == Device("edge01", "x86", (0,), mem=30.5 * 2**30)  # rounded down
     assert "#   cores 4-7: Cortex-A76, 2.26 GHz max\n#   cores 0-3: Cortex-A55, 1.80 GHz max\n" \
         in text
@@ -172,6 +173,31 @@ def test_a_board_with_two_kinds_of_cores_says_which_are_which():
     assert "its cgroup's CPU quota (150000 100000) allows 1 of the 4 cores" in text
     assert "its cgroup's memory limit (8.0 GiB) is below the machine's (15.5 GiB)" in text
     assert "no gpu written" in text and "machine=" not in text
+
+
+def test_a_key_that_holds_big_and_little_cores_is_named_by_split_and_balance(fig2):
+    """``little=`` in the platform file: ``split`` and ``layers --balance`` say which key mixes
+    the two kinds (a note on stderr; the mapping asked for it, so nothing is refused)."""
+    d = fig2
+    platform = d / "platform.txt"
+    platform.write_text("edge01, arm, slots=0-7, little=0-3\nedge02, arm, slots=0-3\n")
+    keys = "edge01_arm2-5,edge02_arm0-3"
+    balanced = CliRunner().invoke(main, ["layers", str(d / "model.onnx"), "--balance", keys,
+                                         "--by", "flops"])
+    assert balanced.exit_code == 0, balanced.output
+    (d / "mapping.json").write_text(balanced.stdout)
+    r = CliRunner().invoke(main, ["split", str(d / "model.onnx"), "-m",
+                                  str(d / "mapping.json"), "-p", str(platform), "-o",
+                                  str(d / "out")])
+    assert r.exit_code == 0, r.output
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
+    assert said == ["note: edge01_arm2-5 holds big cores 4-5 and little cores 2-3 of edge01: "
+                    "OpenMP waits on the little ones; a key on one kind runs at its own pace"]
+    layers = CliRunner().invoke(main, ["layers", str(d / "model.onnx"), "--balance", keys,
+                                       "-p", str(platform)])
+    assert said[0] in layers.stderr and "edge02" not in said[0]
+    with pytest.raises(AutodiceError, match=r"little=4-5: not in its slots \(0-3\)"):
+        parse_platform_text("edge01, arm, slots=0-3, little=2-5\n")
 
 
 @pytest.mark.parametrize("name", ["NVIDIA Jetson AGX Orin, (64GB) #1", "Jetson=Nano\n"])

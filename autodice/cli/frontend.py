@@ -31,6 +31,7 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
     # No spinner and a plain table: the split takes about half a second, rich a fifth of that.
     numpy_without_threads()
     from ..core.shapes import parse_input_shapes
+    from ..core.spec import parse_platform
     from ..frontend.split import split as run_split
 
     only_with("--check", check, "samples")
@@ -42,8 +43,17 @@ def split(model, mapping, platform, output, input_shapes, check, samples):
     click.echo(text_table(f"{len(plan.ranks)} ranks, {len(plan.edges)} cut tensors -> {output}",
                           ("rank", "key", "slots", "layers", "params", "peak act.",
                            "recv/frame", "send/frame"), rows, left=("key",)))
+    _kinds_notes({r.key: (r.host, r.slots) for r in plan.ranks if r.device == "cpu"},
+                 parse_platform(platform))
     if check:
         _check(output, samples, 1e-4, None)
+
+
+def _kinds_notes(keys: dict, platform) -> None:
+    from ..frontend.place import mixed_kinds
+
+    for note in mixed_kinds(keys, platform):
+        console.print(f"note: {visible(note)}", soft_wrap=True)
 
 
 def _check(output, samples, rtol, model) -> None:
@@ -96,6 +106,11 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
     graph = load_model(model, shapes)
     if balance:
         keys = balance.split(",")
+        if platform_path:
+            from ..core.spec import parse_keys
+
+            _kinds_notes({r.key: (r.host, r.cores) for r in parse_keys(keys, "--balance")
+                          if r.kind == "cpu"}, parse_platform(platform_path))
         if by == "flops":
             mapping = balanced_mapping(graph, keys, "--balance")
         else:

@@ -139,6 +139,13 @@ class Device:
     bandwidth: float | None = None  # bytes/s of its network link
     latency: float | None = None  # seconds, one way
     machine: str | None = None  # hosts naming one machine share its caches and memory
+    little: tuple[int, ...] | None = None  # the slower cores of a board with two kinds
+
+    def mixes(self, cores) -> bool:
+        """Whether ``cores`` (a key's) hold cores of both kinds: OpenMP then waits on the
+        little ones."""
+        little = set(self.little or ())
+        return bool(little & set(cores)) and bool(set(cores) - little)
 
 
 # Field name -> (parser, help). Keeping them as data makes the error message list itself.
@@ -156,6 +163,8 @@ FIELDS = {
     "latency": (lambda v: _number(v, _TIME_UNITS, "s"), "one-way link latency, e.g. 0.2ms"),
     "machine": (_machine, "the machine hosts share, e.g. vm1 for emulated or containerised "
                           "hosts"),
+    "little": (parse_cores, "the slower cores of a board with two kinds, e.g. 0-3 (an "
+                            "RK3588's Cortex-A55s)"),
 }
 
 
@@ -235,6 +244,10 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
             gpu, gpu_api = (m.group(1), m.group(2).upper()) if m else (gpu, None)
             if gpu.lower() == "none":  # AutoDiCE writes gpu=none (none) for "no GPU"
                 gpu, gpu_api = None, None
+        outside = sorted(set(values.get("little") or ()) - set(values.get("slots") or ()))
+        if outside and "slots" in values:
+            problems.add(f'{where}: device "{name}": little={format_cores(tuple(outside))}: '
+                         f"not in its slots ({format_cores(values['slots'])})")
         if "slots" in values:
             devices[name] = Device(name, arch, gpu=gpu, gpu_api=gpu_api, **values)
     if not devices and not problems:
@@ -246,13 +259,14 @@ def parse_platform_text(text: str, path: str = "platform.txt") -> Platform:
 def _split_fields(line: str) -> list[str]:
     """A platform line's comma-separated parts, where a value may hold commas itself.
 
-    ``slots=1,3,5`` is a core list: a part of digits (``3``, ``6-7``) right after the ``slots``
-    field continues it. Anything else stays a field of its own, and an unknown one is reported.
+    ``slots=1,3,5`` is a core list: a part of digits (``3``, ``6-7``) right after a ``slots``
+    (or ``little``) field continues it. Anything else stays a field of its own, and an unknown
+    one is reported.
     """
     parts: list[str] = []
     for part in (p.strip() for p in line.split(",")):
         if (len(parts) > 2 and re.fullmatch(r"[0-9][0-9\s-]*", part)
-                and parts[-1].partition("=")[0].strip() == "slots"):
+                and parts[-1].partition("=")[0].strip() in ("slots", "little")):
             parts[-1] += "," + part
         else:
             parts.append(part)

@@ -10,8 +10,9 @@ cost model must know (``machine=``).
 
 The file says where each value came from in comments beside it, and what was assumed where the
 host said little. Boards with two kinds of cores (an RK3588's 4 Cortex-A76 + 4 Cortex-A55)
-get both named with their cores: OpenMP waits on its slowest thread, so a key should hold cores
-of one kind (``edge01_arm4-7``). Vulkan devices are not listed through ncnn here: a Vulkan
+get both named with their cores, and the slower ones as ``little=``: OpenMP waits on its slowest
+thread, so a key should hold cores of one kind (``edge01_arm4-7``), and ``split`` and ``layers
+--balance`` say so of a key that does not. Vulkan devices are not listed through ncnn here: a Vulkan
 driver found without a GPU the host names (Mesa's lavapipe is a CPU) is a comment, not a GPU.
 """
 
@@ -185,6 +186,15 @@ def _gpu(nvidia: str, model: str, icds: list[str], notes: list[str]) -> str | No
     return None
 
 
+def _little(kinds: list[tuple[str, float | None, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The cores of every kind slower than the fastest (by cpufreq's maximum), sorted; none
+    when there is one kind or a speed is not known."""
+    if len(kinds) < 2 or any(ghz is None for _, ghz, _ in kinds):
+        return ()
+    fastest = max(ghz for _, ghz, _ in kinds)
+    return tuple(sorted(c for _, ghz, cores in kinds if ghz < fastest for c in cores))
+
+
 def _word(text: str) -> str:
     """A name from a host made safe for a platform-file field (no , # = ( ) or line breaks)."""
     return re.sub(r"\s+", " ", re.sub(r"[,#=()\n\r]", " ", text)).strip() or "?"
@@ -207,9 +217,11 @@ def platform_text(surveys: list[Survey]) -> str:
             if name != "?" or ghz:
                 speed = f", {ghz:.2f} GHz max" if ghz else ""
                 lines.append(f"#   cores {format_cores(cores)}: {name}{speed}")
+        little = _little(s.kinds)
         if len(s.kinds) > 1:
             lines.append("#   two kinds of cores: give a key cores of one kind (OpenMP waits on "
-                         "its slowest thread)")
+                         "its slowest thread)" + ("" if little else "; their speeds are not "
+                                                  "known here, so little= is left out"))
         lines += [f"#   note: {n}" for n in s.notes]
         fields = [s.host, arch, f"slots={format_cores(s.cores)}"]
         if s.mem:  # rounded down: a memory cap must not promise more than there is
@@ -219,6 +231,8 @@ def platform_text(surveys: list[Survey]) -> str:
             fields.append(f"gpu={s.gpu}")
         if s.boot_id in shared:
             fields.append(f"machine={first_on[s.boot_id]}")
+        if little:
+            fields.append(f"little={format_cores(little)}")
         lines.append(", ".join(fields))
     if shared:
         lines.append("# machine=: these hosts share one kernel (its boot id), so one machine's "

@@ -182,3 +182,19 @@ def assign_ranks(graph: Graph, mapping: Mapping, resources: tuple[Resource, ...]
                 ranks.update(node_ranks[c])
         node_ranks[i] = tuple(sorted(ranks)) or (0,)
     return Placement(resources, bind_slots(resources, platform), tuple(node_ranks))
+
+
+def mixed_kinds(keys: dict[str, tuple[str, tuple[int, ...]]], platform: Platform) -> list[str]:
+    """A note for each CPU key (key -> (host, cores)) that holds both big and little cores of a
+    board whose platform line names them (``little=``): OpenMP waits on its slowest thread, so
+    such a key runs at the little cores' pace. A note, not an error: the mapping asked for it."""
+    notes = []
+    for key, (host, cores) in keys.items():
+        dev = platform.devices.get(host)
+        if dev is not None and dev.mixes(cores):
+            little = tuple(c for c in cores if c in dev.little)
+            big = tuple(c for c in cores if c not in dev.little)
+            notes.append(f"{key} holds big cores {format_cores(big)} and little cores "
+                         f"{format_cores(little)} of {host}: OpenMP waits on the little ones; "
+                         "a key on one kind runs at its own pace")
+    return notes
