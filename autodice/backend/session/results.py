@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -305,9 +304,8 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
     boxes = _Lines(results / "detections.jsonl") if isinstance(reading.task, Detect) else None
     masks = results / "masks" if isinstance(reading.task, Segment) else None
-    if masks is not None:
-        shutil.rmtree(masks, ignore_errors=True)  # an earlier run's
-        masks.mkdir(parents=True)
+    if masks is not None:  # never emptied: --results may name a folder of the user's
+        masks.mkdir(parents=True, exist_ok=True)
     labels: list[str] = []
     letterboxes: list[Letterbox | None] = []
     pictures: dict[int, object] = {}  # the frames in flight's, until their boxes are drawn

@@ -164,14 +164,14 @@ def _reconnecting(container, stream, source: str) -> Iterator:
 
     start = 0
     while True:
-        lost = "it ended"
+        ended, lost = True, "it ended"
         try:
             for start, picture in _pictures(container, stream, source, start):
                 yield start, picture
                 start += 1
         except (av.FFmpegError, OSError) as e:
-            lost = _why(e)
-        if not source.startswith(_UNENDING) and lost == "it ended":
+            ended, lost = False, _why(e)
+        if ended and not source.startswith(_UNENDING):
             return  # an HTTP file that ended: done
         for attempt, wait in enumerate(RECONNECT_S, 1):
             print(f"{source}: lost at frame {start} ({lost}); reconnecting in {wait:g} s "
