@@ -41,8 +41,9 @@ def plan(model, mapping, platform, input_shapes=None):
 
 def _partition(model, mapping, platform, input_shapes=None):
     """The model as the mapping rewrites it (layers split across keys) and its plan."""
+    from .core.mapping import mapping_from, parse_mapping
     from .core.model import load_model
-    from .core.spec import mapping_from, parse_mapping, parse_platform
+    from .core.spec import parse_platform
     from .frontend.split import partition_mapping
 
     spec = (mapping_from(dict(mapping), "mapping") if isinstance(mapping, Mapping)

@@ -39,7 +39,7 @@ import onnx
 
 from autodice.backend.engine import cache_root, cached_ncnn, ncnn_flags
 from autodice.backend.gen import gen
-from autodice.core.spec import mapping_json
+from autodice.core.mapping import mapping_json
 from autodice.deploy.cross import ncnn_for, toolchain
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster

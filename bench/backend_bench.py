@@ -47,8 +47,8 @@ from autodice.backend.build import build
 from autodice.backend.engine import cmake_args, ensure_ncnn, mpi_prefix
 from autodice.backend.gen import gen
 from autodice.backend.run import run
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json
 from autodice.dse.balance import balance
 from autodice.frontend import zoo
 from autodice.frontend.check import compare

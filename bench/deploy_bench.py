@@ -38,9 +38,9 @@ from autodice.backend.build import build
 from autodice.backend.engine import cmake_args, ensure_ncnn, mpi_prefix
 from autodice.backend.gen import gen
 from autodice.backend.run import run
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
 from autodice.core.plan import load_plan
-from autodice.core.spec import mapping_json
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
 from autodice.deploy.emulated.state import inventory_toml

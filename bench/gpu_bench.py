@@ -39,8 +39,8 @@ import autodice
 from autodice.backend.build import build
 from autodice.backend.gen import gen
 from autodice.backend.run import run
+from autodice.core.mapping import mapping_json, parse_keys
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json, parse_keys
 from autodice.dse.balance import balance, key_platform
 from autodice.dse.profiler import run_profile
 from autodice.frontend import zoo

@@ -34,9 +34,9 @@ import autodice
 from autodice.backend.build import build
 from autodice.backend.gen import gen
 from autodice.backend.run import run
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
 from autodice.core.plan import load_plan
-from autodice.core.spec import mapping_json
 from autodice.frontend import zoo
 from autodice.frontend.check import compare_with_model
 from autodice.frontend.layers import layer_table

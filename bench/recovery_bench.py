@@ -37,9 +37,9 @@ import numpy as np
 import autodice
 from autodice.backend.convert import _digest
 from autodice.backend.engine import cache_root, ensure_ncnn
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
 from autodice.core.plan import load_plan
-from autodice.core.spec import mapping_json
 from autodice.deploy.emulated import cluster
 from autodice.deploy.emulated.state import inventory_toml
 from autodice.frontend import zoo

@@ -51,8 +51,9 @@ import time
 from pathlib import Path
 
 import autodice
+from autodice.core.mapping import parse_mapping
 from autodice.core.model import load_model
-from autodice.core.spec import parse_mapping, parse_platform
+from autodice.core.spec import parse_platform
 from autodice.frontend import zoo
 from autodice.frontend.split import plan_mapping, split
 from autodice.frontend.suggest import balanced_mapping

@@ -23,8 +23,9 @@ from pathlib import Path
 from PIL import Image
 
 import autodice
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json, parse_platform
+from autodice.core.spec import parse_platform
 from autodice.deploy.emulated import cluster
 from autodice.frontend import zoo
 from autodice.frontend.suggest import balanced_mapping

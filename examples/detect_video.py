@@ -27,8 +27,9 @@ import av
 
 import autodice
 from autodice.backend.session.annotate import Annotator
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json, parse_platform
+from autodice.core.spec import parse_platform
 from autodice.deploy.emulated import cluster
 from autodice.frontend.suggest import balanced_mapping
 

@@ -18,7 +18,7 @@ from conftest import TEST_CLUSTER, board_missing
 
 from autodice.backend.gen import gen
 from autodice.core.errors import AutodiceError
-from autodice.core.spec import mapping_json
+from autodice.core.mapping import mapping_json
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
 from autodice.deploy.emulated.state import inventory_toml

@@ -17,8 +17,9 @@ from test_cost import fixture_profile
 
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
+from autodice.core.mapping import parse_mapping_text
 from autodice.core.model import load_model
-from autodice.core.spec import parse_mapping_text, parse_platform_text
+from autodice.core.spec import parse_platform_text
 from autodice.dse.profile import save_profile
 from autodice.frontend.place import assign_ranks, check_resources
 

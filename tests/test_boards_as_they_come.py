@@ -24,7 +24,8 @@ from conftest import TEST_CLUSTER, board_missing
 from autodice.backend.gen import gen
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
-from autodice.core.spec import Device, mapping_json, parse_platform_text
+from autodice.core.mapping import mapping_json
+from autodice.core.spec import Device, parse_platform_text
 from autodice.deploy import abi, survey
 from autodice.deploy.debian import RELEASES
 from autodice.deploy.deploy import deploy

@@ -29,8 +29,8 @@ from autodice.backend.gen import gen
 from autodice.backend.session import SessionError
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
+from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
 from autodice.deploy.inventory import load_inventory

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from autodice.core.errors import AutodiceError
+from autodice.core.mapping import mapping_json, parse_mapping_text
 from autodice.core.model import load_model
-from autodice.core.spec import mapping_json, parse_mapping_text, parse_platform_text
+from autodice.core.spec import parse_platform_text
 from autodice.dse.cost import plan_cost, predict
 from autodice.dse.cost_model import CostModel
 from autodice.dse.profile import Corun, LayerCost, Link, Profile, save_profile

@@ -318,7 +318,7 @@ def test_measure_prices_a_point_that_splits_a_layer_as_dse_did(tmp_path):
 def test_a_recovery_takes_the_fastest_front_point_on_the_hosts_left(squeeze_out):
     """After losing a host, a session started with ``recover=FRONT`` deploys the front's
     fastest point that uses only the hosts left and keeps the input where it was."""
-    from autodice.core.spec import parse_key
+    from autodice.core.mapping import parse_key
     from autodice.deploy.recover import front_point
 
     _, front = squeeze_out

@@ -370,8 +370,9 @@ def test_the_cost_model_prices_parts_and_copies(tmp_path):
     on each, so a bottleneck stage copied onto idle cores nearly doubles the throughput."""
     from test_cost import fixture_profile
 
+    from autodice.core.mapping import parse_mapping_text
     from autodice.core.model import load_model
-    from autodice.core.spec import parse_mapping_text, parse_platform_text
+    from autodice.core.spec import parse_platform_text
     from autodice.dse.cost import plan_cost
     from autodice.dse.timing import Timing
     from autodice.frontend.split import partition_mapping

@@ -3,15 +3,8 @@ import json
 import pytest
 
 from autodice.core.errors import AutodiceError
-from autodice.core.spec import (
-    cpu_key,
-    mapping_from,
-    parse_cores,
-    parse_key,
-    parse_keys,
-    parse_mapping_text,
-    parse_platform_text,
-)
+from autodice.core.mapping import cpu_key, mapping_from, parse_key, parse_keys, parse_mapping_text
+from autodice.core.spec import parse_cores, parse_platform_text
 
 
 @pytest.mark.parametrize("key, host, kind, cores, gpu", [

@@ -9,8 +9,18 @@ import click
 
 from ..core.errors import AutodiceError
 from ..core.plan import human_bytes
-from .app import (POSITIVE, console, input_shape_option, main, numpy_without_threads, only_with,
-                  out, report, text_table, visible)
+from .app import (
+    POSITIVE,
+    console,
+    input_shape_option,
+    main,
+    numpy_without_threads,
+    only_with,
+    out,
+    report,
+    text_table,
+    visible,
+)
 
 
 @main.command()
@@ -93,9 +103,10 @@ def check(output, samples, rtol, model):
               help="What --balance evens out.")
 def layers(model, input_shapes, as_json, balance, profile_path, platform_path, by):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
+    from ..core.mapping import mapping_json
     from ..core.model import load_model
     from ..core.shapes import parse_input_shapes
-    from ..core.spec import mapping_json, parse_platform
+    from ..core.spec import parse_platform
     from ..frontend.layers import layer_table
     from ..frontend.suggest import balanced_mapping
 
@@ -107,7 +118,7 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
     if balance:
         keys = balance.split(",")
         if platform_path:
-            from ..core.spec import parse_keys
+            from ..core.mapping import parse_keys
 
             _kinds_notes({r.key: (r.host, r.cores) for r in parse_keys(keys, "--balance")
                           if r.kind == "cpu"}, parse_platform(platform_path))

@@ -15,7 +15,8 @@ from pathlib import PurePosixPath
 import numpy as np
 
 from .errors import Problems
-from .spec import HOST_NAME, MAX_CORE, parse_key
+from .mapping import parse_key
+from .spec import HOST_NAME, MAX_CORE
 
 MAX_ELEMENTS = 2**31  # as core.onnxio: the most elements one tensor may have
 MAX_THREADS = MAX_CORE + 1

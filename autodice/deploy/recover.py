@@ -38,10 +38,10 @@ from pathlib import Path
 from ..backend.failure import culprits
 from ..backend.session.job import Restart
 from ..core.errors import AutodiceError
+from ..core.mapping import mapping_from, mapping_json, parse_mapping
 from ..core.names import file_slug
 from ..core.outdir import claim
 from ..core.plan import Plan, load_plan
-from ..core.spec import mapping_from, mapping_json, parse_mapping
 from .deploy import Shipped, ship
 from .inventory import Inventory
 from .launch import reap

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import AutodiceError
-from ..core.spec import _ARCH_SPELLINGS, format_cores, parse_cores
+from ..core.spec import ARCH_SPELLINGS, format_cores, parse_cores
 from .abi import PROBE, Runtime
 from .inventory import Inventory
 from .ssh import Host, Progress, Ssh, parallel, why_ssh_failed
@@ -210,7 +210,7 @@ def platform_text(surveys: list[Survey]) -> str:
     shared = {b for b in first_on if sum(s.boot_id == b for s in surveys) > 1}
     lines = ["# Written by `autodice platform` from what each host said of itself over ssh."]
     for s in surveys:
-        arch = _ARCH_SPELLINGS.get(s.arch, "cpu")
+        arch = ARCH_SPELLINGS.get(s.arch, "cpu")
         lines.append(f"# {s.host}: uname -m {s.arch or '?'}; {s.runtime.words()}; "
                      f"cores {format_cores(s.cores)} (CPU affinity)")
         for name, ghz, cores in s.kinds:

@@ -15,14 +15,15 @@ model faster than any stage the CPU can take over), a note says so.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
 from ..core.errors import AutodiceError
+from ..core.mapping import Resource, parse_keys
 from ..core.model import Graph
-from ..core.spec import Device, Platform, Resource, parse_keys
+from ..core.spec import Device, Platform
 from ..frontend.suggest import Cost, balanced_mapping
 from .profile import GpuCopies, Link, Profile
 from .timing import Timing, host_links

@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import AutodiceError
+from ..core.mapping import mapping_from
 from ..core.model import Graph
-from ..core.spec import Platform, mapping_from
+from ..core.spec import Platform
 from ..frontend.split import partition_mapping
 from .cost import Cost, plan_cost
 from .front import Point

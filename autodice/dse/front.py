@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.mapping import mapping_json
 from ..core.outdir import staged
-from ..core.spec import mapping_json
 from .cost import Cost
 from .profile import six_digits
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
+from ..core.mapping import cpu_key, mapping_json
 from ..core.model import load_model
 from ..core.names import file_slug
 from ..core.outdir import claim
 from ..core.plan import Plan
-from ..core.spec import cpu_key, mapping_json
 from .cost import Cost, plan_cost
 from .profile import six_digits
 from .search import search_timing

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import AutodiceError
+from ..core.mapping import mapping_from
 from ..core.model import Graph, load_model
 from ..core.outdir import check_replaceable
-from ..core.spec import Platform, mapping_from, parse_platform
+from ..core.spec import Platform, parse_platform
 from ..frontend.split import plan_mapping
 from .cost import plan_cost
 from .cost_model import CostModel

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.spec import cpu_key
+from ..core.mapping import cpu_key
 from .timing import Timing
 
 KINDS = ("one", "all", "rest", "gpu")

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import SHOWN, Problems, did_you_mean
+from ..core.mapping import Mapping, Resource
 from ..core.model import Graph
 from ..core.shapes import UNSUPPORTED_OPS
-from ..core.spec import Mapping, Platform, Resource, format_cores
+from ..core.spec import Platform, format_cores
 
 
 @dataclass(frozen=True)

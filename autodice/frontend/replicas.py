@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..core.mapping import Mapping, Resource
 from ..core.plan import Edge, Plan, Rank
-from ..core.spec import Mapping, Resource
 
 
 def without_replicas(mapping: Mapping) -> Mapping:

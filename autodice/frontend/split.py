@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import AutodiceError, Problems, read_text
+from ..core.mapping import Mapping, parse_mapping, parse_mapping_text
 from ..core.model import Graph, build_graph, load_model
 from ..core.outdir import staged
 from ..core.plan import Plan, check_plan
-from ..core.spec import (Mapping, Platform, parse_mapping, parse_mapping_text, parse_platform,
-                         parse_platform_text)
+from ..core.spec import Platform, parse_platform, parse_platform_text
 from .extract import write_submodels
 from .horizontal import Split, split_layers
 from .partition import batch_of_one, build_plan, find_edges, float32_only

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.errors import AutodiceError
+from ..core.mapping import parse_keys
 from ..core.model import Graph
-from ..core.spec import parse_keys
 from .layers import layer_flops
 
 # (key, layer name) -> what the layer costs on that key (any unit, the same for all keys)

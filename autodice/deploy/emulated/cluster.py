@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from ...core.errors import AutodiceError, Problems
-from ...core.spec import _RATE_UNITS, _number, parse_cores
+from ...core.spec import parse_cores, parse_rate
 from ..debian import DEFAULT_SUITE
 from . import sshd
 from .arm_board import board_root, check_arch, emulated, missing_tools
@@ -92,7 +92,7 @@ def plan_cluster(hosts: list[str], bandwidth: str | None = "1gbit",
     rate = ""
     if bandwidth:
         try:
-            rate = f"{round(_number(bandwidth, _RATE_UNITS, '') * 8)}bit"
+            rate = f"{round(parse_rate(bandwidth) * 8)}bit"
             if rate == "0bit":  # tc would refuse it after the namespaces exist
                 raise ValueError("must be more than 0")
         except ValueError as e:
