@@ -29,8 +29,9 @@ demo: $(STAMP)
 	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
 
 # What the tests run besides Python: sshd and rsync (an emulated cluster, tests/test_cluster.py),
-# a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU), and for an emulated aarch64
-# board qemu-user and the aarch64 cross compiler (tests/test_arm.py). As root, install what is
+# a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU), for an emulated aarch64
+# board qemu-user and the aarch64 cross compiler (tests/test_arm.py), and a browser to load the
+# report page in (Debian's chromium, headless: tests/test_report.py). As root, install what is
 # missing from Debian; otherwise those tests skip and say why.
 test-tools:
 	@missing=; \
@@ -40,6 +41,7 @@ test-tools:
 	ldconfig -p | grep -q libvulkan.so.1 || missing="$$missing libvulkan1"; \
 	[ -x /usr/bin/qemu-aarch64-static ] || missing="$$missing qemu-user-static"; \
 	command -v aarch64-linux-gnu-g++ >/dev/null || missing="$$missing g++-aarch64-linux-gnu"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
@@ -59,6 +61,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/parallel_bench.py
 	$(BIN)/python bench/session_bench.py
 	$(BIN)/python bench/detect_bench.py
+	$(BIN)/python bench/report_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
 	  && $(BIN)/python bench/arm_bench.py --ncnn; \

@@ -17,8 +17,8 @@ from importlib import import_module
 
 # (``autodice.api.deploy`` is not repeated here: ``autodice.deploy`` is the stage's package.)
 __all__ = ["AutodiceError", "FrameError", "ImageRecipe", "SessionError", "build", "check", "gen",
-           "open", "plan", "platform", "predict", "profile", "read_labels", "run", "search",
-           "split", "top_k"]
+           "open", "plan", "platform", "predict", "profile", "read_labels", "report", "run",
+           "search", "split", "top_k"]
 # Where the names that are not api.py's live: images into frames, scores into classes.
 _ELSEWHERE = {"FrameError": ".backend.session", "SessionError": ".backend.session",
               "ImageRecipe": ".backend.session.frames", "read_labels": ".backend.session.results",

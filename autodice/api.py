@@ -233,6 +233,27 @@ def platform(inventory, output="platform.txt") -> str:
     return write_platform(inventory, output)
 
 
+def report(out, html="report.html", *, profile=None, stats=None, front=None, model=None) -> Path:
+    """Write one self-contained page on the split in ``out`` (:mod:`autodice.report`): its
+    partition as an interactive graph, each key's figures (predicted times given a profile),
+    the run's per-rank bars and latency histogram, and, given a search's folder, its front."""
+    from .report import view_report
+
+    return view_report(out, html, model=model, predict=_pricer(out, profile), stats=stats,
+                       front=front)
+
+
+def _pricer(out, profile):
+    """What prices a plan by ``profile`` over ``out``'s platform.txt (None without a profile)."""
+    if profile is None:
+        return None
+    from .dse.cost import plan_cost
+    from .dse.timing import make_timing
+
+    return lambda plan, graph: plan_cost(plan, make_timing(Path(out) / "platform.txt", profile),
+                                         graph)
+
+
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
             inventory=None):
     """Every layer's latency on this machine's ncnn (and Vulkan device), and the links

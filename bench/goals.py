@@ -257,6 +257,12 @@ def split(d: dict) -> Iterator[Goal]:
             yield Goal("P1", f"{r['model']}: {g['goal']}", g["shown"], g["ok"], g["why"])
 
 
+def report(d: dict) -> Iterator[Goal]:
+    """Issue 57: the page of a 24-way DenseNet-121 split."""
+    for g in d["goals"]:
+        yield Goal("57", g["goal"], g["shown"], g["ok"])
+
+
 def costmodel(d: dict) -> Iterator[Goal]:
     """P6: the cost model's predictions at the Pareto points `dse --measure` ran."""
     where = f"{d['hosts']} emulated hosts x {d['cores_per_host']} core"
@@ -306,7 +312,8 @@ def dse(d: dict) -> Iterator[Goal]:
 
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
-    "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm}
+    "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm,
+    "report": report}
 
 
 def main() -> int:

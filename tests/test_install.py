@@ -58,6 +58,9 @@ def test_installed_package_runs_the_demo_outside_the_checkout(tmp_path):
     assert "FAIL" not in said and "ok" in said, said
     stats = json.loads((work / "out" / "results" / "stats.json").read_text())
     assert stats["frames"] == 5 and stats["fps"] > 0
+    sh([autodice, "view", "out", "-o", "report.html"], work, env)  # Plotly's bundle installed
+    assert "Plotly" in (work / "report.html").read_text() and \
+        (work / "report.html").stat().st_size > 1e6
     program = (work / "out" / "packages" / "edge01" / "program.cpp").read_text()
     assert str(ROOT) not in program
 

@@ -135,7 +135,8 @@ def _links_table(links, inventory) -> None:
               help="Per-layer latencies from `autodice profile`; HOST=FILE for boards profiled "
                    "apart (repeatable). Omitted: profile the model now.")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
-              help="Output directory: pareto.csv, pareto.json, pareto.png, mappings/.")
+              help="Output directory: pareto.csv, pareto.json, pareto.png, report.html, "
+                   "mappings/.")
 @click.option("--pop", default=100, show_default=True, help="Population size (the paper's 100).")
 @click.option("--gens", default=400, show_default=True, help="Generations (the paper's 400).")
 @click.option("--seed", default=0, show_default=True,

@@ -164,15 +164,31 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--image", "-o", required=True, type=click.Path(dir_okay=False),
-              help="Picture to write: .svg, .png or .pdf.")
+              help="What to write: a picture (.svg, .png, .pdf) or a page (.html: the partition "
+                   "to pan and zoom, each key's figures, the run, a search's front).")
 @click.option("--model", type=click.Path(dir_okay=False), default=None,
               help="The whole model, if it moved since the split.")
-def view(output, image, model):
-    """Draw OUTPUT's partition: layers coloured by rank, cut tensors with their bytes."""
-    from ..frontend.view import render
+@click.option("--profile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A page: each key's predicted time from this profile.json.")
+@click.option("--stats", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A page: the run's figures [default: OUTPUT/results/stats.json, if any].")
+@click.option("--front", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A page: the front of the search written to this folder (dse -o).")
+def view(output, image, model, profile, stats, front):
+    """Draw OUTPUT's partition (layers coloured by rank, cut tensors with their bytes), or write
+    its page: the partition to pan and zoom, each key's figures, the run, a search's front."""
+    if Path(image).suffix.lower() in (".html", ".htm"):
+        from ..api import report
 
-    with console.status("drawing"):
-        render(output, image, model)
+        with console.status("writing the page"):
+            report(output, image, model=model, profile=profile, stats=stats, front=front)
+    else:
+        if profile or stats or front:
+            raise AutodiceError("--profile, --stats and --front are for a page (-o NAME.html)")
+        from ..frontend.view import render
+
+        with console.status("drawing"):
+            render(output, image, model)
     out.print(f"wrote {image}")
 
 

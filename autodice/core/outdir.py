@@ -214,7 +214,10 @@ def tensor_files(plan: Plan) -> dict[str, str]:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write one file whole or not at all: a temporary sibling, then a rename over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
+    try:  # mkstemp's file is the owner's alone; the file it becomes is as open() would make it
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -1,9 +1,10 @@
 """The front: its points, and the files and table that show it.
 
 ``OUT/pareto.csv`` and ``pareto.json`` (every point, its mapping file, its predicted figures and
-the references), ``OUT/mappings/<point>.json`` (mappings ``split`` takes) and ``pareto.png``
-(three projections). All byte-stable: numbers at six significant digits, sorted keys, no
-timestamps, so a seed reproduces the files.
+the references), ``OUT/mappings/<point>.json`` (mappings ``split`` takes), ``pareto.png``
+(three projections) and ``report.html`` (the front to explore: a point shows its mapping and
+saves it; :mod:`autodice.report`). All byte-stable: numbers at six significant digits, sorted
+keys, no timestamps, so a seed reproduces the files.
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def point_json(p: Point, mapping_file: str | None) -> dict:
 
 
 def write_front(front: Front, out: Path, model: str, platform: str) -> None:
-    """``OUT/pareto.csv``, ``pareto.json``, ``mappings/<point>.json``, ``pareto.png`` (written to
-    a temporary directory, then renamed)."""
+    """``OUT/pareto.csv``, ``pareto.json``, ``mappings/<point>.json``, ``pareto.png``,
+    ``report.html`` (written to a temporary directory, then renamed)."""
+    from ..report import front_page
+
     with staged(Path(out)) as tmp:
         (tmp / "mappings").mkdir()
         for p in front.points:
@@ -101,6 +104,8 @@ def write_front(front: Front, out: Path, model: str, platform: str) -> None:
                               for p in front.references],
                "notes": list(front.notes)}
         (tmp / "pareto.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        (tmp / "report.html").write_text(front_page(doc, {p.name: p.mapping for p in front.points}),
+                                         encoding="utf-8")
         plot_front(front, tmp / "pareto.png")
 
 

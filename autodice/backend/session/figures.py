@@ -54,7 +54,9 @@ class Figures:
     def stats(self, window: int, frames_via: str, recovering: bool, job_stats: dict | None
               ) -> dict:
         """:meth:`~autodice.backend.session.Session.stats`, from these figures."""
-        out = {**self.summary(), "window": window, "frames_via": frames_via}
+        out = {**self.summary(), "window": window, "frames_via": frames_via,
+               # frames per latency bucket, one more count than bounds: those past the last
+               "latency_histogram": {"le": list(LATENCY_BUCKETS), "counts": list(self.buckets)}}
         if recovering:
             out["incidents"] = self.incidents()
         if job_stats:
