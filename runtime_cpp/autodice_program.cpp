@@ -326,6 +326,8 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   // retire as they complete; the gateway's window bounds how many are out.
   std::deque<Transfer> results;
   FrameSource frames(args, r, gateway, stream);
+  std::optional<LiveReport> live;  // a stream's figures to the gateway while frames flow
+  if (streamed) live.emplace(r, gateway, stream.live_tag());
   // A frame in the session's slots mapped here: its inputs are read there (where each starts in
   // the slot), not received, and the gateway is told once they are (`read_words` the message).
   const unsigned char* from_slot[2] = {nullptr, nullptr};
@@ -415,6 +417,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     if (local == 0) st.first_end_s = st.last_end_s;
     last_local = local++;
     last = f;
+    if (live) live->tick(st, local);
     next = frames.take(st.frame_wait_s);  // the frame peeked at above, or the gateway's word
     if (!early && next != FrameSource::kEnd) post_receives(next, local);
     f = next;
@@ -431,6 +434,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
   st.frames = local;
   st.bytes_sent = static_cast<double>(r.bytes_sent) * local;
   st.bytes_received = static_cast<double>(r.bytes_received) * local;
+  if (live) live->last(st, local);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// autodice program engine: each rank's figures gathered into stats.json; see autodice_stats.h.
+// autodice program engine: each rank's figures gathered into stats.json, and sent live to a
+// stream's gateway; see autodice_stats.h.
 #include "autodice_stats.h"
 
 #include <sys/utsname.h>
@@ -118,6 +119,35 @@ std::string gather_stats(const ProgramPlan& plan, const Stats& st, const std::st
   MPI_Gather(mine_arch, kArchChars, MPI_CHAR, arches.data(), kArchChars, MPI_CHAR, root,
              MPI_COMM_WORLD);
   return rank == root ? stats_json(plan, frames, pipeline, seconds, all, devices, arches) : "";
+}
+
+void LiveReport::fill(const Stats& st, int64_t frames, bool last) {
+  out_ = LiveFigures{static_cast<double>(r_.rank), last ? 1.0 : 0.0, static_cast<double>(frames),
+                     st.compute_s, st.recv_wait_s, st.send_wait_s, st.frame_wait_s,
+                     static_cast<double>(r_.bytes_sent) * frames,
+                     static_cast<double>(r_.bytes_received) * frames,
+                     static_cast<double>(rss_bytes())};
+}
+
+void LiveReport::tick(const Stats& st, int64_t frames) {
+  const double now = MPI_Wtime();
+  if (now < next_s_) return;
+  int done = 1;
+  if (pending_ != MPI_REQUEST_NULL) MPI_Test(&pending_, &done, MPI_STATUS_IGNORE);
+  if (!done) return;
+  fill(st, frames, false);
+  MPI_Isend(&out_, kLiveDoubles, MPI_DOUBLE, gateway_, tag_, MPI_COMM_WORLD, &pending_);
+  next_s_ = now + kLiveEveryS;
+}
+
+void LiveReport::last(const Stats& st, int64_t frames) {
+  if (pending_ != MPI_REQUEST_NULL) MPI_Wait(&pending_, MPI_STATUS_IGNORE);
+  fill(st, frames, true);
+  MPI_Send(&out_, kLiveDoubles, MPI_DOUBLE, gateway_, tag_, MPI_COMM_WORLD);
+}
+
+LiveReport::~LiveReport() {  // a rank leaving early (an exception): the send ends on its own
+  if (pending_ != MPI_REQUEST_NULL) MPI_Request_free(&pending_);
 }
 
 }  // namespace autodice

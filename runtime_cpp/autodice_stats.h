@@ -1,6 +1,9 @@
-// autodice program engine: each rank's figures, gathered into stats.json (autodice_stats.cpp).
-// Internal to the engine: the generated tables never see it.
+// autodice program engine: each rank's figures, gathered into stats.json and, while a stream
+// runs, sent to its gateway about every second (autodice_stats.cpp). Internal to the engine: the
+// generated tables never see it.
 #pragma once
+
+#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -26,6 +29,38 @@ struct Stats {
   // did in between is its steady state, without the pipeline's filling and draining.
   double first_end_s = 0, last_end_s = 0;
   double start = 0;  // not gathered: when this rank's clock started
+};
+
+// A rank's figures so far, as a stream's ranks send them to the gateway and the gateway relays
+// them to the session (kRanks, autodice_stream.h): doubles, one MPI message. `last` is 1 on the
+// one each rank sends when its stream has ended, 0 on the others.
+struct LiveFigures {
+  double rank = 0, last = 0, frames = 0, compute_s = 0, recv_wait_s = 0, send_wait_s = 0,
+         frame_wait_s = 0, bytes_sent = 0, bytes_received = 0, rss = 0;
+};
+constexpr int kLiveDoubles = sizeof(LiveFigures) / sizeof(double);
+constexpr double kLiveEveryS = 1.0;  // how often a rank sends them while frames flow
+
+// A stream rank's side of the live figures: `tick` after each frame sends them once kLiveEveryS
+// has passed since the last time, without waiting (and not while the last is still on its way:
+// a rank never queues figures); `last` at the stream's end sends them and waits, so the gateway
+// can count one final message from every rank before the job ends.
+class LiveReport {
+ public:
+  LiveReport(const RankPlan& r, int gateway, int tag) : r_(r), gateway_(gateway), tag_(tag) {}
+  ~LiveReport();
+  LiveReport(const LiveReport&) = delete;
+  LiveReport& operator=(const LiveReport&) = delete;
+  void tick(const Stats& st, int64_t frames);
+  void last(const Stats& st, int64_t frames);
+
+ private:
+  void fill(const Stats& st, int64_t frames, bool last);
+  const RankPlan& r_;
+  int gateway_, tag_;
+  LiveFigures out_;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  double next_s_ = 0;
 };
 
 // A set of cores as the bit mask Stats carries.

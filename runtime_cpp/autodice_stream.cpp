@@ -247,7 +247,10 @@ Gateway::Gateway(const ProgramPlan& plan, const std::string& socket_path)
     : plan_(plan),
       layout_(stream_layout(plan)),
       fd_(connect_to(socket_path)),
-      reads_slots_(plan.ranks.size(), false) {}
+      reads_slots_(plan.ranks.size(), false),
+      live_(plan.ranks.size()) {
+  for (size_t r = 0; r < live_.size(); ++r) live_[r].rank = static_cast<double>(r);
+}
 
 Gateway::~Gateway() {
   if (shared_ != nullptr) munmap(shared_, shared_bytes_);
@@ -334,6 +337,8 @@ int64_t Gateway::serve() {
         expect_s = polling || expect_s == 0 ? fresh : std::min(fresh, 0.75 * expect_s);
       }
       polling = false;
+      take_live(false);
+      relay_live();
       if (!session_gone_) {
         StreamHeader h{static_cast<uint32_t>(StreamKind::kResult), 0, front.id};
         session_gone_ = !write_all(fd_, {iovec{&h, sizeof h},
@@ -451,7 +456,45 @@ int64_t Gateway::serve() {
     ends.push_back(Transfer::send(MPI_COMM_WORLD, frame_word_info(), &kEnd, r,
                                   layout_.control_tag()));
   wait_all(ends);
+  take_live(true);
   return frames;
+}
+
+void Gateway::take_live(bool to_last) {
+  const int n = static_cast<int>(plan_.ranks.size()), tag = layout_.live_tag();
+  // At the end every rank sends its last figures right after the end word; a rank that never
+  // does is stuck, and the end barrier's wait is what it gets.
+  const double until = wait_timeout() > 0 ? MPI_Wtime() + wait_timeout() : -1;
+  for (;;) {
+    int there = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, &there, &status);
+    if (!there) {
+      if (!to_last || lasts_ >= n) return;
+      if (until > 0 && MPI_Wtime() > until)
+        abort_run("the stream ended, and " + std::to_string(n - lasts_) + " of " +
+                  std::to_string(n) + " ranks sent no last figures within " +
+                  std::to_string(static_cast<int>(wait_timeout())) + " s");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    LiveFigures f;
+    MPI_Recv(&f, kLiveDoubles, MPI_DOUBLE, status.MPI_SOURCE, tag, MPI_COMM_WORLD,
+             MPI_STATUS_IGNORE);
+    if (status.MPI_SOURCE >= n) continue;
+    live_[status.MPI_SOURCE] = f;
+    live_fresh_ = true;
+    if (f.last != 0) ++lasts_;
+  }
+}
+
+void Gateway::relay_live() {
+  if (!live_fresh_ || session_gone_) return;
+  live_fresh_ = false;
+  const size_t bytes = live_.size() * sizeof(LiveFigures);
+  StreamHeader h{static_cast<uint32_t>(StreamKind::kRanks), static_cast<uint32_t>(live_.size()),
+                 static_cast<int64_t>(bytes)};
+  session_gone_ = !write_all(fd_, {iovec{&h, sizeof h}, iovec{live_.data(), bytes}});
 }
 
 bool Gateway::take_shared(const StreamHeader& offer, int passed_fd, size_t frame_bytes) {

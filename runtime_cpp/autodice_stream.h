@@ -25,6 +25,9 @@
 //                              says 0; sessions of version 1 never offer.
 //   gateway -> session:        Header{kind = kResult, id} + every output's dense bytes, in the
 //                              order frames came; last Header{kind = kStats, bytes} + stats.json
+//   gateway -> session:        before a result, when some rank sent new figures (about every
+//                              second each): Header{kind = kRanks, reserved = ranks, bytes} +
+//                              LiveFigures (autodice_stats.h) per rank in rank order, doubles
 //
 // Between the gateway and the ranks (MPI, tags from stream_layout): before each frame a
 // FrameWord to every rank taking it, then the model inputs to the ranks that read them, and the
@@ -42,6 +45,7 @@
 
 #include "autodice_program.h"
 #include "autodice_runtime.h"
+#include "autodice_stats.h"
 
 namespace autodice {
 
@@ -60,6 +64,7 @@ struct StreamLayout {
   int output_tag(size_t j) const { return first_tag + static_cast<int>(inputs.size() + j); }
   int control_tag() const { return first_tag + static_cast<int>(inputs.size() + outputs.size()); }
   int read_tag() const { return control_tag() + 1; }
+  int live_tag() const { return control_tag() + 2; }  // the ranks' LiveFigures to the gateway
   // Where input i starts in a frame's bytes (on the socket, and in a shared slot): the inputs
   // dense, in this order.
   size_t input_offset(size_t i) const;
@@ -115,7 +120,9 @@ StreamLayout stream_layout(const ProgramPlan& plan);
 // Whether rank `r` takes frame `f` (its stage's turn).
 inline bool takes(const RankPlan& r, int64_t f) { return f % r.replicas == r.replica; }
 
-enum class StreamKind : uint32_t { kFrame = 1, kStop = 2, kResult = 3, kStats = 4, kShm = 5 };
+enum class StreamKind : uint32_t {
+  kFrame = 1, kStop = 2, kResult = 3, kStats = 4, kShm = 5, kRanks = 6
+};
 
 struct StreamHeader {
   uint32_t kind = 0;
@@ -148,6 +155,11 @@ class Gateway {
   // The slots offered to every rank that reads a model input; `reads_slots_` their answers.
   void offer_slots();
 
+  // The ranks' figures that came (LiveFigures on the live tag): those there now, or, `to_last`,
+  // every rank's until its last one (the stream's end). `relay_live` passes them on, if new.
+  void take_live(bool to_last);
+  void relay_live();
+
   const ProgramPlan& plan_;
   StreamLayout layout_;
   int fd_ = -1;
@@ -156,6 +168,9 @@ class Gateway {
   int shared_fd_ = -1;               // kept open: ranks on this machine open it through /proc
   size_t shared_bytes_ = 0, slots_ = 0;
   std::vector<bool> reads_slots_;  // by rank: takes its inputs from the slots itself
+  std::vector<LiveFigures> live_;  // by rank: the latest figures it sent
+  int lasts_ = 0;                  // ranks whose last figures came
+  bool live_fresh_ = false;        // figures came since the last relay
 };
 
 }  // namespace autodice

@@ -5,6 +5,7 @@ an address that cannot be served is one line before the stream starts."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -49,6 +50,40 @@ def test_a_running_session_is_scraped_while_frames_flow(fig2_built):
     assert seen["autodice_incidents_total{kind=lost}"] == 0
     with pytest.raises(urllib.error.URLError):  # the endpoint ends with the session
         scrape(address)
+
+
+def test_the_ranks_own_figures_grow_between_two_scrapes(fig2_built):
+    """Ranks send their figures about every second while frames flow: two scrapes 1.5 s apart
+    both name every rank, and what each rank counts has grown in between."""
+    xs = np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    port = free_port()
+    scrapes = []
+
+    def paced():  # a camera's pace: 50 frames/s for about 4 s
+        for _ in range(200):
+            time.sleep(0.02)
+            yield xs
+
+    with autodice.open(fig2_built / "out", metrics=f":{port}") as s:
+        plan = s.plan
+        for i, _ in enumerate(s.map(paced())):
+            if i in (75, 150):
+                scrapes.append(scrape(f"127.0.0.1:{port}"))
+    first, second = scrapes
+    assert first["autodice_frames_total"] < second["autodice_frames_total"]
+    for r in plan.ranks:
+        def of(scraped, name, **more):
+            labels = {"rank": r.rank, "host": r.host, "key": r.key, "device": r.device, **more}
+            return scraped[name + "".join(f"{{{k}={v}}}" for k, v in sorted(labels.items()))]
+
+        took = of(second, "autodice_rank_frames_total")
+        assert 0 < of(first, "autodice_rank_frames_total") < took <= 151
+        assert of(first, "autodice_rank_compute_seconds_total") < \
+            of(second, "autodice_rank_compute_seconds_total")
+        assert of(second, "autodice_rank_rss_bytes") > 1e6
+        assert of(second, "autodice_rank_wait_seconds_total", direction="frame") > 0
+        assert of(second, "autodice_rank_bytes_total", direction="sent") == \
+            sum(e.nbytes * len(e.dst) for e in r.send) * took
 
 
 def test_an_address_that_cannot_be_served_is_one_line(fig2_built):

@@ -60,6 +60,12 @@ def _run_summary(run: dict) -> str:
         parts.append(f"{run['dropped']} frames dropped")
     if run.get("interrupted"):
         parts.append(f"interrupted: {run['interrupted']}")
+    for host, e in (run.get("energy") or {}).items():
+        if e.get("sensor") is None:
+            parts.append(f"{host}: no power sensor")
+        elif e.get("joules_per_frame") is not None:
+            parts.append(f"{host}: {e['joules_per_frame']:.3g} J a frame at {e['watts']:.3g} W "
+                         f"({e['sensor']})")
     return ", ".join(parts)
 
 

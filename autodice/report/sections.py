@@ -21,7 +21,8 @@ def run_section(stats: dict) -> dict:
     return {"frames": stats.get("frames"), "fps": stats.get("fps"),
             "steady_fps": stats.get("steady_fps"), "latency_s": stats.get("latency_s"),
             "histogram": stats.get("latency_histogram"), "ranks": ranks,
-            "interrupted": stats.get("interrupted"), "dropped": stats.get("frames_dropped")}
+            "interrupted": stats.get("interrupted"), "dropped": stats.get("frames_dropped"),
+            "energy": stats.get("energy")}
 
 
 def read_stats(path: Path) -> dict | None:

@@ -4,15 +4,19 @@ Busy time runs from a stream's first frame sent to its last result delivered, su
 session's maps, so the idle time between two ``map`` calls does not dilute frames/s. Steady time
 leaves out each stream's first result (the pipeline filling), as the program's ``steady_fps`` does:
 the rate a camera's long stream sees. A replayed frame keeps its first send time: its latency
-includes the recovery, and each recovery is an incident with its own times.
+includes the recovery, and each recovery is an incident with its own times. Energy is this
+machine's, as its sensor reports it (:mod:`autodice.backend.power`), read as results come.
 """
 
 from __future__ import annotations
 
 import bisect
+import socket
 import time
 
 import numpy as np
+
+from ..power import EnergyMeter, find_sensor
 
 # Seconds, the latency histogram's upper bounds (Prometheus' ``le``): a frame on a Pi's
 # pipeline takes from a millisecond to seconds.
@@ -23,9 +27,11 @@ LATENCY_KEPT = 1_000_000
 
 
 class Figures:
-    def __init__(self, clock=time.perf_counter) -> None:
-        """``clock``: what sends are timed by (seconds)."""
+    def __init__(self, clock=time.perf_counter, energy: EnergyMeter | None = None) -> None:
+        """``clock``: what sends are timed by (seconds); ``energy``: this machine's sensor, as
+        found (:func:`~autodice.backend.power.find_sensor`) unless given."""
         self._clock = clock
+        self.energy = energy or EnergyMeter(find_sensor())
         self._latency = np.zeros(0)  # the last LATENCY_KEPT frames', a ring (grown as needed)
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
@@ -56,7 +62,8 @@ class Figures:
         """:meth:`~autodice.backend.session.Session.stats`, from these figures."""
         out = {**self.summary(), "window": window, "frames_via": frames_via,
                # frames per latency bucket, one more count than bounds: those past the last
-               "latency_histogram": {"le": list(LATENCY_BUCKETS), "counts": list(self.buckets)}}
+               "latency_histogram": {"le": list(LATENCY_BUCKETS), "counts": list(self.buckets)},
+               "energy": {socket.gethostname(): self.energy.report()}}
         if recovering:
             out["incidents"] = self.incidents()
         if job_stats:
@@ -79,6 +86,7 @@ class Figures:
         self._latency[at] = now - sent
         self.buckets[bisect.bisect_left(LATENCY_BUCKETS, now - sent)] += 1
         self.latency_sum += now - sent
+        self.energy.sample(self.delivered)
 
     def summary(self) -> dict:
         """frames, seconds, fps, steady_fps (None before a stream's second result) and

@@ -4,7 +4,9 @@ The gateway (``runtime_cpp/autodice_stream.h``) connects back to a Unix socket o
 and says hello: ``ADSTREAM``, then each model input and output (name, dtype, shape). After that
 every message has a 16-byte header (kind, reserved, frame id or byte count): a frame is its
 inputs' bytes in the hello's order, a result its outputs' bytes; ``STOP`` asks the ranks to
-finish and the gateway answers with their figures (``STATS``, JSON).
+finish and the gateway answers with their figures (``STATS``, JSON). Before a result may come
+``RANKS``: every rank's figures so far (``LIVE_FIELDS``), which the ranks send about every
+second; the session keeps the latest (:attr:`Gateway.live`) for its metrics.
 
 A :class:`Gateway` is the job and that socket, and nothing of the stream: which frames are in
 flight, what to do when the job dies, the figures over many jobs are the session's
@@ -42,7 +44,11 @@ from .frame_copy import copy_frame, prepare
 from .job import Job
 
 _HEADER = struct.Struct("<IIq")  # kind, reserved, frame id or byte count (autodice_stream.h)
-_FRAME, _STOP, _RESULT, _STATS, _SHM = 1, 2, 3, 4, 5
+_FRAME, _STOP, _RESULT, _STATS, _SHM, _RANKS = 1, 2, 3, 4, 5, 6
+# A rank's live figures as the gateway relays them (LiveFigures, runtime_cpp/autodice_stats.h):
+# doubles, in this order; the session keeps them by rank without "rank" and "last".
+LIVE_FIELDS = ("rank", "last", "frames", "compute_s", "recv_wait_s", "send_wait_s",
+               "frame_wait_s", "bytes_sent", "bytes_received", "rss")
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<i8")}
 START_TIMEOUT_S = 120.0  # loading a large sub-model on a small board takes a while
 
@@ -127,6 +133,8 @@ class Gateway:
         self._slots: list[np.ndarray] = []  # shared frame slots (bytes), if the gateway took them
         self._sent = 0
         self._staged: list[memoryview] | None = None  # the frame in the next slot, checked
+        # By rank: its figures so far as it last sent them (about every second while frames flow)
+        self.live: dict[int, dict[str, float]] = {}
         try:
             self.inputs, self.outputs, version = self._hello(plan)
             self._result_bytes = sum(t.nbytes for t in self.outputs)
@@ -231,7 +239,13 @@ class Gateway:
         # Header and body in one read, as the gateway writes them (mid-stream it sends results
         # alone): a read of the header alone costs a second wake-up whenever the body is late.
         data = self.read(_HEADER.size + self._result_bytes)
-        kind, _, _ = _HEADER.unpack_from(data)
+        kind, _, n = _HEADER.unpack_from(data)
+        while kind == _RANKS:  # the ranks' figures first, then (read in part) the result
+            end = _HEADER.size + n
+            self._take_live(data[_HEADER.size:end] + self.read(max(0, end - len(data))))
+            data = data[end:]
+            data += self.read(_HEADER.size + self._result_bytes - len(data))
+            kind, _, n = _HEADER.unpack_from(data)
         if kind != _RESULT:
             raise AutodiceError(f"the gateway sent message kind {kind}, expected a result")
         arrays, offset = {}, _HEADER.size
@@ -253,6 +267,11 @@ class Gateway:
         stats = json.loads(self.read(n, "the job ended at close")) if kind == _STATS else None
         self.hang_up()
         return stats
+
+    def _take_live(self, body: bytes) -> None:
+        rows = np.frombuffer(bytes(body), "<f8").reshape(-1, len(LIVE_FIELDS)).tolist()
+        # every rank, in rank order; a new dict, so a scrape in another thread reads one whole
+        self.live = {k: dict(zip(LIVE_FIELDS[2:], row[2:])) for k, row in enumerate(rows)}
 
     def read(self, n: int, why: str | None = None) -> bytearray:
         """``n`` bytes off the socket. If the gateway hangs up: ``why`` and the job's failure,

@@ -11,18 +11,31 @@ session's own so that two sessions in one process do not mix. ``:port`` binds to
   live source's frames the pipeline could not take;
 - ``autodice_frames_in_flight``: sent, result not yet read (at most the window);
 - ``autodice_frame_latency_seconds``: a histogram of each frame's end-to-end latency;
-- ``autodice_incidents_total{kind="lost"|"rebalanced"}``: a recovering session's restarts.
-
-The ranks' own figures (compute, waits, bytes, memory) come with the job's end (stats.json):
-the gateway does not yet relay them while a stream runs.
+- ``autodice_incidents_total{kind="lost"|"rebalanced"}``: a recovering session's restarts;
+- per rank, labelled ``{rank, host, key, device}``, as the ranks send them to the gateway about
+  every second (``LiveFigures``, runtime_cpp/autodice_stats.h) and it relays them with the next
+  result: ``autodice_rank_frames_total``, ``autodice_rank_compute_seconds_total``,
+  ``autodice_rank_wait_seconds_total{direction="recv"|"send"|"frame"}`` (``frame``: waiting for
+  the gateway's word of the next frame, the source's own pace included),
+  ``autodice_rank_bytes_total{direction="sent"|"received"}`` and ``autodice_rank_rss_bytes``.
+  A restarted job (``--recover``) starts its ranks' counters again from 0, as Prometheus
+  expects of a restarted process (``rate()`` takes resets in its stride);
+- where this machine has a power sensor (:mod:`autodice.backend.power`), labelled
+  ``{host, sensor}``: ``autodice_host_energy_joules_total`` since the stream's first result and
+  ``autodice_host_power_watts``; no sensor, no such metrics (never a made-up 0).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from ...core.errors import AutodiceError
+from ...core.plan import Plan
 from .figures import LATENCY_BUCKETS, Figures
+
+# What the session gives for the per-rank families: its plan and each rank's latest figures.
+Live = Callable[[], tuple[Plan, dict[int, dict[str, float]]]]
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -42,7 +55,8 @@ class Metrics:
     """A session's metrics and their HTTP endpoint (see the module docstring). Read from the
     session's :class:`~.figures.Figures` when scraped: nothing is added to a frame's path."""
 
-    def __init__(self, address: str, figures: Figures, in_flight: Callable[[], int]):
+    def __init__(self, address: str, figures: Figures, in_flight: Callable[[], int],
+                 live: Live | None = None):
         """Start serving at ``address``.
 
         Raises:
@@ -53,7 +67,7 @@ class Metrics:
 
         host, port = parse_address(address)
         self.registry = CollectorRegistry()
-        self.registry.register(_Collector(figures, in_flight))
+        self.registry.register(_Collector(figures, in_flight, live))
         try:
             self._server, _ = start_http_server(port, host, registry=self.registry)
         except OSError as e:
@@ -72,8 +86,8 @@ class Metrics:
 class _Collector:
     """The figures as Prometheus metric families, at each scrape."""
 
-    def __init__(self, figures: Figures, in_flight: Callable[[], int]):
-        self.figures, self.in_flight = figures, in_flight
+    def __init__(self, figures: Figures, in_flight: Callable[[], int], live: Live | None):
+        self.figures, self.in_flight, self.live = figures, in_flight, live
 
     def collect(self):
         from prometheus_client.core import (
@@ -106,3 +120,49 @@ class _Collector:
         for kind in ("lost", "rebalanced"):
             incidents.add_metric([kind], kinds.count(kind))
         yield incidents
+        energy = f.energy
+        if energy.sensor is not None:
+            who = [socket.gethostname(), energy.sensor.name]
+            joules = CounterMetricFamily("autodice_host_energy_joules", "This machine's energy "
+                                         "since the stream's first result.",
+                                         labels=["host", "sensor"])
+            joules.add_metric(who, energy.joules)
+            yield joules
+            if energy.watts is not None:
+                watts = GaugeMetricFamily("autodice_host_power_watts", "This machine's power.",
+                                          labels=["host", "sensor"])
+                watts.add_metric(who, energy.watts)
+                yield watts
+        if self.live is not None:
+            yield from _rank_families(*self.live())
+
+
+def _rank_families(plan: Plan, live: dict[int, dict[str, float]]):
+    """The ranks' live figures as labelled families (see the module docstring)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ["rank", "host", "key", "device"]
+    frames = CounterMetricFamily("autodice_rank_frames", "Frames this rank computed.",
+                                 labels=labels)
+    compute = CounterMetricFamily("autodice_rank_compute_seconds",
+                                  "Seconds this rank computed.", labels=labels)
+    waits = CounterMetricFamily("autodice_rank_wait_seconds", "Seconds this rank waited: to "
+                                "receive, to send, for its next frame.", labels=[*labels,
+                                                                                 "direction"])
+    moved = CounterMetricFamily("autodice_rank_bytes", "Bytes this rank sent and received.",
+                                labels=[*labels, "direction"])
+    rss = GaugeMetricFamily("autodice_rank_rss_bytes", "This rank's resident memory.",
+                            labels=labels)
+    for k, f in sorted(live.items()):
+        if k >= len(plan.ranks):
+            continue  # a restart's plan with fewer ranks: its job's figures come anew
+        r = plan.ranks[k]
+        who = [str(k), r.host, r.key, r.device]
+        frames.add_metric(who, f["frames"])
+        compute.add_metric(who, f["compute_s"])
+        for direction in ("recv", "send", "frame"):
+            waits.add_metric([*who, direction], f[f"{direction}_wait_s"])
+        moved.add_metric([*who, "sent"], f["bytes_sent"])
+        moved.add_metric([*who, "received"], f["bytes_received"])
+        rss.add_metric(who, f["rss"])
+    yield from (frames, compute, waits, moved, rss)

@@ -128,7 +128,6 @@ class Session:
 
     def infer(self, frame):
         """One frame's result, blocking.
-
         Raises:
             FrameError: the frame cannot be sent.
             SessionError: the job ended.
@@ -387,7 +386,8 @@ class Session:
 
     def serve_metrics(self, address: str) -> str:
         """Prometheus metrics at ``address`` until closed (:mod:`.metrics`); where served."""
-        self._metrics = Metrics(address, self._figures, lambda: len(self._inflight))
+        self._metrics = Metrics(address, self._figures, lambda: len(self._inflight),
+                                lambda: (self.plan, self._gw.live if self._gw else {}))
         return self._metrics.address
 
     def close(self) -> None:

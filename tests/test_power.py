@@ -1,0 +1,155 @@
+"""Power sensors (autodice/backend/power.py) read from trees in the formats real boards use.
+
+This machine has no sensor (no /sys/class/hwmon, no /sys/class/powercap), so the readers are
+tested on trees the tests write, each laid out as the kernel lays out that board's:
+
+- a Jetson (JetPack 5 or later): the INA3221 as hwmon, ``name`` ina3221, rails ``in1..3`` with
+  ``in*_label`` (VDD_IN, VDD_CPU_GPU_CV, VDD_SOC), ``in*_input`` in mV, ``curr*_input`` in mA;
+- a GPU or PMBus chip reporting power itself: hwmon ``power1_average`` in microwatts;
+- x86: powercap's ``intel-rapl:N`` zones (``name``, ``energy_uj``, ``max_energy_range_uj``),
+  subzones ``intel-rapl:N:M`` beside them, ``psys`` where the platform has it;
+- a Raspberry Pi 5: ``vcgencmd pmic_read_adc``, one line per rail, ``NAME_A current(k)=...A``
+  and ``NAME_V volt(k)=...V`` (the layout Pi 5 users post; the figures here are made up).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from autodice.backend.power import (
+    NO_SENSOR,
+    EnergyMeter,
+    Sensor,
+    find_sensor,
+    hwmon,
+    parse_pmic,
+    rapl,
+)
+from autodice.backend.session.figures import Figures
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text + "\n")
+    return root
+
+
+def jetson(root: Path) -> Path:
+    h = "sys/class/hwmon"
+    return write(root, {
+        f"{h}/hwmon0/name": "soc_thermal", f"{h}/hwmon0/temp1_input": "41000",
+        f"{h}/hwmon1/name": "ina3221",
+        f"{h}/hwmon1/in1_label": "VDD_IN", f"{h}/hwmon1/in1_input": "5080",
+        f"{h}/hwmon1/curr1_input": "1200",
+        f"{h}/hwmon1/in2_label": "VDD_CPU_GPU_CV", f"{h}/hwmon1/in2_input": "5072",
+        f"{h}/hwmon1/curr2_input": "400",
+        f"{h}/hwmon1/in3_label": "VDD_SOC", f"{h}/hwmon1/in3_input": "5076",
+        f"{h}/hwmon1/curr3_input": "520"})
+
+
+def test_a_jetsons_ina3221_gives_the_boards_input_rail(tmp_path):
+    sensor = find_sensor(jetson(tmp_path))
+    assert sensor.name == "hwmon:ina3221 VDD_IN" and not sensor.counter
+    assert sensor.read() == pytest.approx(5.080 * 1.200)
+    # without a VDD_IN label, every rail summed, each named
+    (tmp_path / "sys/class/hwmon/hwmon1/in1_label").write_text("VIN_SYS\n")
+    sensor = hwmon(tmp_path)
+    assert sensor.name == "hwmon:ina3221 VIN_SYS+VDD_CPU_GPU_CV+VDD_SOC"
+    assert sensor.read() == pytest.approx(5.080 * 1.2 + 5.072 * 0.4 + 5.076 * 0.52)
+
+
+def test_a_chip_that_reports_power_itself(tmp_path):
+    write(tmp_path, {"sys/class/hwmon/hwmon3/name": "amdgpu",
+                     "sys/class/hwmon/hwmon3/power1_average": "15250000"})
+    sensor = find_sensor(tmp_path)
+    assert sensor.name == "hwmon:amdgpu" and sensor.read() == pytest.approx(15.25)
+
+
+def rapl_tree(root: Path, psys: bool) -> Path:
+    p = "sys/class/powercap"
+    files = {f"{p}/intel-rapl:0/name": "package-0", f"{p}/intel-rapl:0/energy_uj": "1000000",
+             f"{p}/intel-rapl:0/max_energy_range_uj": "262143328850",
+             f"{p}/intel-rapl:0:0/name": "core", f"{p}/intel-rapl:0:0/energy_uj": "5"}
+    if psys:
+        files |= {f"{p}/intel-rapl:1/name": "psys", f"{p}/intel-rapl:1/energy_uj": "7000000",
+                  f"{p}/intel-rapl:1/max_energy_range_uj": "262143328850"}
+    return write(root, files)
+
+
+def test_rapl_prefers_the_platform_zone_and_counts_across_a_wrap(tmp_path):
+    assert find_sensor(rapl_tree(tmp_path / "a", psys=True)).name == "rapl:psys"
+    root = rapl_tree(tmp_path / "b", psys=False)
+    sensor = rapl(root)
+    assert sensor.name == "rapl:package-0" and sensor.counter and sensor.read() == 0.0
+    counter = root / "sys/class/powercap/intel-rapl:0/energy_uj"
+    counter.write_text("262143000000\n")  # 262,142 J later
+    assert sensor.read() == pytest.approx(262142.0)
+    counter.write_text("671150\n")  # past the range: started again from 0
+    assert sensor.read() == pytest.approx(262142.0 + 262143328850e-6 - 262143.0 + 0.67115)
+
+
+def test_no_readable_sensor_is_none(tmp_path):
+    write(tmp_path, {"sys/class/powercap/intel-rapl:0/name": "package-0",
+                     "sys/class/hwmon/hwmon0/name": "coretemp",
+                     "sys/class/hwmon/hwmon0/temp1_input": "50000"})  # no energy_uj: root-only
+    assert find_sensor(tmp_path) is None
+
+
+PI5 = """\
+     3V7_WL_SW_A current(0)=0.00390372A
+       3V3_SYS_A current(1)=0.05660760A
+      VDD_CORE_A current(7)=0.71962000A
+     3V7_WL_SW_V volt(8)=3.74237100V
+       3V3_SYS_V volt(9)=3.31684300V
+      VDD_CORE_V volt(15)=0.72000000V
+         EXT5V_V volt(24)=5.14800000V
+"""
+
+
+def test_a_pi5s_pmic_rails_are_summed():
+    want = 0.00390372 * 3.742371 + 0.0566076 * 3.316843 + 0.71962 * 0.72
+    assert parse_pmic(PI5) == pytest.approx(want)  # EXT5V has no current: left out
+    assert parse_pmic("VDD_CORE_V=0.8750V\nVDD_CORE_A=1.2340A\n") == pytest.approx(0.875 * 1.234)
+    assert parse_pmic("error=2 error_msg=\"Command not registered\"") is None
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_power_is_integrated_and_a_missed_reading_is_no_made_up_joule():
+    clock, watts = Clock(), iter([4.0, 6.0, OSError("i2c busy"), 6.0])
+
+    def read():
+        w = next(watts)
+        if isinstance(w, Exception):
+            raise w
+        return w
+
+    meter = EnergyMeter(Sensor("hwmon:test", False, read), every_s=0.2, clock=clock)
+    for t, frames in ((0.0, 1), (0.1, 2), (0.5, 5), (1.0, 9), (1.5, 12)):
+        clock.t = t
+        meter.sample(frames)  # 0.1: too soon; 1.0: the read fails
+    assert meter.joules == pytest.approx((4 + 6) / 2 * 0.5 + 6 * 1.0)
+    report = meter.report()
+    assert report["frames"] == 11 and report["joules_per_frame"] == pytest.approx(8.5 / 11)
+    assert report["seconds"] == pytest.approx(1.5) and report["sensor"] == "hwmon:test"
+
+
+def test_stats_name_the_sensor_or_say_there_is_none():
+    """A session's stats.json speaks of this machine's energy as it is: here, no sensor."""
+    figures = Figures(energy=EnergyMeter(find_sensor()))
+    figures.delivered_one(figures._clock(), True)
+    energy = figures.stats(4, "socket", False, None)["energy"][socket.gethostname()]
+    if find_sensor() is None:
+        assert energy == {"sensor": None, "note": NO_SENSOR}
+    else:
+        assert energy["sensor"] and energy["joules"] >= 0
