@@ -1,4 +1,5 @@
-"""Power sensors (autodice/backend/power.py) read from trees in the formats real boards use.
+"""Power sensors (autodice/backend/power.py), temperatures, clocks and throttling
+(autodice/backend/thermal.py), read from trees in the formats real boards use.
 
 This machine has no sensor (no /sys/class/hwmon, no /sys/class/powercap), so the readers are
 tested on trees the tests write, each laid out as the kernel lays out that board's:
@@ -9,7 +10,9 @@ tested on trees the tests write, each laid out as the kernel lays out that board
 - x86: powercap's ``intel-rapl:N`` zones (``name``, ``energy_uj``, ``max_energy_range_uj``),
   subzones ``intel-rapl:N:M`` beside them, ``psys`` where the platform has it;
 - a Raspberry Pi 5: ``vcgencmd pmic_read_adc``, one line per rail, ``NAME_A current(k)=...A``
-  and ``NAME_V volt(k)=...V`` (the layout Pi 5 users post; the figures here are made up).
+  and ``NAME_V volt(k)=...V`` (the layout Pi 5 users post; the figures here are made up);
+- thermal zones (``thermal_zoneN/type``, ``temp`` in millidegrees) and cpufreq's
+  ``scaling_cur_freq`` (kHz), and a Pi's ``vcgencmd get_throttled`` (``throttled=0x50005``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from autodice.backend.power import (
     rapl,
 )
 from autodice.backend.session.figures import Figures
+from autodice.backend.thermal import clocks, host_families, parse_throttled, temperatures
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -153,3 +157,37 @@ def test_stats_name_the_sensor_or_say_there_is_none():
         assert energy == {"sensor": None, "note": NO_SENSOR}
     else:
         assert energy["sensor"] and energy["joules"] >= 0
+
+
+def test_temperatures_and_clocks_as_a_jetson_lays_them_out(tmp_path):
+    t, c = "sys/class/thermal", "sys/devices/system/cpu"
+    write(tmp_path, {f"{t}/thermal_zone0/type": "CPU-therm", f"{t}/thermal_zone0/temp": "48500",
+                     f"{t}/thermal_zone1/type": "GPU-therm", f"{t}/thermal_zone1/temp": "46000",
+                     f"{t}/thermal_zone10/type": "CPU-therm", f"{t}/thermal_zone10/temp": "50250",
+                     f"{t}/thermal_zone2/type": "PMIC-Die", f"{t}/thermal_zone2/temp": "",
+                     f"{c}/cpu0/cpufreq/scaling_cur_freq": "1510400",
+                     f"{c}/cpu1/cpufreq/scaling_cur_freq": "729600", f"{c}/cpufreq/x": ""})
+    assert temperatures(tmp_path) == {"CPU-therm": 48.5, "GPU-therm": 46.0, "CPU-therm_1": 50.25}
+    assert clocks(tmp_path) == {0: 1510400e3, 1: 729600e3}
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class Host:
+        def collect(self):
+            return host_families("edge01", tmp_path)
+
+    registry = CollectorRegistry()
+    registry.register(Host())
+    text = generate_latest(registry).decode()
+    assert 'autodice_host_temperature_celsius{host="edge01",zone="GPU-therm"} 46.0' in text
+    assert 'autodice_host_cpu_clock_hertz{cpu="1",host="edge01"} 7.296e+08' in text
+    assert "throttled" not in text  # not a Pi: nothing said, not a made-up 0
+
+
+def test_a_pis_throttling_bits():
+    state = parse_throttled("throttled=0x50005\n")
+    assert state["now"] == {"under_voltage": True, "frequency_capped": False, "throttled": True,
+                            "soft_temperature_limit": False}
+    assert state["since_boot"] == {"under_voltage": True, "frequency_capped": False,
+                                   "throttled": True, "soft_temperature_limit": False}
+    assert parse_throttled("throttled=0x0")["since_boot"]["throttled"] is False
+    assert parse_throttled("VCHI initialization failed") is None

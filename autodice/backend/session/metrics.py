@@ -22,7 +22,10 @@ session's own so that two sessions in one process do not mix. ``:port`` binds to
   expects of a restarted process (``rate()`` takes resets in its stride);
 - where this machine has a power sensor (:mod:`autodice.backend.power`), labelled
   ``{host, sensor}``: ``autodice_host_energy_joules_total`` since the stream's first result and
-  ``autodice_host_power_watts``; no sensor, no such metrics (never a made-up 0).
+  ``autodice_host_power_watts``; no sensor, no such metrics (never a made-up 0);
+- where this machine exposes them (:mod:`autodice.backend.thermal`), read at each scrape:
+  ``autodice_host_temperature_celsius{host, zone}``, ``autodice_host_cpu_clock_hertz{host, cpu}``
+  and a Raspberry Pi's ``autodice_host_throttled{host, reason, when="now"|"since_boot"}``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Callable
 
 from ...core.errors import AutodiceError
 from ...core.plan import Plan
+from ..thermal import host_families
 from .figures import LATENCY_BUCKETS, Figures
 
 # What the session gives for the per-rank families: its plan and each rank's latest figures.
@@ -133,6 +137,7 @@ class _Collector:
                                           labels=["host", "sensor"])
                 watts.add_metric(who, energy.watts)
                 yield watts
+        yield from host_families(socket.gethostname())
         if self.live is not None:
             yield from _rank_families(*self.live())
 
