@@ -23,10 +23,10 @@ demo: $(STAMP)
 	    np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))"
 	$(BIN)/autodice split $(DEMO)/squeezenet.onnx -m specs/squeezenet/mapping.json \
 	    -p specs/squeezenet/platform.txt -o $(DEMO)/out --check
-	$(BIN)/autodice view $(DEMO)/out -o $(DEMO)/partition.png
 	$(BIN)/autodice gen $(DEMO)/out
 	$(BIN)/autodice build $(DEMO)/out
 	$(BIN)/autodice run $(DEMO)/out --input $(DEMO)/input.npy --frames 50 --check
+	$(BIN)/autodice view $(DEMO)/out -o $(DEMO)/report.html
 
 # What the tests run besides Python: sshd and rsync (an emulated cluster, tests/test_cluster.py),
 # a Vulkan device for GPU ranks (Mesa's lavapipe: Vulkan on the CPU), for an emulated aarch64
