@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[engine,dse,test]'
 	$(BIN)/pip install -q --no-deps 'pnnx==20261020'
+	# trained PP-OCR models for the tests (tests/test_trained_ocr.py): only its .onnx files
+	$(BIN)/pip install -q --no-deps 'rapidocr-onnxruntime==1.4.4'
 	touch $(STAMP)
 
 # The main job on the bundled default: SqueezeNet (full size, seeded weights) over 2 ranks.

@@ -66,11 +66,14 @@ def check(out, samples: int = 1):
     return autodice.frontend.check.check(out, samples=samples)
 
 
-def gen(out, precision: str = "auto", verify: bool = True):
-    """Convert to ncnn, check every conversion, write the program and a package per host."""
+def gen(out, precision: str = "auto", verify: bool = True, verify_with=None, preprocess=None):
+    """Convert to ncnn, check every conversion (on random frames, or on ``verify_with``'s
+    first: an image made a frame by ``preprocess``, or a .npy), write the program and a
+    package per host."""
     import autodice.backend.gen
 
-    return autodice.backend.gen.gen(out, precision=precision, verify=verify)
+    return autodice.backend.gen.gen(out, precision=precision, verify=verify,
+                                    verify_with=verify_with, preprocess=preprocess)
 
 
 def build(out):

@@ -213,3 +213,21 @@ def test_symbolic_shapes_are_fine_with_input_shape(fig2):
                                        "--input-shape", "x=1x4x5x7", "--check"])
     assert result.exit_code == 0, result.output
     assert "check y: max abs 0" in result.output
+
+
+@pytest.mark.parametrize("frame, expected", [
+    ("missing.png", "--verify-with {d}/missing.png: no such image"),
+    ("wrong.npy", "--verify-with {d}/wrong.npy"),
+])
+def test_a_frame_to_verify_with_that_cannot_be_used_is_one_line(fig2, frame, expected):
+    np.save(fig2 / "wrong.npy", np.zeros((2, 3), np.float32))
+    result = CliRunner().invoke(main, ["split", str(fig2 / "model.onnx"), "-m",
+                                       str(fig2 / "mapping.json"), "-p",
+                                       str(fig2 / "platform.txt"), "-o", str(fig2 / "out")])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["gen", str(fig2 / "out"), "--verify-with",
+                                       str(fig2 / frame)])
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert expected.format(d=fig2) in lines[0]
+    assert not (fig2 / "out" / "ncnn").exists() and not (fig2 / "out" / "packages").exists()

@@ -198,3 +198,21 @@ def test_chained_shape_reshape_resolves(tmp_path):
     g = load_model(tmp_path / "m.onnx")
     assert all(g.types[f"r{k}"].shape == (1, 4, 5, 5) for k in range(3))
     assert {g.names[i] for i in g.followers} == {"s0", "s1", "s2"}
+
+
+def test_paddles_minus_one_dims_are_open_and_an_input_shape_fixes_them(tmp_path):
+    """Paddle's exports write -1 where others name a dim, in inputs and in declared outputs
+    (PP-OCR's classifier: x -1x3x-1x-1, its output -1x2); inference at batch 1 or at the given
+    shape must not take those for sizes that contradict it."""
+    w = numpy_helper.from_array(np.ones((2, 3, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["c"], ["m"], name="pool", axes=[2, 3], keepdims=0),
+             helper.make_node("Identity", ["m"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "paddle", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [-1, 3, -1, -1])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [-1, 2])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              tmp_path / "m.onnx")
+    g = load_model(tmp_path / "m.onnx", {"x": (1, 3, 48, 192)})
+    assert g.types["c"].shape == (1, 2, 48, 192) and g.types["y"].shape == (1, 2)
+    assert load_model(tmp_path / "m.onnx").types["y"].shape == (1, 2)  # batch 1, sizes open

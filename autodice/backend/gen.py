@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+import numpy as np
 
 from ..core.errors import AutodiceError, Problems
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
@@ -186,8 +187,34 @@ def fp16_notes(plan: Plan, precision: str, past: dict[int, Largest], console=Non
     return set(past) if precision == "auto" else set()
 
 
+def verify_feeds(plan: Plan, source: str | Path, preprocess: str | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The first frame of ``source`` (anything ``run --input`` streams: an image, a folder of
+    them made frames by ``preprocess``, a batch .npy) as the model's inputs.
+
+    Raises:
+        AutodiceError: one line naming ``source``: no frame in it, or one that cannot be made.
+    """
+    from .session.results import source_frames
+
+    try:
+        _, pairs = source_frames(plan, source, 1, preprocess)
+        frame = next(iter(pairs))[1]
+    except StopIteration:
+        raise AutodiceError(f"--verify-with {source}: no frame in it") from None
+    except AutodiceError as e:  # most name the source already
+        said = str(e)
+        raise AutodiceError(f"--verify-with {said}" if said.startswith(str(source)) else
+                            f"--verify-with {source}: {said}") from None
+    if isinstance(frame, Exception):
+        raise AutodiceError(f"--verify-with {source}: {frame}")
+    t = plan.model_inputs[0]
+    return {t.name: np.asarray(frame, t.dtype).reshape(t.shape)}
+
+
 def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: bool = True,
-        console=None) -> Plan:
+        console=None, verify_with: str | Path | None = None,
+        preprocess: str | None = None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
 
     Args:
@@ -197,6 +224,8 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
         progress: called with each rank as its conversion finishes.
         verify: load and run every converted model with ncnn and compare it with onnxruntime
             (:mod:`.verify`); off only where no C++ toolchain is at hand.
+        verify_with: compare on this source's first frame (:func:`verify_feeds`, images made
+            frames by ``preprocess``) instead of random ones: a detector finds nothing in noise.
 
     Raises:
         AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
@@ -210,15 +239,17 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
     claim(out_dir)  # an autodice output, or nothing is written into it
     fp16_weights = precision == "fp16"
     fp16_ranks = [r for r in plan.ranks if rank_fp16(r, precision)]
-    values = (chain_values(plan, out_dir, random_inputs(plan, seed=0))
-              if verify or fp16_ranks else {})
+    feeds = (verify_feeds(plan, verify_with, preprocess) if verify_with is not None
+             else random_inputs(plan, seed=0))
+    values = chain_values(plan, out_dir, feeds) if verify or fp16_ranks else {}
     past = past_fp16(out_dir, values, fp16_ranks)
     kept_fp32 = fp16_notes(plan, precision, past, console)
     # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
     with staged(out_dir / "ncnn", owned=True) as converting:
         convert_all(plan, out_dir, converting, fp16_weights, progress)
         if verify:
-            verify_conversions(plan, out_dir, converting, values, fp16_weights, past, console)
+            verify_conversions(plan, out_dir, converting, values, fp16_weights, past, console,
+                               on_noise=verify_with is None)
         claim(out_dir, "ncnn/")
     ncnn_dir = out_dir / "ncnn"
     program = render_program(plan, precision, kept_fp32)

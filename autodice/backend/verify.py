@@ -35,11 +35,16 @@ from .tools import build_tools
 
 def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
                        values: dict[str, np.ndarray], fp16: bool = False,
-                       past_fp16: dict[int, Largest] | None = None, console=None) -> None:
+                       past_fp16: dict[int, Largest] | None = None, console=None,
+                       on_noise: bool = True) -> None:
     """Load and run every rank's ncnn model; compare with its ONNX sub-model, each fed
-    ``values`` (:func:`~..frontend.check.chain_values` on :func:`~..frontend.check.random_inputs`
-    of seed 0). With ``fp16`` weights, a rank in ``past_fp16`` that is off is blamed on its
-    values' range, not on pnnx.
+    ``values`` (:func:`~..frontend.check.chain_values` of the model's inputs: random ones of
+    seed 0, ``on_noise``, else the user's frame). With ``fp16`` weights, a rank in ``past_fp16``
+    that is off is blamed on its values' range, not on pnnx.
+
+    A trained detector fed noise may find nothing: its map sits near 0 (PP-OCR's text detector:
+    6e-5 at most), and an error that is nothing on a real frame (7e-5 of its scale) is 0.2 % of
+    that. So a mismatch on noise says how to verify on real frames instead.
 
     Raises:
         AutodiceError: one line per rank whose model ncnn cannot load (unknown layer types and
@@ -55,6 +60,9 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
             cause = (f"its {too_big.note()}: fp16 may not hold them (gen --precision auto or "
                      f"fp32), or pnnx mis-converted layers of {rank.submodel}" if too_big
                      else f"pnnx mis-converted layers of {rank.submodel}")
+            if on_noise:
+                cause += (" (checked on random frames: if the model's outputs are near 0 on "
+                          "noise, check on a real one with gen --verify-with FRAME)")
             return _verify_rank(rank, out_dir, ncnn_models, tools / "ncnn_check", work,
                                 RTOL_FP16 if fp16 else RTOL, values, cause)
 

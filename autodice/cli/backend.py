@@ -25,7 +25,12 @@ from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, mo
 @click.option("--fp16", is_flag=True, help="Same as --precision fp16.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
-def gen(output, precision, fp16, verify):
+@click.option("--verify-with", metavar="FRAME", default=None,
+              help="Check each conversion on this frame (an image, a folder's first, a .npy) "
+                   "instead of random ones: a detector finds nothing in noise.")
+@click.option("--preprocess", default=None, metavar="RECIPE",
+              help="How --verify-with's image becomes a frame, as run --preprocess.")
+def gen(output, precision, fp16, verify, verify_with, preprocess):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from ..backend.gen import gen as run_gen
     from ..core.plan import load_plan
@@ -40,7 +45,8 @@ def gen(output, precision, fp16, verify):
         task = bar.add_task("converting sub-models with pnnx, then checking them in ncnn",
                             total=n)
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
-                       verify=verify, console=console)
+                       verify=verify, console=console, verify_with=verify_with,
+                       preprocess=preprocess)
     out.print(visible(f"wrote {output}/packages/ for {', '.join(plan.hosts())}"))
 
 

@@ -120,6 +120,11 @@ def _type_of(value_info) -> TensorType | None:
     return TensorType(tuple(dims), tt.elem_type)
 
 
+def _dynamic(d) -> bool:
+    """A dimension the model leaves open: named, unset, or a number that is no size (-1, 0)."""
+    return not d.HasField("dim_value") or d.dim_value <= 0
+
+
 def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
                 input_shapes: dict[str, tuple[int, ...]],
                 constants: dict[str, TensorProto] | None = None,
@@ -164,9 +169,12 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
             for d, v in zip(dims, want):
                 d.Clear()
                 d.dim_value = v
-        elif dims and not dims[0].HasField("dim_value"):
-            dims[0].Clear()
-            dims[0].dim_value = 1
+            continue
+        for k, d in enumerate(dims):
+            if _dynamic(d):  # Paddle's exports write -1 (or 0) where others name the dim
+                d.Clear()
+                if k == 0:
+                    d.dim_value = 1
     problems.raise_if_any()
     for name, ref in lazy.tensors.items():
         if name in lazy.small:
@@ -174,6 +182,10 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
         else:
             g.input.append(helper.make_tensor_value_info(name, ref.data_type, ref.dims))
     g.output.extend(graph.output)
+    for vi in g.output:  # a declared -1 would contradict what batch 1 infers
+        for d in vi.type.tensor_type.shape.dim:
+            if _dynamic(d):
+                d.Clear()
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as e:  # onnx raises several C++-bound error types
