@@ -65,6 +65,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/detect_bench.py
 	$(BIN)/python bench/report_bench.py
 	$(BIN)/python bench/metrics_bench.py
+	$(BIN)/python bench/check_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
 	  && $(BIN)/python bench/arm_bench.py --ncnn; \

@@ -135,3 +135,27 @@ def test_the_recognizers_string(tmp_path):
     got = ["".join(table[c] for c in ctc(y)).strip() for y in stream(out, frames)]
     want = ["".join(table[c] for c in ctc(y)).strip() for y in whole(name, frames)]
     assert got == want == WORDS  # split over two keys in ncnn, it reads what was drawn
+
+
+@needs_models
+def test_will_it_run_names_the_first_layer_that_fails_alone(tmp_path):
+    """``layers --check`` on the detector: on noise its map is near 0, where ncnn's Sigmoid is
+    off by 0.2 % of that scale (1e-7 absolute): the check cuts its 330 layers down to that one.
+    On a drawn page every layer runs; asked again, the answer is the cached one."""
+    from click.testing import CliRunner
+
+    from autodice.cli import main
+
+    model = MODELS / "ch_PP-OCRv4_det_infer.onnx"
+    np.save(tmp_path / "page.npy", as_frame(page(0), [0.485, 0.456, 0.406],
+                                            [0.229, 0.224, 0.225]))
+    ask = ["layers", str(model), "--input-shape", "x=1x3x320x320", "--check"]
+    r = CliRunner().invoke(main, ask)
+    assert r.exit_code == 1, r.output
+    assert 'the first layer that fails is "p2o.Sigmoid.0"' in r.output
+    assert "--verify-with FRAME" in r.output  # how to check on a real frame
+    for k in range(2):  # the second time (at least) from the cache
+        r = CliRunner().invoke(main, [*ask, "--verify-with", str(tmp_path / "page.npy")])
+        assert r.exit_code == 0 and "every layer runs in ncnn (330 layers)" in r.output
+        assert "on your frame" in r.output and (k == 0 or r.output.rstrip().endswith(
+            "(cached)")), r.output

@@ -36,11 +36,12 @@ from .tools import build_tools
 def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
                        values: dict[str, np.ndarray], fp16: bool = False,
                        past_fp16: dict[int, Largest] | None = None, console=None,
-                       on_noise: bool = True) -> None:
+                       on_noise: bool = True) -> float:
     """Load and run every rank's ncnn model; compare with its ONNX sub-model, each fed
     ``values`` (:func:`~..frontend.check.chain_values` of the model's inputs: random ones of
     seed 0, ``on_noise``, else the user's frame). With ``fp16`` weights, a rank in ``past_fp16``
-    that is off is blamed on its values' range, not on pnnx.
+    that is off is blamed on its values' range, not on pnnx. Returns the largest error found
+    (of an output's scale).
 
     A trained detector fed noise may find nothing: its map sits near 0 (PP-OCR's text detector:
     6e-5 at most), and an error that is nothing on a real frame (7e-5 of its scale) is 0.2 % of
@@ -51,9 +52,21 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
             their ONNX nodes named) or whose outputs differ from onnxruntime's beyond the
             tolerance (the output, the error).
     """
+    found = verify_ranks(plan, out_dir, ncnn_models, values, fp16, past_fp16, console, on_noise)
+    problems = [p for said, _ in found.values() for p in said]
+    if problems:
+        raise AutodiceError(*problems)
+    return max((worst for _, worst in found.values()), default=0.0)
+
+
+def verify_ranks(plan: Plan, out_dir: Path, ncnn_models: Path, values: dict[str, np.ndarray],
+                 fp16: bool = False, past_fp16: dict[int, Largest] | None = None, console=None,
+                 on_noise: bool = True) -> dict[int, tuple[list[str], float]]:
+    """:func:`verify_conversions`' findings by rank: its problems (none: it passed) and the
+    largest error of its outputs."""
     tools = build_tools(ensure_ncnn(console=console))
     with tempfile.TemporaryDirectory(prefix="autodice-verify-") as tmp:
-        def one(rank: Rank) -> list[str]:
+        def one(rank: Rank) -> tuple[list[str], float]:
             work = Path(tmp) / str(rank.rank)
             work.mkdir()
             too_big = (past_fp16 or {}).get(rank.rank) if fp16 else None
@@ -67,9 +80,7 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
                                 RTOL_FP16 if fp16 else RTOL, values, cause)
 
         with ThreadPoolExecutor(max_workers=2) as pool:
-            problems = [p for found in pool.map(one, plan.ranks) for p in found]
-    if problems:
-        raise AutodiceError(*problems)
+            return dict(zip((r.rank for r in plan.ranks), pool.map(one, plan.ranks)))
 
 
 def _who(rank: Rank) -> str:
@@ -77,7 +88,8 @@ def _who(rank: Rank) -> str:
 
 
 def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, work: Path,
-                 rtol: float, values: dict[str, np.ndarray], cause: str) -> list[str]:
+                 rtol: float, values: dict[str, np.ndarray], cause: str
+                 ) -> tuple[list[str], float]:
     floats = all(np.issubdtype(np.dtype(t.dtype), np.floating) for t in rank.submodel_inputs)
     feeds = {t.name: np.asarray(values[t.name], np.float32)
              for t in rank.submodel_inputs} if floats else {}
@@ -89,16 +101,16 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
     proc = subprocess.run([str(checker), f"{base}.param", f"{base}.bin", str(work),
                            *map(str, paths)], capture_output=True, text=True, timeout=600)
     if proc.returncode == 3:
-        return [_unknown_layers(rank, out_dir, proc.stdout)]
+        return [_unknown_layers(rank, out_dir, proc.stdout)], 0.0
     if proc.returncode != 0:
         said = (proc.stdout + proc.stderr).strip().splitlines()
         ops = model_ops(onnx.load(str(out_dir / rank.submodel), load_external_data=False))
         return [f"{_who(rank)}: ncnn cannot load {base.name}.param "
                 f"({said[-1] if said else f'exit {proc.returncode}'}), converted from ONNX "
-                f"{', '.join(ops[:8])}{' ...' if len(ops) > 8 else ''}"]
+                f"{', '.join(ops[:8])}{' ...' if len(ops) > 8 else ''}"], 0.0
     if not feeds:
-        return []  # integer inputs: ncnn computes in floats; the load check is what we can do
-    problems = []
+        return [], 0.0  # integer inputs: ncnn computes in floats; the load check is all we can do
+    problems, worst = [], 0.0
     for k, spec in enumerate(rank.submodel_outputs):
         ref = values[spec.name]
         got = np.load(work / f"out{k}.npy")
@@ -109,12 +121,13 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
                             f"onnxruntime {ref.size}: pnnx mis-converted it")
             continue
         diff, rel = difference(got, ref)
+        worst = max(worst, rel)
         if not rel <= rtol:
             problems.append(f'{_who(rank)}: ncnn computes "{spec.name}"'
                             f"{_made_by(rank, out_dir, spec.name)} off by {rel:.3g} of its "
                             f"scale (max |diff| {diff:.3g}, tolerance {rtol:g}) against "
                             f"onnxruntime: {cause}")
-    return problems
+    return problems, worst
 
 
 # pnnx's names for what it could not lower, by the ONNX ops they come from (its torch-level

@@ -101,7 +101,16 @@ def check(output, samples, rtol, model):
                    "into it over the link from the key before (its bandwidth= and latency=).")
 @click.option("--by", type=click.Choice(["time", "flops"]), default="time", show_default=True,
               help="What --balance evens out.")
-def layers(model, input_shapes, as_json, balance, profile_path, platform_path, by):
+@click.option("--check", is_flag=True,
+              help="Will ncnn run it? The whole model converted and run in ncnn against "
+                   "onnxruntime (cached by the model's bytes): every layer runs, with the "
+                   "largest error, or the first layer that fails and how (exit 1).")
+@click.option("--verify-with", metavar="FRAME", default=None,
+              help="--check on this frame (an image, a folder's first, a .npy), not noise.")
+@click.option("--preprocess", default=None, metavar="RECIPE",
+              help="How --verify-with's image becomes a frame, as run --preprocess.")
+def layers(model, input_shapes, as_json, balance, profile_path, platform_path, by, check,
+           verify_with, preprocess):
     """List MODEL's layers: the names a mapping uses, with shapes, parameters and FLOPs."""
     from ..core.mapping import mapping_json
     from ..core.model import load_model
@@ -113,7 +122,13 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
     only_with("--balance", bool(balance), "profile_path", "platform_path", "by")
     only_with("--by time", by == "time", "profile_path", "platform_path")
     only_with("a listing (no --balance: it prints a mapping)", not balance, "as_json")
+    only_with("--check", check, "verify_with", "preprocess")
     shapes = parse_input_shapes(input_shapes)
+    if check:
+        if balance:
+            raise AutodiceError("--check and --balance: one or the other")
+        _check_model(model, shapes, verify_with, preprocess)
+        return
     graph = load_model(model, shapes)
     if balance:
         keys = balance.split(",")
@@ -159,6 +174,30 @@ def layers(model, input_shapes, as_json, balance, profile_path, platform_path, b
                       human_bytes(r["param_bytes"]),
                       f"{r['flops'] / 1e6:.1f} M", "follows" if r["follows"] else "")
     out.print(table)
+
+
+def _check_model(model, shapes, verify_with, preprocess) -> None:
+    """``layers --check``: the answer on stdout, one line; exit 1 where ncnn fails the model."""
+    from ..backend.model_check import check_model
+
+    with console.status("converting the whole model and running it in ncnn"):
+        found = check_model(model, shapes, verify_with, preprocess, console=console)
+    on = "your frame" if verify_with else "a random frame"
+    cached = " (cached)" if found.cached else ""
+    if found.runs:
+        out.print(visible(f"{model}: every layer runs in ncnn ({found.layers} layers): largest "
+                          f"error {found.worst:.3g} of an output's scale against onnxruntime "
+                          f"on {on}{cached}"), soft_wrap=True)
+        return
+    where = (f'the first layer that fails is "{found.layer}"' if found.layer else
+             "no single layer fails alone")
+    out.print(visible(f"{model}: ncnn does not run it as onnxruntime does ({on}): {where}: "
+                      f"{found.problem}{cached}"), soft_wrap=True)
+    if not verify_with:
+        console.print("note: checked on a random frame: a model whose outputs are near 0 on "
+                      "noise (a trained detector) may pass on a real one: --verify-with FRAME",
+                      soft_wrap=True)
+    raise SystemExit(1)
 
 
 @main.command()
