@@ -273,6 +273,7 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_nam
     build(fig2 / "out")
     np.save(fig2 / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
     program = fig2 / "out" / "packages" / "edge01" / "build" / "program"
+    shm_before = set(Path("/dev/shm").iterdir()) if Path("/dev/shm").is_dir() else set()
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(run, fig2 / "out", {"input": fig2 / "x.npy"}, frames=10**8)
         pid = _rank_pid(program, 1)
@@ -289,6 +290,9 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_nam
         assert first == "rank 1 (edge01_arm4 on edge01) died: killed by signal 9 (Killed)"
     else:
         assert first.startswith("rank 1 (edge01_arm4 on edge01) stopped responding (rank 0 for")
+    # The killed rank's shared memory (Open MPI's 16 MB file) went with the job.
+    if Path("/dev/shm").is_dir():
+        assert set(Path("/dev/shm").iterdir()) - shm_before == set()
 
 
 @pytest.mark.parametrize("output, deaths, first", [
