@@ -36,7 +36,8 @@ pytestmark = pytest.mark.cpp
 
 
 def shm() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir()}
+    """Shared memory held: the files under /dev/shm (a job's folder left empty holds none)."""
+    return {str(p) for p in Path("/dev/shm").rglob("*") if p.is_file()}
 
 
 def cli(*args: str, **options) -> subprocess.Popen:
@@ -210,6 +211,8 @@ def test_a_dead_job_names_its_rank_without_open_mpis_notices(fig2_built):
     log = Path(caught.value.problems[-2].removeprefix("log: "))
     assert log.is_file() and log.parent.name == "logs"  # the log outlives the session's folder
     assert not list(Path(os.environ["TMPDIR"]).glob(f"autodice-session-{os.getpid()}-*"))
+    # rank 0 died before it could remove its shared memory: the job's folder went with the job
+    assert not list(Path("/dev/shm").glob(f"autodice-job-{os.getpid()}-*"))
 
 
 def test_stale_session_folders_of_dead_processes_are_swept(fig2_built, tmp_path):

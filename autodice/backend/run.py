@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from .engine import mpi_prefix
 from .failure import explain_failure, without_notices
 from .session import Session
 from .session.frames import open_npy
-from .session.job import job_log
+from .session.job import job_log, own_folder
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ def check_tolerance(stats: dict) -> tuple[float, str]:
 
 
 _FOREVER_S = 10.0 ** 9  # "no limit", as a limit: see ProcessJob.wait
+SHM = "/dev/shm"  # where a local job's shared-memory files go, in a folder of its own
 
 
 class ProcessJob:
@@ -204,9 +206,22 @@ def local_mpirun(plan: Plan, program: Path, folder: Path, args: list[str],
 
 
 class LocalJob(ProcessJob):
-    """Every rank and the gateway on this machine under mpirun, output to ``log``."""
+    """Every rank and the gateway on this machine under mpirun, output to ``log``.
+
+    Each rank's Open MPI shares memory through a 16 MB file in /dev/shm that it removes as it
+    finalizes: a rank that died (a crash, the OOM killer) left its job's files there for good,
+    16 MB a process, and a local stream restarted after losses for days fills the machine's
+    RAM. So a job keeps them in a folder of its own (``btl_sm_backing_directory``), removed
+    once the job has ended however it ended, or, if autodice itself was killed, by the next
+    job (:func:`~.session.job.own_folder`).
+    """
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, plan: Plan):
+        try:
+            self.shm: Path | None = own_folder(Path(SHM), "job")
+            argv = [argv[0], "--mca", "btl_sm_backing_directory", str(self.shm), *argv[1:]]
+        except OSError:  # no /dev/shm here: Open MPI's default place
+            self.shm = None
         super().__init__(argv, log, env)
         self.plan = plan
 
@@ -216,6 +231,13 @@ class LocalJob(ProcessJob):
             if self.wait(15) is None:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
+        self._done(self.proc.returncode)
+
+    def _done(self, code: int | None) -> int | None:
+        if code is not None and self.shm is not None:  # mpirun has ended its ranks
+            shutil.rmtree(self.shm, ignore_errors=True)
+            self.shm = None
+        return super()._done(code)
 
     def failure(self, code: int | None) -> list[str]:
         said = self.log.read_text(errors="replace")

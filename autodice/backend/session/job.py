@@ -79,11 +79,19 @@ class SessionError(JobError):
 
 
 def session_folder() -> Path:
-    """A new folder for a session's socket and launch files, named after this process; those of
-    sessions whose process died without removing theirs (SIGKILL) are removed first."""
-    tmp = Path(tempfile.gettempdir())
-    for stale in tmp.glob("autodice-session-*-*"):
+    """A new folder for a session's socket and launch files (:func:`own_folder`)."""
+    return own_folder(Path(tempfile.gettempdir()), "session")
+
+
+def own_folder(parent: Path, kind: str) -> Path:
+    """A new folder ``autodice-KIND-PID-...`` in ``parent``, named after this process; those of
+    processes that died without removing theirs (SIGKILL) are removed first.
+
+    Raises:
+        OSError: ``parent`` cannot hold it.
+    """
+    for stale in parent.glob(f"autodice-{kind}-*-*"):
         pid = stale.name.split("-")[2]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"autodice-session-{os.getpid()}-"))
+    return Path(tempfile.mkdtemp(prefix=f"autodice-{kind}-{os.getpid()}-", dir=parent))
