@@ -28,8 +28,8 @@ class _Group:
     nodes: list[int]
 
 
-def _groups(graph: Graph, shown: list[int], rank_of: dict[int, int],
-            preds: dict[int, set[int]], succs: dict[int, set[int]]) -> list[_Group]:
+def _groups(shown: list[int], rank_of: dict[int, int], preds: dict[int, set[int]],
+            succs: dict[int, set[int]]) -> list[_Group]:
     """Chains of one rank merged (a node whose only producer feeds only it joins that
     producer's group) when the model is large; else one group per layer."""
     merge = len(shown) > EVERY_LAYER
@@ -64,7 +64,7 @@ def partition_view(plan: Plan, graph: Graph) -> dict:
                 preds[i].add(producer[t])
                 succs[producer[t]].add(i)
                 feeds.setdefault((producer[t], i), []).append(t)
-    groups = _groups(graph, shown, rank_of, preds, succs)
+    groups = _groups(shown, rank_of, preds, succs)
     group_of = {i: g for g, group in enumerate(groups) for i in group.nodes}
 
     depth = [0] * len(groups)
