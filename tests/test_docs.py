@@ -124,6 +124,7 @@ def test_the_quickstart_runs_as_written(tmp_path):
                               capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{block}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert (tmp_path / "out" / "results" / "stats.json").exists()
+    assert "Plotly" in (tmp_path / "report.html").read_text()  # the page, whole
 
 
 if __name__ == "__main__":
