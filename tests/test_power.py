@@ -17,6 +17,7 @@ tested on trees the tests write, each laid out as the kernel lays out that board
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -191,3 +192,22 @@ def test_a_pis_throttling_bits():
                                    "throttled": True, "soft_temperature_limit": False}
     assert parse_throttled("throttled=0x0")["since_boot"]["throttled"] is False
     assert parse_throttled("VCHI initialization failed") is None
+
+
+@pytest.mark.cpp
+def test_a_repeated_run_meters_its_energy_while_the_job_runs(fig2_built, tmp_path, monkeypatch):
+    """``run`` (the program's own loop, no session) reads the sensor while the job runs and
+    writes joules a frame into stats.json; here a sensor that reads 5 W stands in for one."""
+    import numpy as np
+
+    import autodice.backend.run as local_run
+
+    monkeypatch.setattr(local_run, "find_sensor", lambda: Sensor("hwmon:test", False, lambda: 5.0))
+    np.save(tmp_path / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
+    res = local_run.run(fig2_built / "out", {"input": tmp_path / "x.npy"}, frames=30000,
+                        results=tmp_path / "r")
+    energy = json.loads((tmp_path / "r" / "stats.json").read_text())["energy"]
+    e = energy[socket.gethostname()]
+    assert e["sensor"] == "hwmon:test" and e["frames"] == res.stats["frames"] == 30000
+    assert e["seconds"] > 0.2 and e["joules"] == pytest.approx(5.0 * e["seconds"])
+    assert e["joules_per_frame"] == pytest.approx(e["joules"] / 30000)

@@ -183,11 +183,15 @@ class EnergyMeter:
             self.watts = value
         self._last = (now, value, frames)
 
-    def report(self) -> dict:
-        """What stats.json says of energy on this machine (``sensor`` None: there is none)."""
+    def report(self, frames: int | None = None) -> dict:
+        """What stats.json says of energy on this machine (``sensor`` None: there is none);
+        ``frames``: those the energy went into, where the samples did not count them (a job's
+        own loop)."""
         if self.sensor is None:
             return {"sensor": None, "note": NO_SENSOR}
+        frames = self.frames if frames is None else frames
         return {"sensor": self.sensor.name, "joules": self.joules, "seconds": self.seconds,
-                "frames": self.frames,
+                "frames": frames,
                 "watts": self.joules / self.seconds if self.seconds > 0 else self.watts,
-                "joules_per_frame": self.joules / self.frames if self.frames else None}
+                "joules_per_frame": self.joules / frames if frames and self.seconds > 0
+                else None}

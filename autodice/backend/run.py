@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +25,11 @@ from ..core.plan import Plan, load_plan
 from ..frontend.check import RTOL, RTOL_FP16
 from .engine import mpi_prefix
 from .failure import explain_failure, without_notices
+from .power import EnergyMeter, find_sensor
 from .session import Session
 from .session.frames import open_npy
 from .session.job import job_log, own_folder
+from .session.results import write_json
 
 
 @dataclass(frozen=True)
@@ -301,9 +305,10 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     files = tensor_files(plan)
     for name in ("stats.json", *(files[t.name] for t in plan.model_outputs)):
         (results / name).unlink(missing_ok=True)  # an earlier run's: none may pass for this one's
+    meter = EnergyMeter(find_sensor())
     job = LocalJob(cmd, env, results / "job.log", plan)  # its own process group
     try:
-        code = job.wait(timeout_s)
+        code = _wait_metered(job, timeout_s, meter)
     finally:
         job.stop()  # past the time, or Ctrl-C: mpirun ends its ranks, in order
     if code is None:
@@ -312,8 +317,25 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     if code != 0 or not (results / "stats.json").exists():
         raise JobError(*job.failure(code))
     stats = json.loads((results / "stats.json").read_text())
+    stats["energy"] = {socket.gethostname(): meter.report(frames=stats["frames"])}
+    write_json(results / "stats.json", stats)
     outputs = model_outputs(plan, results)
     return RunResult(results, stats, outputs, tuple(binding_problems(plan, stats)))
+
+
+def _wait_metered(job: LocalJob, timeout_s: float | None, meter: EnergyMeter) -> int | None:
+    """``job.wait(timeout_s)``, reading this machine's energy meanwhile where it has a sensor
+    (:mod:`.power`): the job's own loop tells no one when its frames pass."""
+    if meter.sensor is None:
+        return job.wait(timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        meter.sample(0)
+        left = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+        code = job.wait(max(left, 0.0))
+        if code is not None or (deadline is not None and time.monotonic() >= deadline):
+            meter.sample(0)
+            return code
 
 
 def model_outputs(plan: Plan, results: Path) -> dict[str, np.ndarray]:
