@@ -146,7 +146,9 @@ void LiveReport::last(const Stats& st, int64_t frames) {
   MPI_Send(&out_, kLiveDoubles, MPI_DOUBLE, gateway_, tag_, MPI_COMM_WORLD);
 }
 
-LiveReport::~LiveReport() {  // a rank leaving early (an exception): the send ends on its own
+LiveReport::~LiveReport() {
+  // Only a rank leaving by an exception gets here with a send on its way, and the job is then
+  // being aborted: freeing the request keeps the abort from waiting on the gateway.
   if (pending_ != MPI_REQUEST_NULL) MPI_Request_free(&pending_);
 }
 

@@ -187,14 +187,17 @@ def fp16_notes(plan: Plan, precision: str, past: dict[int, Largest], console=Non
     return set(past) if precision == "auto" else set()
 
 
-def verify_feeds(plan: Plan, source: str | Path, preprocess: str | None = None
+def verify_feeds(plan: Plan, source: str | Path | None = None, preprocess: str | None = None
                  ) -> dict[str, np.ndarray]:
-    """The first frame of ``source`` (anything ``run --input`` streams: an image, a folder of
-    them made frames by ``preprocess``, a batch .npy) as the model's inputs.
+    """What conversions are checked on: the first frame of ``source`` (anything ``run --input``
+    streams: an image, a folder of them made frames by ``preprocess``, a batch .npy) as the
+    model's inputs, or, ``source`` None, seeded random inputs.
 
     Raises:
         AutodiceError: one line naming ``source``: no frame in it, or one that cannot be made.
     """
+    if source is None:
+        return random_inputs(plan, seed=0)
     from .session.results import source_frames
 
     try:
@@ -239,9 +242,8 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
     claim(out_dir)  # an autodice output, or nothing is written into it
     fp16_weights = precision == "fp16"
     fp16_ranks = [r for r in plan.ranks if rank_fp16(r, precision)]
-    feeds = (verify_feeds(plan, verify_with, preprocess) if verify_with is not None
-             else random_inputs(plan, seed=0))
-    values = chain_values(plan, out_dir, feeds) if verify or fp16_ranks else {}
+    values = (chain_values(plan, out_dir, verify_feeds(plan, verify_with, preprocess))
+              if verify or fp16_ranks else {})
     past = past_fp16(out_dir, values, fp16_ranks)
     kept_fp32 = fp16_notes(plan, precision, past, console)
     # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.

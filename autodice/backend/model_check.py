@@ -24,7 +24,7 @@ from ..core.errors import AutodiceError
 from ..core.mapping import mapping_json
 from ..core.model import load_model
 from ..core.outdir import write_atomic
-from ..frontend.check import chain_values, random_inputs
+from ..frontend.check import chain_values
 from ..frontend.split import split
 from .convert import PNNX_VERSION, RECIPE, convert_all
 from .engine import cache_key, cache_root, ncnn_flags
@@ -61,23 +61,23 @@ def _said(problem: str) -> str:
 
 
 def _check(model: Path, shapes, names: list[str], pieces: list[list[str]], work: Path,
-           feeds) -> list[tuple[list[str], list[str]]]:
+           feeds, on_noise: bool = False, console=None) -> list[tuple[list[str], list[str], float]]:
     """Each piece of ``names`` (the rest of the layers as a key before and one after) checked
-    as gen checks keys; returns the pieces' (layers, problems)."""
+    as gen checks keys; returns the pieces' (layers, problems, largest error)."""
     first = names.index(pieces[0][0])
     last = names.index(pieces[-1][-1]) + 1
     keys = ([names[:first]] if first else []) + pieces + ([names[last:]] if last < len(names)
                                                         else [])
-    mapping = {_key(k): layers for k, layers in enumerate(keys)}
-    (work / "mapping.json").write_text(mapping_json(mapping))
+    work.mkdir()
+    (work / "mapping.json").write_text(mapping_json({_key(k): ls for k, ls in enumerate(keys)}))
     (work / "platform.txt").write_text(f"{HOST}, cpu, slots=0-{len(keys) - 1}\n")
     out = work / "out"
     plan = split(model, work / "mapping.json", work / "platform.txt", out, shapes)
     convert_all(plan, out, out / "ncnn")
     values = chain_values(plan, out, feeds(plan))
-    found = verify_ranks(plan, out, out / "ncnn", values, on_noise=False)
+    found = verify_ranks(plan, out, out / "ncnn", values, console=console, on_noise=on_noise)
     offset = 1 if first else 0
-    return [(piece, found[offset + k][0]) for k, piece in enumerate(pieces)]
+    return [(piece, *found[offset + k]) for k, piece in enumerate(pieces)]
 
 
 def check_model(model: str | Path, input_shapes=None, verify_with: str | Path | None = None,
@@ -104,22 +104,13 @@ def check_model(model: str | Path, input_shapes=None, verify_with: str | Path | 
     names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
 
     def feeds(plan):
-        return (verify_feeds(plan, verify_with, preprocess) if verify_with is not None
-                else random_inputs(plan, seed=0))
+        return verify_feeds(plan, verify_with, preprocess)
 
     with tempfile.TemporaryDirectory(prefix="autodice-model-check-") as tmp:
-        whole = Path(tmp) / "whole"
-        whole.mkdir()
-        (whole / "mapping.json").write_text(mapping_json({_key(0): names}))
-        (whole / "platform.txt").write_text(f"{HOST}, cpu, slots=0\n")
-        plan = split(model, whole / "mapping.json", whole / "platform.txt", whole / "out", shapes)
-        convert_all(plan, whole / "out", whole / "out" / "ncnn")
-        values = chain_values(plan, whole / "out", feeds(plan))
-        said, worst = verify_ranks(plan, whole / "out", whole / "out" / "ncnn", values,
-                                   console=console, on_noise=verify_with is None)[0]
-        result = ModelCheck(len(names), worst, None, None)
-        if said:
-            result = _narrow(model, shapes, names, said, Path(tmp), feeds)
+        [(_, said, worst)] = _check(model, shapes, names, [names], Path(tmp) / "whole", feeds,
+                                    on_noise=verify_with is None, console=console)
+        result = (_narrow(model, shapes, names, said, Path(tmp), feeds) if said
+                  else ModelCheck(len(names), worst, None, None))
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(cached, json.dumps({k: v for k, v in asdict(result).items() if k != "cached"},
                                     indent=1).encode())
@@ -135,14 +126,12 @@ def _narrow(model: Path, shapes, names: list[str], said: list[str], tmp: Path,
         span = names[lo:hi]
         step = -(-len(span) // PIECES)
         pieces = [span[k:k + step] for k in range(0, len(span), step)]
-        work = tmp / f"round{rounds}"
-        work.mkdir()
         try:
-            found = _check(model, shapes, names, pieces, work, feeds)
+            found = _check(model, shapes, names, pieces, tmp / f"round{rounds}", feeds)
         except AutodiceError as e:  # a cut split cannot make (an int64 tensor across keys...)
             problem += f" (narrowed to {len(span)} layers from {span[0]}: {e.args[0]})"
             break
-        failing = next(((piece, p) for piece, p in found if p), None)
+        failing = next(((piece, p) for piece, p, _ in found if p), None)
         if failing is None:  # each part passes alone: what fails lies across the cuts
             problem += f" (each part of the {len(span)} layers from {span[0]} passes alone)"
             break

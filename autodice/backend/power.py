@@ -100,14 +100,16 @@ def hwmon(root: Path = Path("/")) -> Sensor | None:
                               volts, amps))
         if not rails:
             continue
-        board = [r for r in rails if r[0] == "VDD_IN"]
-        used = board or rails
+        used = [r for r in rails if r[0] == "VDD_IN"] or rails
+
+        def read(used=used) -> float:  # mV x mA: microwatts
+            return sum(_number(v) * _number(a) for _, v, a in used) / 1e6
+
         try:
-            [_number(v) * _number(a) for _, v, a in used]
+            read()  # readable now, or no sensor
         except (OSError, ValueError):
             continue
-        return Sensor(f"hwmon:{chip} {'+'.join(r[0] for r in used)}", False,
-                      lambda used=used: sum(_number(v) * _number(a) for _, v, a in used) / 1e6)
+        return Sensor(f"hwmon:{chip} {'+'.join(r[0] for r in used)}", False, read)
     return None
 
 
