@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from autodice.backend.host_files import HostFiles
 from autodice.backend.power import (
     NO_SENSOR,
     EnergyMeter,
@@ -34,6 +35,11 @@ from autodice.backend.power import (
 )
 from autodice.backend.session.figures import Figures
 from autodice.backend.thermal import clocks, host_families, parse_throttled, temperatures
+
+
+def at(root: Path, vcgencmd=None) -> HostFiles:
+    """The files of a board whose filesystem is ``root``."""
+    return HostFiles(root / "sys", vcgencmd or (lambda command: None))
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -57,12 +63,12 @@ def jetson(root: Path) -> Path:
 
 
 def test_a_jetsons_ina3221_gives_the_boards_input_rail(tmp_path):
-    sensor = find_sensor(jetson(tmp_path))
+    sensor = find_sensor(at(jetson(tmp_path)))
     assert sensor.name == "hwmon:ina3221 VDD_IN" and not sensor.counter
     assert sensor.read() == pytest.approx(5.080 * 1.200)
     # without a VDD_IN label, every rail summed, each named
     (tmp_path / "sys/class/hwmon/hwmon1/in1_label").write_text("VIN_SYS\n")
-    sensor = hwmon(tmp_path)
+    sensor = hwmon(at(tmp_path))
     assert sensor.name == "hwmon:ina3221 VIN_SYS+VDD_CPU_GPU_CV+VDD_SOC"
     assert sensor.read() == pytest.approx(5.080 * 1.2 + 5.072 * 0.4 + 5.076 * 0.52)
 
@@ -70,7 +76,7 @@ def test_a_jetsons_ina3221_gives_the_boards_input_rail(tmp_path):
 def test_a_chip_that_reports_power_itself(tmp_path):
     write(tmp_path, {"sys/class/hwmon/hwmon3/name": "amdgpu",
                      "sys/class/hwmon/hwmon3/power1_average": "15250000"})
-    sensor = find_sensor(tmp_path)
+    sensor = find_sensor(at(tmp_path))
     assert sensor.name == "hwmon:amdgpu" and sensor.read() == pytest.approx(15.25)
 
 
@@ -86,9 +92,9 @@ def rapl_tree(root: Path, psys: bool) -> Path:
 
 
 def test_rapl_prefers_the_platform_zone_and_counts_across_a_wrap(tmp_path):
-    assert find_sensor(rapl_tree(tmp_path / "a", psys=True)).name == "rapl:psys"
+    assert find_sensor(at(rapl_tree(tmp_path / "a", psys=True))).name == "rapl:psys"
     root = rapl_tree(tmp_path / "b", psys=False)
-    sensor = rapl(root)
+    sensor = rapl(at(root))
     assert sensor.name == "rapl:package-0" and sensor.counter and sensor.read() == 0.0
     counter = root / "sys/class/powercap/intel-rapl:0/energy_uj"
     counter.write_text("262143000000\n")  # 262,142 J later
@@ -101,7 +107,7 @@ def test_no_readable_sensor_is_none(tmp_path):
     write(tmp_path, {"sys/class/powercap/intel-rapl:0/name": "package-0",
                      "sys/class/hwmon/hwmon0/name": "coretemp",
                      "sys/class/hwmon/hwmon0/temp1_input": "50000"})  # no energy_uj: root-only
-    assert find_sensor(tmp_path) is None
+    assert find_sensor(at(tmp_path)) is None
 
 
 PI5 = """\
@@ -120,6 +126,13 @@ def test_a_pi5s_pmic_rails_are_summed():
     assert parse_pmic(PI5) == pytest.approx(want)  # EXT5V has no current: left out
     assert parse_pmic("VDD_CORE_V=0.8750V\nVDD_CORE_A=1.2340A\n") == pytest.approx(0.875 * 1.234)
     assert parse_pmic("error=2 error_msg=\"Command not registered\"") is None
+
+
+def test_a_pi5s_pmic_is_its_sensor(tmp_path):
+    sensor = find_sensor(at(tmp_path, {"pmic_read_adc": PI5}.get))
+    assert sensor.name.startswith("pmic:vcgencmd") and not sensor.counter
+    assert sensor.read() == pytest.approx(parse_pmic(PI5))
+    assert find_sensor(at(tmp_path, {"pmic_read_adc": "error=2"}.get)) is None
 
 
 class Clock:
@@ -147,6 +160,8 @@ def test_power_is_integrated_and_a_missed_reading_is_no_made_up_joule():
     report = meter.report()
     assert report["frames"] == 11 and report["joules_per_frame"] == pytest.approx(8.5 / 11)
     assert report["seconds"] == pytest.approx(1.5) and report["sensor"] == "hwmon:test"
+    # a job's own loop: its frames took 0.5 s of the 1.5 metered, at 17/3 W on average
+    assert meter.report(10, busy_s=0.5)["joules_per_frame"] == pytest.approx(8.5 / 1.5 * 0.5 / 10)
 
 
 def test_stats_name_the_sensor_or_say_there_is_none():
@@ -168,13 +183,14 @@ def test_temperatures_and_clocks_as_a_jetson_lays_them_out(tmp_path):
                      f"{t}/thermal_zone2/type": "PMIC-Die", f"{t}/thermal_zone2/temp": "",
                      f"{c}/cpu0/cpufreq/scaling_cur_freq": "1510400",
                      f"{c}/cpu1/cpufreq/scaling_cur_freq": "729600", f"{c}/cpufreq/x": ""})
-    assert temperatures(tmp_path) == {"CPU-therm": 48.5, "GPU-therm": 46.0, "CPU-therm_1": 50.25}
-    assert clocks(tmp_path) == {0: 1510400e3, 1: 729600e3}
+    assert temperatures(at(tmp_path)) == {"CPU-therm": 48.5, "GPU-therm": 46.0,
+                                          "CPU-therm_1": 50.25}
+    assert clocks(at(tmp_path)) == {0: 1510400e3, 1: 729600e3}
     from prometheus_client import CollectorRegistry, generate_latest
 
     class Host:
         def collect(self):
-            return host_families("edge01", tmp_path)
+            return host_families([("edge01", at(tmp_path))])
 
     registry = CollectorRegistry()
     registry.register(Host())
@@ -192,6 +208,21 @@ def test_a_pis_throttling_bits():
                                    "throttled": True, "soft_temperature_limit": False}
     assert parse_throttled("throttled=0x0")["since_boot"]["throttled"] is False
     assert parse_throttled("VCHI initialization failed") is None
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class Pi:
+        def collect(self):
+            return host_families([("pi5", at(Path("/nonexistent"),
+                                             {"get_throttled": "throttled=0x50005\n"}.get)),
+                                  ("edge01", at(Path("/nonexistent")))])
+
+    registry = CollectorRegistry()
+    registry.register(Pi())
+    text = generate_latest(registry).decode()
+    assert 'autodice_host_throttled{host="pi5",reason="under_voltage",when="now"} 1.0' in text
+    assert 'autodice_host_throttled{host="pi5",reason="frequency_capped",when="since_boot"} 0.0' \
+        in text
+    assert text.count("# TYPE autodice_host_throttled gauge") == 1 and 'host="edge01"' not in text
 
 
 @pytest.mark.cpp
@@ -210,4 +241,6 @@ def test_a_repeated_run_meters_its_energy_while_the_job_runs(fig2_built, tmp_pat
     e = energy[socket.gethostname()]
     assert e["sensor"] == "hwmon:test" and e["frames"] == res.stats["frames"] == 30000
     assert e["seconds"] > 0.2 and e["joules"] == pytest.approx(5.0 * e["seconds"])
-    assert e["joules_per_frame"] == pytest.approx(e["joules"] / 30000)
+    # a frame's share: the mean power over the frames' own seconds, not the job's start
+    assert e["joules_per_frame"] == pytest.approx(5.0 * res.stats["seconds"] / 30000)
+    assert e["joules_per_frame"] < e["joules"] / 30000

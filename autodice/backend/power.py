@@ -1,13 +1,13 @@
-"""Power as this machine reports it, so a run's joules per frame are measured, never made up.
+"""Power as a host reports it, so a run's joules per frame are measured, never made up.
 
-The sensors, looked for in this order (``root`` is ``/`` but for tests, which give trees in the
-same formats):
+The sensors, looked for in this order in a host's files (:mod:`.host_files`: this machine's, a
+deployed board's copy, or a test's tree in the same formats):
 
-- **powercap/RAPL** (x86): ``sys/class/powercap/intel-rapl:N/energy_uj``, a counter of
+- **powercap/RAPL** (x86): ``class/powercap/intel-rapl:N/energy_uj`` under sysfs, a counter of
   microjoules per zone that wraps at ``max_energy_range_uj``. The ``psys`` zone (the whole
   platform) where there is one, else the packages summed. Reading it may need root (the
   kernel made ``energy_uj`` root-only in 2020): unreadable is no sensor.
-- **hwmon**: ``sys/class/hwmon/hwmonN/``, power in ``power*_input`` or ``power*_average``
+- **hwmon**: ``class/hwmon/hwmonN/``, power in ``power*_input`` or ``power*_average``
   (microwatts), or a rail's voltage ``in*_input`` (mV) and current ``curr*_input`` (mA): the
   INA3221 of Jetson boards (``name`` ina3221, rails labelled in ``in*_label``). The board's
   input rail (``VDD_IN``) alone where labelled, else every rail summed.
@@ -22,14 +22,15 @@ A counter gives energy itself; a power reading is sampled as results come and in
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-NO_SENSOR = "no sensor (no readable RAPL, hwmon power or Pi 5 PMIC here)"
+from .host_files import HostFiles, here
+
+NO_SENSOR = "no sensor (no readable RAPL, hwmon power or Pi 5 PMIC)"
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ class _Rapl:
         return self.total / 1e6
 
 
-def rapl(root: Path = Path("/")) -> Sensor | None:
+def rapl(files: HostFiles) -> Sensor | None:
     """The platform's or the packages' energy counters, if readable."""
-    zones = sorted(p for p in (root / "sys/class/powercap").glob("intel-rapl:*")
+    zones = sorted(p for p in (files.sys / "class/powercap").glob("intel-rapl:*")
                    if p.name.count(":") == 1)
     try:
         named = {(z / "name").read_text().strip(): z for z in zones}
@@ -78,9 +79,9 @@ def rapl(root: Path = Path("/")) -> Sensor | None:
     return Sensor("rapl:" + "+".join(n for n, z in named.items() if z in chosen), True, counter)
 
 
-def hwmon(root: Path = Path("/")) -> Sensor | None:
+def hwmon(files: HostFiles) -> Sensor | None:
     """A hwmon device that reports power, or a rail's voltage and current."""
-    for dev in sorted((root / "sys/class/hwmon").glob("hwmon*")):
+    for dev in sorted((files.sys / "class/hwmon").glob("hwmon*")):
         try:
             chip = (dev / "name").read_text().strip()
         except OSError:
@@ -126,28 +127,26 @@ def parse_pmic(text: str) -> float | None:
     return sum(amps[r] * volts[r] for r in both) if both else None
 
 
-def pmic(run=subprocess.run) -> Sensor | None:
+def pmic(files: HostFiles) -> Sensor | None:
     """A Raspberry Pi 5's PMIC through vcgencmd, if it answers with rails."""
-    if shutil.which("vcgencmd") is None:
-        return None
 
     def read() -> float:
-        out = run(["vcgencmd", "pmic_read_adc"], capture_output=True, text=True, timeout=5)
-        watts = parse_pmic(out.stdout)
+        watts = parse_pmic(files.vcgencmd("pmic_read_adc") or "")
         if watts is None:
             raise OSError("vcgencmd pmic_read_adc gave no rails")
         return watts
 
     try:
         read()
-    except (OSError, subprocess.SubprocessError):
+    except OSError:
         return None
     return Sensor("pmic:vcgencmd (rails summed, PMIC losses left out)", False, read)
 
 
-def find_sensor(root: Path = Path("/")) -> Sensor | None:
-    """This machine's sensor (see the module docstring), or None."""
-    return rapl(root) or hwmon(root) or (pmic() if root == Path("/") else None)
+def find_sensor(files: HostFiles | None = None) -> Sensor | None:
+    """A host's sensor (see the module docstring; this machine's unless ``files``), or None."""
+    files = files or here()
+    return rapl(files) or hwmon(files) or pmic(files)
 
 
 class EnergyMeter:
@@ -185,15 +184,19 @@ class EnergyMeter:
             self.watts = value
         self._last = (now, value, frames)
 
-    def report(self, frames: int | None = None) -> dict:
-        """What stats.json says of energy on this machine (``sensor`` None: there is none);
-        ``frames``: those the energy went into, where the samples did not count them (a job's
-        own loop)."""
+    def report(self, frames: int | None = None, busy_s: float | None = None) -> dict:
+        """What stats.json says of energy on this machine (``sensor`` None: there is none).
+
+        ``frames``, ``busy_s``: where the samples did not count the frames (a job's own loop,
+        metered from its start), how many frames and the seconds they took. The job's start and
+        its models' loading are metered too but no frame's: a frame's energy is then the mean
+        power over the whole metering times its own time (``busy_s / frames``)."""
         if self.sensor is None:
             return {"sensor": None, "note": NO_SENSOR}
         frames = self.frames if frames is None else frames
+        watts = self.joules / self.seconds if self.seconds > 0 else self.watts
+        per_frame = None
+        if frames and self.seconds > 0:
+            per_frame = self.joules / frames if busy_s is None else watts * busy_s / frames
         return {"sensor": self.sensor.name, "joules": self.joules, "seconds": self.seconds,
-                "frames": frames,
-                "watts": self.joules / self.seconds if self.seconds > 0 else self.watts,
-                "joules_per_frame": self.joules / frames if frames and self.seconds > 0
-                else None}
+                "frames": frames, "watts": watts, "joules_per_frame": per_frame}
