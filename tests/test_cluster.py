@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -339,17 +340,52 @@ def test_killed_rank_is_named_and_nothing_survives(fig2_three_hosts, emu):
     assert _no_leftovers() == {}
 
 
+@pytest.fixture
+def jetson_sysfs(tmp_path, monkeypatch):
+    """Every emulated host's sensors read from a Jetson's sysfs tree (test_power.py's layout:
+    its INA3221 at 5.08 V x 1.2 A on VDD_IN, a CPU-therm zone at 48.5 C): the hosts share this
+    machine's filesystem, and AUTODICE_SYSFS names the tree on every board as here."""
+    from test_power import jetson, write
+
+    root = jetson(tmp_path / "jetson")
+    write(root, {"sys/class/thermal/thermal_zone0/type": "CPU-therm",
+                 "sys/class/thermal/thermal_zone0/temp": "48500"})
+    monkeypatch.setenv("AUTODICE_SYSFS", str(root / "sys"))
+    return root
+
+
 def test_a_session_streams_distinct_frames_through_all_three_kinds_on_four_hosts(
-        fig2_three_kinds):
+        fig2_three_kinds, jetson_sysfs):
     """autodice.open on deployed hosts: 300 distinct frames in, each result equal to
-    onnxruntime on its own frame, in order; nothing left on any host afterwards."""
+    onnxruntime on its own frame, in order; nothing left on any host afterwards. Each board's
+    sensors, read over ssh while the session runs, are on /metrics and in the stats."""
+    from test_metrics import free_port, scrape
+
     fig2 = fig2_three_kinds
     inventory = fig2 / "inventory.toml"
     xs = np.random.default_rng(6).standard_normal((300, 1, 4, 8, 8)).astype(np.float32)
     ref = ort.InferenceSession(str(fig2 / "model.onnx"))
-    with autodice.open(fig2 / "out", inventory=inventory) as s:
+    port = free_port()
+    with autodice.open(fig2 / "out", inventory=inventory, metrics=f":{port}") as s:
         got = list(s.map(iter(xs)))
         assert np.array_equal(s.infer(xs[9]), got[9])
+        deadline, seen = time.monotonic() + 15, {}
+        while time.monotonic() < deadline:  # read about every second: wait for two readings
+            seen = scrape(f"127.0.0.1:{port}")
+            if all(seen.get(f"autodice_host_energy_joules_total{{host={h}}}{{sensor=hwmon:"
+                            "ina3221 VDD_IN}", 0) > 0 for h in HOSTS):
+                break
+            time.sleep(0.3)
+        raw = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    for family in ("host_energy_joules_total", "host_power_watts", "host_temperature_celsius"):
+        assert raw.decode().count(f"# TYPE autodice_{family} ") == 1, family  # all hosts in one
+    for h in HOSTS:
+        assert seen[f"autodice_host_temperature_celsius{{host={h}}}{{zone=CPU-therm}}"] == 48.5
+        assert seen[f"autodice_host_power_watts{{host={h}}}{{sensor=hwmon:ina3221 VDD_IN}}"] == \
+            pytest.approx(5.08 * 1.2)
+        energy = s.stats()["energy"][h]
+        assert energy["sensor"] == "hwmon:ina3221 VDD_IN" and energy["seconds"] > 0
+        assert energy["joules"] == pytest.approx(5.08 * 1.2 * energy["seconds"])
     assert len(got) == 300
     for i, (x, g) in enumerate(zip(xs, got)):
         want = ref.run(None, {"input": x})[0]
@@ -535,7 +571,7 @@ def test_zoo_model_on_four_hosts_then_only_changed_submodels_move(tmp_path, emu,
     assert report["hosts"]["edge01"]["bytes_sent"] == again.hosts["edge01"].bytes_sent
 
 
-def test_dse_measures_front_points_on_the_hosts(fig2, emu):
+def test_dse_measures_front_points_on_the_hosts(fig2, emu, jetson_sysfs):
     from test_cost import fixture_profile
 
     from autodice.dse.profile import save_profile
@@ -553,6 +589,16 @@ def test_dse_measures_front_points_on_the_hosts(fig2, emu):
     (m,) = json.loads((fig2 / "front" / "measure.json").read_text())
     assert m["where"] == str(inventory) and len(m["runs_fps"]) == 2 and m["frames"] == 5
     assert all(f > 0 for f in m["runs_fps"]) and m["measured_peak_rss_bytes"] > 0
+    # Each board's sensor, read over ssh while its job ran, beside the model's energy.
+    assert "energy per frame, predicted vs measured on the hosts of" in r.output, r.output
+    stats = json.loads((fig2 / "front" / "measure" / "p00" / "results" / "stats.json")
+                       .read_text())
+    assert m["energy"] and set(m["energy"]) <= {"edge01", "edge02"}
+    for host, e in m["energy"].items():
+        assert e["sensor"] == "hwmon:ina3221 VDD_IN" and e["predicted_j_per_frame"] > 0
+        ran = stats["energy"][host]
+        assert ran["watts"] == pytest.approx(5.08 * 1.2)
+        assert ran["joules_per_frame"] == pytest.approx(5.08 * 1.2 * stats["seconds"] / 5)
     # It ran through deploy: the point's deploy report names the hosts it used.
     report = json.loads((fig2 / "front" / "measure" / "p00" / "deploy" / "report.json").read_text())
     assert set(report["hosts"]) <= {"edge01", "edge02"}

@@ -317,7 +317,7 @@ def run(out_dir: str | Path, inputs: dict[str, Path], frames: int = 1,
     if code != 0 or not (results / "stats.json").exists():
         raise JobError(*job.failure(code))
     stats = json.loads((results / "stats.json").read_text())
-    stats["energy"] = {socket.gethostname(): meter.report(frames=stats["frames"])}
+    stats["energy"] = {socket.gethostname(): meter.report(stats["frames"], stats["seconds"])}
     write_json(results / "stats.json", stats)
     outputs = model_outputs(plan, results)
     return RunResult(results, stats, outputs, tuple(binding_problems(plan, stats)))

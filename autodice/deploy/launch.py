@@ -4,7 +4,7 @@ The real-address hostfile, rankfile and an ssh config go to the head node (the h
 which starts ``mpirun`` with Open MPI's ssh launcher; one MPMD app context per rank gives each its
 own host's directory. Whatever happens, no rank of ours is left running on any host; a failure
 names the rank that brought the job down, and outputs and ``stats.json`` come back into
-``OUT/results/``.
+``OUT/results/``, with each board's energy as its sensor measured it (:mod:`.board_figures`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..backend.run import ProcessJob, RunResult, model_outputs
+from ..backend.session.results import write_json
 from ..core.errors import AutodiceError, JobError
 from ..core.outdir import tensor_files
 from ..core.plan import Plan
+from .board_figures import BoardWatch
 from .inventory import Inventory
 from .rank_exits import WRAPPER, rank_deaths, rank_exits, run_failure
 from .ssh import PROGRAM, Build, Host, Progress, Ssh, must, parallel, ssh_config
@@ -268,8 +270,10 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
     log_path = work / "run.log"
     for h in hosts:
         progress(h.target.host, "running")
-    code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s,
-                                          ranks=len(plan.ranks))
+    with BoardWatch(ssh, hosts) as boards:  # their sensors, while the job runs
+        boards.start(None)
+        code, timed_out, elapsed = run_mpirun(ssh, hosts, argv, log_path, timeout_s,
+                                              ranks=len(plan.ranks))
     output = log_path.read_text(errors="replace")
     if timed_out:
         raise AutodiceError(f"run: the job ran past {timeout_s:.0f} s and was stopped "
@@ -277,7 +281,10 @@ def run_job(ssh: Ssh, plan: Plan, inv: Inventory, hosts: list[Host], out_dir: Pa
     if code != 0:
         raise JobError(*run_failure(plan, inv, output, code, elapsed, log_path,
                                          rank_deaths(ssh, hosts)))
-    return _collect(ssh, plan, hosts, out_dir, progress)
+    result = _collect(ssh, plan, hosts, out_dir, progress)
+    result.stats["energy"] = boards.report(result.stats["frames"], result.stats["seconds"])
+    write_json(result.results / "stats.json", result.stats)
+    return result
 
 
 def run_mpirun(ssh: Ssh, hosts: list[Host], argv: list[str], log_path: Path,

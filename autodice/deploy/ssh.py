@@ -116,7 +116,7 @@ class Ssh:
     def script(self, t: Target, script: str, *args: str, held: bool = False) -> list[str]:
         return self.cmd(t, "sh", "-c", script, "sh", *args, held=held)
 
-    def open(self, t: Target, *argv: str) -> subprocess.CompletedProcess:
+    def open(self, t: Target, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run ``argv`` through the host's master connection, opening one if there is none
         (ssh then exits 255 if it cannot connect).
 
@@ -132,7 +132,7 @@ class Ssh:
                                    "-o", f"ControlPersist={max(1, persist)}",
                                    t.host, "--", " ".join(shlex.quote(a) for a in argv)],
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=120)
+                                  timeout=timeout)
 
         reused = self.sockets[t.host].exists()
         proc = run()

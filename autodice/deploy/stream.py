@@ -7,6 +7,7 @@ ssh's remote forward (``ssh -R``) of the session's socket here, carried by the s
 connection that runs mpirun: frames travel encrypted, through no port anyone must open, and the
 forward ends with the job (:mod:`.remote_job`). Between the ranks, frames move over MPI as in
 any run. With ``recover``, a lost host is left out and the stream goes on (:mod:`.recover`).
+Each board's sensors are read over ssh while the session runs (:mod:`.board_figures`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backend.session import Session, check_window
+from .board_figures import BoardWatch
 from .deploy import ship
 from .launch import check_launchable
 from .remote_job import RemoteJob
@@ -53,7 +55,7 @@ def open_deployed(out_dir: str | Path, inventory: str | Path, window: int | None
 
             recovery = DeployedRecovery(shipped, gpu_fallback, front, ahead, progress)
         return Session(shipped.plan, lambda path: RemoteJob(shipped, path, gpu_fallback), window,
-                       recovery=recovery)
+                       recovery=recovery, boards=BoardWatch(shipped.ssh, shipped.hosts))
     except BaseException:
         shipped.close()
         if recovery is not None:

@@ -4,8 +4,9 @@ Busy time runs from a stream's first frame sent to its last result delivered, su
 session's maps, so the idle time between two ``map`` calls does not dilute frames/s. Steady time
 leaves out each stream's first result (the pipeline filling), as the program's ``steady_fps`` does:
 the rate a camera's long stream sees. A replayed frame keeps its first send time: its latency
-includes the recovery, and each recovery is an incident with its own times. Energy is this
-machine's, as its sensor reports it (:mod:`autodice.backend.power`), read as results come.
+includes the recovery, and each recovery is an incident with its own times. Energy is each
+host's, as its sensor reports it (:mod:`autodice.backend.power`): this machine's read as results
+come, a deployed board's as its :class:`Boards` fetch it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from __future__ import annotations
 import bisect
 import socket
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from ..host_files import HostFiles, here
 from ..power import EnergyMeter, find_sensor
 
 # Seconds, the latency histogram's upper bounds (Prometheus' ``le``): a frame on a Pi's
@@ -26,12 +31,40 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 LATENCY_KEPT = 1_000_000
 
 
+@dataclass
+class HostFigures:
+    """A host's sensor files and its energy since the stream's first result."""
+
+    host: str
+    files: HostFiles
+    energy: EnergyMeter
+
+
+class Boards(Protocol):
+    """Deployed boards' figures, fetched while the session runs
+    (:class:`autodice.deploy.board_figures.BoardWatch`)."""
+
+    hosts: list[HostFigures]
+
+    def start(self, frames: Callable[[], int]) -> None:
+        """Begin fetching; ``frames`` says how many results were delivered so far."""
+
+    def close(self) -> None:
+        """Stop fetching (the figures fetched stay)."""
+
+
 class Figures:
-    def __init__(self, clock=time.perf_counter, energy: EnergyMeter | None = None) -> None:
+    def __init__(self, clock=time.perf_counter, energy: EnergyMeter | None = None,
+                 boards: Boards | None = None) -> None:
         """``clock``: what sends are timed by (seconds); ``energy``: this machine's sensor, as
-        found (:func:`~autodice.backend.power.find_sensor`) unless given."""
+        found (:func:`~autodice.backend.power.find_sensor`) unless given; ``boards``: the
+        deployed boards', started here and stopped by :meth:`close`."""
         self._clock = clock
         self.energy = energy or EnergyMeter(find_sensor())
+        self.local = HostFigures(socket.gethostname(), here(), self.energy)
+        self.boards = boards
+        if boards is not None:
+            boards.start(lambda: self.delivered)
         self._latency = np.zeros(0)  # the last LATENCY_KEPT frames', a ring (grown as needed)
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
@@ -41,6 +74,17 @@ class Figures:
         self.latency_sum = 0.0
         self._incidents: list[dict] = []
         self._since: float | None = None  # monotonic time of the last incident's loss
+
+    def hosts(self) -> list[HostFigures]:
+        """This machine's figures, then each board's (a board of this machine's name: its)."""
+        boards = self.boards.hosts if self.boards is not None else []
+        names = {b.host for b in boards}
+        return [h for h in [self.local] if h.host not in names] + boards
+
+    def close(self) -> None:
+        """Stop fetching the boards' figures."""
+        if self.boards is not None:
+            self.boards.close()
 
     def incident(self, record: dict, t0: float) -> None:
         """A restart after a loss at ``t0`` (time.monotonic): ``record`` says what happened; the
@@ -63,7 +107,7 @@ class Figures:
         out = {**self.summary(), "window": window, "frames_via": frames_via,
                # frames per latency bucket, one more count than bounds: those past the last
                "latency_histogram": {"le": list(LATENCY_BUCKETS), "counts": list(self.buckets)},
-               "energy": {socket.gethostname(): self.energy.report()}}
+               "energy": {h.host: h.energy.report() for h in self.hosts()}}
         if recovering:
             out["incidents"] = self.incidents()
         if job_stats:

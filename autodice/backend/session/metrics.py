@@ -20,23 +20,24 @@ session's own so that two sessions in one process do not mix. ``:port`` binds to
   ``autodice_rank_bytes_total{direction="sent"|"received"}`` and ``autodice_rank_rss_bytes``.
   A restarted job (``--recover``) starts its ranks' counters again from 0, as Prometheus
   expects of a restarted process (``rate()`` takes resets in its stride);
-- where this machine has a power sensor (:mod:`autodice.backend.power`), labelled
-  ``{host, sensor}``: ``autodice_host_energy_joules_total`` since the stream's first result and
+- per host (this machine, and each deployed board as its figures come over ssh about every
+  second: :mod:`autodice.deploy.board_figures`), where it has a power sensor
+  (:mod:`autodice.backend.power`), labelled ``{host, sensor}``:
+  ``autodice_host_energy_joules_total`` since the stream's first result and
   ``autodice_host_power_watts``; no sensor, no such metrics (never a made-up 0);
-- where this machine exposes them (:mod:`autodice.backend.thermal`), read at each scrape:
+- per host, where it exposes them (:mod:`autodice.backend.thermal`; here read at each scrape):
   ``autodice_host_temperature_celsius{host, zone}``, ``autodice_host_cpu_clock_hertz{host, cpu}``
   and a Raspberry Pi's ``autodice_host_throttled{host, reason, when="now"|"since_boot"}``.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 from ...core.errors import AutodiceError
 from ...core.plan import Plan
 from ..thermal import host_families
-from .figures import LATENCY_BUCKETS, Figures
+from .figures import LATENCY_BUCKETS, Figures, HostFigures
 
 # What the session gives for the per-rank families: its plan and each rank's latest figures.
 Live = Callable[[], tuple[Plan, dict[int, dict[str, float]]]]
@@ -124,22 +125,29 @@ class _Collector:
         for kind in ("lost", "rebalanced"):
             incidents.add_metric([kind], kinds.count(kind))
         yield incidents
-        energy = f.energy
-        if energy.sensor is not None:
-            who = [socket.gethostname(), energy.sensor.name]
-            joules = CounterMetricFamily("autodice_host_energy_joules", "This machine's energy "
-                                         "since the stream's first result.",
-                                         labels=["host", "sensor"])
-            joules.add_metric(who, energy.joules)
-            yield joules
-            if energy.watts is not None:
-                watts = GaugeMetricFamily("autodice_host_power_watts", "This machine's power.",
-                                          labels=["host", "sensor"])
-                watts.add_metric(who, energy.watts)
-                yield watts
-        yield from host_families(socket.gethostname())
+        hosts = f.hosts()
+        yield from _host_energy(hosts)
+        yield from host_families([(h.host, h.files) for h in hosts])
         if self.live is not None:
             yield from _rank_families(*self.live())
+
+
+def _host_energy(hosts: list[HostFigures]):
+    """The hosts' energy and power, where each has a sensor (see the module docstring)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    joules = CounterMetricFamily("autodice_host_energy_joules", "A host's energy since the "
+                                 "stream's first result.", labels=["host", "sensor"])
+    watts = GaugeMetricFamily("autodice_host_power_watts", "A host's power.",
+                              labels=["host", "sensor"])
+    for h in hosts:
+        if h.energy.sensor is None:
+            continue
+        who = [h.host, h.energy.sensor.name]
+        joules.add_metric(who, h.energy.joules)
+        if h.energy.watts is not None:
+            watts.add_metric(who, h.energy.watts)
+    yield from (family for family in (joules, watts) if family.samples)
 
 
 def _rank_families(plan: Plan, live: dict[int, dict[str, float]]):

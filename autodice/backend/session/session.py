@@ -33,7 +33,7 @@ from ...core.errors import AutodiceError, JobError
 from ...core.plan import Plan
 from ...core.stops import stops_held
 from .feed import Sent, check_window, feed, frame_parts, read_result, replay
-from .figures import Figures
+from .figures import Boards, Figures
 from .frames import ImageRecipe
 from .gateway import START_TIMEOUT_S, Gateway, Gone, StreamTensor
 from .job import Job, Recovery, Restart, SessionError, session_folder
@@ -45,13 +45,15 @@ class Session:
     """A running job fed frame by frame; see the module docstring. Use as a context manager."""
 
     def __init__(self, plan: Plan, start: Callable[[str], Job], window: int | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, recovery: Recovery | None = None):
+                 start_timeout_s: float = START_TIMEOUT_S, recovery: Recovery | None = None,
+                 boards: Boards | None = None):
         """Start the job (``start`` gets the socket's path; the job's files may go beside it)
         and wait until every rank has loaded its model.
 
         Args:
             recovery: asked for the next job when this one dies; None: a death ends the
                 session (:class:`SessionError`).
+            boards: the deployed boards' sensors, read while the session runs.
         Raises:
             AutodiceError: the job failed to start (the rank named) or did not start in time.
         """
@@ -62,7 +64,7 @@ class Session:
         self._gw: Gateway | None = None  # the running job and its gateway's connection
         self._broken: SessionError | None = None
         self._lock = threading.Lock()
-        self._figures = Figures()
+        self._figures = Figures(boards=boards)
         self._job_stats: dict | None = None
         self._kept = False
         self._metrics: Metrics | None = None
@@ -127,11 +129,8 @@ class Session:
             self._lock.release()
 
     def infer(self, frame):
-        """One frame's result, blocking.
-        Raises:
-            FrameError: the frame cannot be sent.
-            SessionError: the job ended.
-        """
+        """One frame's result, blocking; raises FrameError if the frame cannot be sent,
+        SessionError if the job ended."""
         if not self._lock.acquire(blocking=False):
             raise AutodiceError("this session is already streaming (one map at a time)")
         try:
@@ -420,6 +419,7 @@ class Session:
         """Close the socket, stop the job if it still runs and remove the session's folder; the
         job's log too, unless ``keep`` (a failure: the error names it)."""
         self._hang_up()
+        self._figures.close()
         try:
             if self._gw is not None:
                 self._gw.job.stop()
