@@ -4,6 +4,7 @@ Profiles are FIXTURES derived from FLOPs (``test_cost.fixture_profile``), not me
 """
 
 import json
+import socket
 
 import numpy as np
 import onnx
@@ -253,7 +254,14 @@ def test_bad_inputs_exit_2_with_one_line(squeeze, tmp_path):
 
 
 @pytest.mark.cpp
-def test_measure_reruns_front_points(tmp_path):
+def test_measure_reruns_front_points(tmp_path, monkeypatch):
+    # A power chip reporting 5 W stands in for a sensor (this machine has none): a tree in
+    # hwmon's layout, read through AUTODICE_SYSFS.
+    hwmon = tmp_path / "sys/class/hwmon/hwmon0"
+    hwmon.mkdir(parents=True)
+    (hwmon / "name").write_text("test-psu\n")
+    (hwmon / "power1_input").write_text("5000000\n")
+    monkeypatch.setenv("AUTODICE_SYSFS", str(tmp_path / "sys"))
     onnx.save(figure2(), tmp_path / "model.onnx")
     (tmp_path / "platform.txt").write_text("here, x86, slots=0-1, power_idle=5W, power_cpu=2W\n")
     save_profile(fixture_profile(load_model(tmp_path / "model.onnx")), tmp_path / "profile.json")
@@ -271,6 +279,16 @@ def test_measure_reruns_front_points(tmp_path):
     last = json.loads((tmp_path / "out" / "measure" / "p00" / "results" / "stats.json").read_text())
     assert m["runs_fps"][-1] == pytest.approx(last["steady_fps"], rel=1e-5)
     assert m["runs_fps_with_fill"][-1] == pytest.approx(last["fps"], rel=1e-5)
+    # The energy objective checked: this machine's sensor over each run, against the model's
+    # sum over the hosts (all ran here), from platform.txt's watts.
+    e = m["energy"]["here"]
+    assert "energy per frame, predicted vs measured" in r.output, r.output
+    assert e["sensor"] == "hwmon:test-psu" and e["predicted_j_per_frame"] > 0
+    assert e["error"] == pytest.approx(e["measured_j_per_frame"] / e["predicted_j_per_frame"] - 1,
+                                       rel=1e-3)
+    ran = last["energy"][socket.gethostname()]
+    assert ran["joules"] == pytest.approx(5.0 * ran["seconds"]) and ran["seconds"] > 0
+    assert ran["joules_per_frame"] == pytest.approx(5.0 * last["seconds"] / 5)
     # --pace: each round also ran the whole model alone on one core of the host; its frames/s
     # over what the model predicts for it is the host's pace; the point's rounds at that pace.
     mapping = json.loads((tmp_path / "out" / "measure" / "pace" / "here.json").read_text())

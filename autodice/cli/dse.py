@@ -248,3 +248,25 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
                           f"{m.measured_memory / 1e6:.1f}", f"{m.memory_error:+.0%}",
                           "; ".join(m.notes))
         out.print(table)
+        _print_energy(out, results, where)
+
+
+def _print_energy(out, results, where: str) -> None:
+    """The energy objective checked where a host has a sensor (dse/measure.py), or one line
+    saying that nothing measured it."""
+    from rich.table import Table
+
+    checks = [(m.point, e) for m in results for e in m.energy]
+    if not any(e.measured_j is not None for _, e in checks):
+        hosts = ", ".join(sorted({e.host for _, e in checks}))
+        out.print(f"energy: no power sensor {where} ({hosts}): the energy objective rests on "
+                  "platform.txt's watts, unmeasured", soft_wrap=True)
+        return
+    table = Table(title=f"energy per frame, predicted vs measured {where}")
+    for col in ("point", "host", "predicted mJ", "measured mJ", "error", "sensor"):
+        table.add_column(col, justify="left" if col in ("point", "host", "sensor") else "right")
+    for point, e in checks:
+        table.add_row(point, e.host, f"{e.predicted_j * 1e3:.2f}",
+                      "-" if e.measured_j is None else f"{e.measured_j * 1e3:.2f}",
+                      "-" if e.error is None else f"{e.error:+.0%}", e.sensor or "no sensor")
+    out.print(table)

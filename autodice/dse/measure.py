@@ -5,6 +5,11 @@ here under mpirun (or deployed to an inventory's hosts); ``OUT/measure.json`` ho
 and measured throughput (each run's rate once its pipeline is full, as the model predicts; the
 whole run's too) and memory, with notes on what makes a run here unlike the boards.
 
+Where a host has a power sensor (:mod:`autodice.backend.power`; a deployed board's read over
+ssh), each point's energy per frame as measured stands beside the model's, which comes from
+the platform file's watts: the energy objective checked, host by host on the boards, as one
+sum here (every host ran on this machine).
+
 With ``pace``, each round also runs the whole model alone on one core of each host the points
 use, the profile's own setting: measured over predicted, that is the host's pace in that round
 (a board that throttles, a busy neighbour, a VM's slow phase). Each point's rounds are also
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +49,7 @@ class Measurement:
     measured_memory: int  # bytes, largest host's summed peak RSS (median over the rounds)
     notes: tuple[str, ...]
     runs_pace: tuple[float, ...] = ()  # with pace, one per round: its hosts' mean pace
+    energy: tuple[EnergyCheck, ...] = ()
 
     @property
     def measured_fps(self) -> float:
@@ -70,6 +77,29 @@ class Measurement:
     @property
     def memory_error(self) -> float:
         return (self.measured_memory - self.predicted_memory) / max(self.predicted_memory, 1)
+
+
+@dataclass(frozen=True)
+class EnergyCheck:
+    """Energy per frame on a host: the model's beside its sensor's (median round)."""
+
+    host: str  # an inventory host, or "here": every host ran on this machine (their sum)
+    predicted_j: float
+    measured_j: float | None  # None: no sensor there
+    sensor: str | None
+
+    @property
+    def error(self) -> float | None:
+        if self.measured_j is None or self.predicted_j <= 0:
+            return None
+        return (self.measured_j - self.predicted_j) / self.predicted_j
+
+    def row(self) -> dict:
+        return {"predicted_j_per_frame": six_digits(self.predicted_j),
+                "measured_j_per_frame": None if self.measured_j is None
+                else six_digits(self.measured_j),
+                "error": None if self.error is None else six_digits(self.error),
+                "sensor": self.sensor}
 
 
 def pick_points(n: int, k: int) -> list[int]:
@@ -144,7 +174,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
                   f"{max(probe[h].pace):.2f}x its profile's frames/s over the rounds"
                   for h in hosts_of if probes and max(probe[h].pace) >= 1.1 * min(probe[h].pace)]
         m = Measurement(p.name, p.cost.throughput, tuple(p.fps), p.cost.max_memory,
-                        int(np.median(p.peak)), tuple(notes), runs_pace)
+                        int(np.median(p.peak)), tuple(notes), runs_pace, p.energy_checks())
         results.append(m)
         rows.append({
             "point": m.point, "predicted_fps": six_digits(m.predicted_fps),
@@ -155,7 +185,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
             "measured_peak_rss_bytes": m.measured_memory,
             "memory_error": six_digits(m.memory_error),
             "frames": frames, "where": "here" if inventory is None else str(inventory),
-            "notes": list(m.notes)})
+            "energy": {e.host: e.row() for e in m.energy}, "notes": list(m.notes)})
         if probes:
             rows[-1].update({
                 "runs_pace": [six_digits(x) for x in m.runs_pace],
@@ -203,6 +233,7 @@ class _Run:
     fps: list[float] = field(default_factory=list)
     with_fill: list[float] = field(default_factory=list)
     peak: list[int] = field(default_factory=list)
+    energy: list[dict] = field(default_factory=list)  # each round's stats.json "energy"
     elsewhere: float = 0.0  # the most of the cores other work kept busy during a round (here)
     devices: set[str] = field(default_factory=set)  # what the GPU ranks said they ran on
     inputs: dict[str, Path] = field(init=False)  # model input name -> .npy in ``work``
@@ -236,6 +267,22 @@ class _Run:
         self.fps.append(float(stats.get("steady_fps") or stats["fps"]))
         self.with_fill.append(float(stats["fps"]))
         self.peak.append(max(by_host.values()))
+        self.energy.append(stats.get("energy", {}))
+
+    def energy_checks(self) -> tuple[EnergyCheck, ...]:
+        """The model's energy per frame beside the rounds' measured (see the module
+        docstring): by host where each ran on its own, as one sum where all ran here."""
+        predicted = {d.host: d.energy_j for d in self.cost.devices}
+        where = {h: (h, j) for h, j in predicted.items()} if self.inventory is not None else \
+            {"here": (socket.gethostname(), sum(predicted.values()))}
+        checks = []
+        for name, (host, want) in where.items():
+            said = [r[host] for r in self.energy if host in r]
+            got = [s["joules_per_frame"] for s in said if s.get("joules_per_frame") is not None]
+            sensor = next((s["sensor"] for s in said if s.get("sensor")), None)
+            checks.append(EnergyCheck(name, want, float(np.median(got)) if got else None,
+                                      sensor))
+        return tuple(checks)
 
 
 def _measure_inputs(plan, work: Path) -> dict[str, Path]:
