@@ -54,8 +54,8 @@ test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
-# every goal with the figure measured and ✔/✘. The deploy, cost-model, recovery and ARM ones need
-# root (an emulated cluster); they are skipped with a note otherwise.
+# every goal with the figure measured and ✔/✘. The deploy, cost-model, recovery, boards and ARM
+# ones need root (an emulated cluster); they are skipped with a note otherwise.
 bench: $(STAMP) test-tools
 	$(BIN)/python bench/split_bench.py
 	$(BIN)/python bench/backend_bench.py
@@ -68,9 +68,9 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/check_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
-	  && $(BIN)/python bench/arm_bench.py --ncnn; \
-	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py, arm_bench.py need root" \
-	  "(emulated cluster): skipped"; fi
+	  && $(BIN)/python bench/boards_bench.py && $(BIN)/python bench/arm_bench.py --ncnn; \
+	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py, boards_bench.py," \
+	  "arm_bench.py need root (emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
 
 # ONNX's node conformance cases for CNN operators (tests/test_conformance.py, marked slow, no

@@ -315,7 +315,8 @@ def dse(d: dict) -> Iterator[Goal]:
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
     "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm,
-    "report": listed("57"), "metrics": listed("57"), "check": listed("53")}
+    "report": listed("57"), "metrics": listed("57"), "boards": listed("57"),
+    "check": listed("53")}
 
 
 def main() -> int:
