@@ -37,7 +37,6 @@ import numpy as np
 import autodice
 import autodice.deploy.stream as deployed
 from autodice.backend.engine import ensure_ncnn
-from autodice.backend.host_files import SYSFS_ENV
 from autodice.core.mapping import mapping_json
 from autodice.core.model import load_model
 from autodice.deploy.board_figures import BoardCopy, BoardWatch
@@ -110,7 +109,7 @@ def main() -> int:
         sys.exit("boards_bench.py needs root (an emulated cluster)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        os.environ[SYSFS_ENV] = str(jetson_tree(work / "jetson" / "sys"))
+        os.environ["AUTODICE_SYSFS"] = str(jetson_tree(work / "jetson" / "sys"))
         model = work / "squeezenet.onnx"
         zoo.save(zoo.materialize("squeezenet", seed=0), model)
         (work / "platform.txt").write_text("".join(f"{h}, x86, slots=0-1\n" for h in HOSTS))
@@ -139,11 +138,11 @@ def main() -> int:
             inv = load_inventory(inventory)
             board = BoardCopy(inv.targets["edge01"], work / "copy")
             ssh = Ssh(inv, work)
-            board.read_once(ssh, os.environ[SYSFS_ENV])  # the master connection opened
+            board.read_once(ssh, os.environ["AUTODICE_SYSFS"])  # the master connection opened
             took = []
             for _ in range(50):
                 t0 = time.perf_counter()
-                assert board.read_once(ssh, os.environ[SYSFS_ENV]), "a reading failed"
+                assert board.read_once(ssh, os.environ["AUTODICE_SYSFS"]), "a reading failed"
                 took.append(time.perf_counter() - t0)
             quiet = busy_share(args.idle_s)
             with BoardWatch(ssh, [Host(t) for t in inv.targets.values()]) as watch:

@@ -37,6 +37,9 @@ ENVIRONMENT = {
     "AUTODICE_WERROR": "`1`: the generated program and the runtime build with warnings as "
                        "errors (the tests set it)",
     "AUTODICE_TORCH_PYTHON": "the Python with torch that `make fidelity` exports models with",
+    "AUTODICE_SYSFS": "the sysfs folder power, temperatures and clocks are read from, here and "
+                      "on every deployed board (default `/sys`; as node_exporter's "
+                      "`--path.sysfs`: a container that sees the host's at `/host/sys`)",
 }
 
 

@@ -19,12 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-SYSFS_ENV = "AUTODICE_SYSFS"
-
 
 def sysfs_folder() -> str:
     """The sysfs folder to read (``/sys`` unless ``AUTODICE_SYSFS`` says otherwise)."""
-    return os.environ.get(SYSFS_ENV) or "/sys"
+    return os.environ.get("AUTODICE_SYSFS") or "/sys"
 
 
 def local_vcgencmd(command: str) -> str | None:
