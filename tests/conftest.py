@@ -1,3 +1,4 @@
+import os
 import shutil
 import sys
 import tempfile
@@ -58,6 +59,54 @@ def vulkan_available() -> bool:
 requires_vulkan = pytest.mark.skipif(
     not vulkan_available(),
     reason="no Vulkan driver (as root, `make test` installs Mesa's lavapipe)")
+
+
+# `make test` runs two pytest-xdist workers (`-n 2`); these tests run on one of them, one after
+# another, as in a run of one: the modules that bring up the tests' emulated cluster
+# (TEST_CLUSTER), and the tests that check /dev/shm as a whole, which the cluster's remote jobs
+# write too (its hosts share this machine's filesystem). Every other test is a unit of its own.
+SERIAL_MODULES = {"test_arm", "test_boards_as_they_come", "test_cluster", "test_links",
+                  "test_faults", "test_runtime_cpp"}
+SERIAL_TESTS = {"test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it"}
+
+
+@pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with our scopes. Not ``--dist loadgroup``: xdist 3.8 marks a
+    group by rewriting ``item._nodeid``, which pytest 9 no longer reads, so the groups split."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Serial(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            test = nodeid.rsplit("::", 1)[-1].split("[", 1)[0]
+            return "serial" if module in SERIAL_MODULES or test in SERIAL_TESTS else nodeid
+
+    return Serial(config, log)
+
+
+def shm_entries() -> set[Path]:
+    """/dev/shm's entries, less the job folders (``autodice-job-PID-*``) of processes alive
+    that are neither this one nor its children: the other worker's jobs, running beside."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return set()
+    return {p for p in shm.iterdir() if not _foreign_job(p.name)}
+
+
+def _foreign_job(name: str) -> bool:
+    parts = name.split("-")
+    if not name.startswith("autodice-job-") or len(parts) < 4 or not parts[2].isdigit():
+        return False
+    pid = int(parts[2])
+    while pid > 1:
+        if pid == os.getpid():
+            return False
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False  # gone: a job's leftover, ours to see
+    return True
 
 
 @pytest.fixture(scope="session", autouse=True)

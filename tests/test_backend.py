@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from conftest import vulkan_available
+from conftest import shm_entries, vulkan_available
 from graphs import conv_chain
 from test_zoo import interleaved, scattered
 
@@ -273,7 +273,7 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_nam
     build(fig2 / "out")
     np.save(fig2 / "x.npy", np.zeros((1, 4, 8, 8), np.float32))
     program = fig2 / "out" / "packages" / "edge01" / "build" / "program"
-    shm_before = set(Path("/dev/shm").iterdir()) if Path("/dev/shm").is_dir() else set()
+    shm_before = shm_entries()
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(run, fig2 / "out", {"input": fig2 / "x.npy"}, frames=10**8)
         pid = _rank_pid(program, 1)
@@ -291,8 +291,7 @@ def test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it(fig2, signal_nam
     else:
         assert first.startswith("rank 1 (edge01_arm4 on edge01) stopped responding (rank 0 for")
     # The killed rank's shared memory (Open MPI's 16 MB file) went with the job.
-    if Path("/dev/shm").is_dir():
-        assert set(Path("/dev/shm").iterdir()) - shm_before == set()
+    assert shm_entries() - shm_before == set()
 
 
 @pytest.mark.parametrize("output, deaths, first", [

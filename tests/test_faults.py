@@ -3,12 +3,12 @@ misuse of the API on the run and session paths, each against a real job (Figure 
 three kinds of parallelism, ``fig2_built``).
 
 The rules under test (docs/running.md, "Exit codes and signals"): a job never outlives the
-autodice process that started it, however that ends (SIGKILL included: within 2 s, its shared memory released);
-SIGINT/SIGTERM/SIGHUP stop a stream cleanly (what was delivered is written, cut to it, with
-exit 128 + the signal); input refused up front exits 2 before any job starts; a stream whose
-frames failed, some or all, exits 3; no result file is ever half-written; the caller's own errors
-stay the caller's; every name printed is escaped. ``test_probe.py`` sweeps a hundred more cases
-over the same rules.
+autodice process that started it, however that ends (SIGKILL included: within 2 s, its shared
+memory released); SIGINT/SIGTERM/SIGHUP stop a stream cleanly (what was delivered is written,
+cut to it, with exit 128 + the signal); input refused up front exits 2 before any job starts; a
+stream whose frames failed, some or all, exits 3; no result file is ever half-written; the
+caller's own errors stay the caller's; every name printed is escaped. ``test_probe.py`` sweeps a
+hundred more cases over the same rules.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import shm_entries
 from test_session import frames, programs, reference
 
 import autodice
@@ -36,8 +37,10 @@ pytestmark = pytest.mark.cpp
 
 
 def shm() -> set[str]:
-    """Shared memory held: the files under /dev/shm (a job's folder left empty holds none)."""
-    return {str(p) for p in Path("/dev/shm").rglob("*") if p.is_file()}
+    """Shared memory held: the files under /dev/shm (a job's folder left empty holds none), the
+    other test worker's jobs aside."""
+    return {str(f) for p in shm_entries() for f in (p.rglob("*") if p.is_dir() else [p])
+            if f.is_file()}
 
 
 def cli(*args: str, **options) -> subprocess.Popen:

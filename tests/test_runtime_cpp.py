@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import shm_entries
 
 from autodice.backend import engine
 
@@ -30,11 +31,10 @@ def test_runtime_builds_and_ctest_passes(tmp_path):
     build = tmp_path / "build"
     _run(["cmake", "-S", str(ROOT), "-B", str(build), *engine.cmake_args(ncnn)])
     _run(["cmake", "--build", str(build), "--parallel", str(os.cpu_count() or 1)])
-    shm = Path("/dev/shm")
-    before = set(shm.iterdir()) if shm.is_dir() else set()
+    before = shm_entries()
     out = _run(["ctest", "--test-dir", str(build), "--output-on-failure"])
     # a singleton's and the aborted runs' shared memory stayed in the build folder
-    assert not (set(shm.iterdir()) if shm.is_dir() else set()) - before
+    assert not shm_entries() - before
     summary = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", out)
     assert summary, out
     assert summary.group(2) == "0" and int(summary.group(3)) >= 5, out
