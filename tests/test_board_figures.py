@@ -120,3 +120,22 @@ def test_a_board_followed_through_a_stream_then_read_once_more(tmp_path, monkeyp
         for _ in range(50):
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def test_a_first_reading_may_come_before_the_session_has_counted_a_frame():
+    """The boards start reading as the session's figures are made; a reading that came at once
+    asked for the frames delivered before there was a count (a thread's AttributeError)."""
+    from autodice.backend.session.figures import Figures
+
+    class Eager:
+        hosts: list = []
+
+        def start(self, frames):
+            self.seen = frames()
+
+        def close(self):
+            pass
+
+    eager = Eager()
+    Figures(boards=eager).close()
+    assert eager.seen == 0

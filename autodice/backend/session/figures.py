@@ -63,8 +63,6 @@ class Figures:
         self.energy = energy or EnergyMeter(find_sensor())
         self.local = HostFigures(socket.gethostname(), here(), self.energy)
         self.boards = boards
-        if boards is not None:
-            boards.start(lambda: self.delivered)
         self._latency = np.zeros(0)  # the last LATENCY_KEPT frames', a ring (grown as needed)
         self.busy_s = self.steady_s = self._last = 0.0
         self.delivered = self.steady = 0
@@ -74,6 +72,8 @@ class Figures:
         self.latency_sum = 0.0
         self._incidents: list[dict] = []
         self._since: float | None = None  # monotonic time of the last incident's loss
+        if boards is not None:  # last: their first reading may come at once
+            boards.start(lambda: self.delivered)
 
     def hosts(self) -> list[HostFigures]:
         """This machine's figures, then each board's (a board of this machine's name: its)."""
