@@ -351,7 +351,8 @@ def test_cli_deploy_refuses_a_bad_window_or_front_before_the_network(fig2_plan, 
     (tmp_path / "front").mkdir()
     (tmp_path / "front" / "pareto.json").write_text('{"points": [{"point": "p0"}]}')
     for extra, said in ((["--window", "0"], "error: --window 0: a whole number, at least 1"),
-                        (["--window", "-1"], "error: --window -1: a whole number, at least 1 frame"),
+                        (["--window", "-1"],
+                         "error: --window -1: a whole number, at least 1 frame"),
                         (["--recover", "--front", str(tmp_path)], "pareto.json: not a dse output"),
                         (["--recover", "--front", str(tmp_path / "front")],
                          "front/pareto.json: not a dse output (KeyError: 'throughput_fps')")):

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from fidelity_export import MODELS, OPSETS
 from graphs import channel_shuffle, convnext_dynamo, window_attention
+from onnx import TensorProto, helper, numpy_helper
 
 from autodice.backend.build import build
 from autodice.backend.engine import cache_root

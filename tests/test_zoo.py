@@ -76,7 +76,8 @@ def test_resnet101_is_resnet50_with_res4_grown_to_23_blocks(zoo_model):
     model = onnx.load(str(zoo_model("resnet101")))
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("Conv") == 104 and ops.count("Sum") == 33  # 100 in blocks + conv1 + 3 shortcuts
+    # 100 convolutions in blocks, conv1 and 3 shortcuts
+    assert ops.count("Conv") == 104 and ops.count("Sum") == 33
     weights = {i.name for i in model.graph.initializer}
     assert {f"gpu_0/res4_{k}_branch2b_w_0" for k in range(23)} <= weights
     assert "gpu_0/res4_23_branch2b_w_0" not in weights

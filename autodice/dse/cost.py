@@ -408,7 +408,10 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
         for r in plan.ranks:  # a copy waits as its stage's first rank does, every R-th frame
             span[0, r.rank] = span[0, r.turns()[0]] * share[0, r.rank]
     mem = [r.memory for r in plan.ranks]
-    arr = lambda f: np.array([[float(getattr(m, f)) for m in mem]])
+
+    def arr(field: str) -> np.ndarray:
+        return np.array([[float(getattr(m, field)) for m in mem]])
+
     s = combine(timing, cols, compute, comm, span, nic, arr("params"), resident, load_peak,
                 workspace, arr("peak_activations"), arr("recv_bytes"), arr("send_bytes"),
                 np.ones((1, R), dtype=bool))

@@ -29,6 +29,7 @@ from ..deploy.launch import MPIRUN_HUNG, check_launchable, mpirun_head, run_mpir
 from ..deploy.ssh import Host, Ssh, must, parallel, ssh_config
 from .profile import Link, link_from_rows
 from .remote_tools import TOOLS, ship_tools
+
 # The ranks' environment. A slow link may take seconds per 4 MiB message: the runtime's hang
 # detection (8 s by default) must not mistake that for a dead peer.
 RANK_ENV = {"OMP_WAIT_POLICY": "passive", "AUTODICE_TIMEOUT_S": "120"}
