@@ -330,11 +330,19 @@ def test_filling_the_pipeline_may_take_every_stages_watchdog(tmp_path, monkeypat
     build(out)
     x = np.random.default_rng(4).standard_normal((1, 64, 256, 256)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    stage_s = max(r["compute_s"] / r["frames"]
-                  for r in run(out, {"input": tmp_path / "x.npy"}, 3).stats["ranks"])
-    watchdog = 1.2 * stage_s  # more than a stage's wait, less than two stages' work
-    monkeypatch.setenv("AUTODICE_TIMEOUT_S", f"{watchdog:.3f}")
-    res = run(out, {"input": tmp_path / "x.npy"}, 1)
+    # The watchdog is set from a run just before; another test's load beside this one (two
+    # workers on two cores) can make that run slower than the next, and the next then waits
+    # less than the watchdog and proves nothing. Up to three tries for a pair at one pace;
+    # every run must end well.
+    for _ in range(3):
+        monkeypatch.delenv("AUTODICE_TIMEOUT_S", raising=False)
+        stage_s = max(r["compute_s"] / r["frames"]
+                      for r in run(out, {"input": tmp_path / "x.npy"}, 3).stats["ranks"])
+        watchdog = 1.2 * stage_s  # more than a stage's wait, less than two stages' work
+        monkeypatch.setenv("AUTODICE_TIMEOUT_S", f"{watchdog:.3f}")
+        res = run(out, {"input": tmp_path / "x.npy"}, 1)
+        if res.stats["ranks"][2]["recv_wait_s"] > watchdog:
+            break
     assert res.stats["ranks"][2]["recv_wait_s"] > watchdog  # what the old watchdog ended
     want = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"input": x})[0]
     assert np.abs(res.outputs["output"] - want).max() <= 1e-4 * np.abs(want).max()
