@@ -22,7 +22,6 @@ A counter gives energy itself; a power reading is sampled as results come and in
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,7 +169,7 @@ class EnergyMeter:
             return
         try:
             value = self.sensor.read()
-        except (OSError, ValueError, subprocess.SubprocessError):
+        except (OSError, ValueError):  # vcgencmd's failures come as None, then OSError
             return  # a reading missed makes a longer step, not a made-up one
         if self._last is not None:
             t0, v0, f0 = self._last
@@ -185,7 +184,7 @@ class EnergyMeter:
         self._last = (now, value, frames)
 
     def report(self, frames: int | None = None, busy_s: float | None = None) -> dict:
-        """What stats.json says of energy on this machine (``sensor`` None: there is none).
+        """What stats.json says of this host's energy (``sensor`` None: there is none).
 
         ``frames``, ``busy_s``: where the samples did not count the frames (a job's own loop,
         metered from its start), how many frames and the seconds they took. The job's start and

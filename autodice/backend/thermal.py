@@ -1,4 +1,4 @@
-"""This machine's temperatures, clocks and throttling, read where it exposes them, for /metrics.
+"""A host's temperatures, clocks and throttling, read where it exposes them, for /metrics.
 
 A board that runs hot slows down without a word: its frames/s fall and only these figures say
 why. Read at each scrape, never on a frame's path, from a host's files (:mod:`.host_files`):
