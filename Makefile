@@ -51,7 +51,7 @@ test-tools:
 	fi
 
 test: $(STAMP) test-tools
-	$(BIN)/python -m pytest -q -m "not slow" -n 2
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
 # every goal with the figure measured and ✔/✘. The deploy, cost-model, recovery, boards and ARM

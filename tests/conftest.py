@@ -61,7 +61,7 @@ requires_vulkan = pytest.mark.skipif(
     reason="no Vulkan driver (as root, `make test` installs Mesa's lavapipe)")
 
 
-# `make test` runs two pytest-xdist workers (`-n 2`); these tests run on one of them, one after
+# With two pytest-xdist workers (`pytest -n 2`, docs/install.md), these tests run on one of them, one after
 # another, as in a run of one: the modules that bring up the tests' emulated cluster
 # (TEST_CLUSTER), and the tests that check /dev/shm as a whole, which the cluster's remote jobs
 # write too (its hosts share this machine's filesystem). Every other test is a unit of its own.
