@@ -61,8 +61,10 @@ def steady_fps(out: Path, stats: dict) -> float:
     rates = [(r["frames"] - 1) * share[r["rank"]]
              / (r["last_frame_end_s"] - r["first_frame_end_s"])
              for r in stats["ranks"] if share[r["rank"]]]
-    assert rates and all(r["first_frame_end_s"] <= r["last_frame_end_s"] <= stats["seconds"]
-                         for r in stats["ranks"])
+    # Each rank times from its own exit of the start barrier; only the reporting rank's clock
+    # is the one stats["seconds"] was read on (a rank let out of the barrier first counts more).
+    assert rates and all(r["first_frame_end_s"] <= r["last_frame_end_s"] for r in stats["ranks"])
+    assert stats["ranks"][0]["last_frame_end_s"] <= stats["seconds"]
     return sum(rates)
 
 
@@ -316,6 +318,7 @@ def test_explain_failure_names_the_dead_or_hung_rank(fig2, output, deaths, first
     assert explain_failure(plan, output, deaths)[0] == first
 
 
+@pytest.mark.alone
 def test_filling_the_pipeline_may_take_every_stages_watchdog(tmp_path, monkeypatch):
     """The last of three stages waits for both before it on its first frame, and rank 0 waits
     for both after it at the end: longer than one stage's watchdog, within one per stage."""

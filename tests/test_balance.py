@@ -149,6 +149,7 @@ def test_cli_balances_by_a_given_profile_and_names_a_foreign_one(tmp_path):
 
 
 @pytest.mark.cpp
+@pytest.mark.alone
 def test_cli_measures_here_when_no_profile_is_given(zoo_model):
     """SqueezeNet measured on this machine's ncnn: the keys' predicted times are close."""
     r = CliRunner().invoke(main, ["layers", str(zoo_model("squeezenet")), "--balance",

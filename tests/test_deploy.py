@@ -454,6 +454,7 @@ def _launch(tmp_path: Path, script: str, hold: bool = True) -> tuple[int, str, f
     return proc.returncode, proc.stdout, time.monotonic() - start
 
 
+@pytest.mark.alone
 def test_the_launch_script_ends_mpirun_once_its_owner_is_gone(tmp_path):
     """EOF on the script's stdin (the autodice process, or the ssh that carries the script, went
     however it went) ends mpirun with SIGTERM, which ends every rank of the job."""
@@ -461,6 +462,7 @@ def test_the_launch_script_ends_mpirun_once_its_owner_is_gone(tmp_path):
     assert code == 128 + 15 and seconds < 2
 
 
+@pytest.mark.alone
 def test_the_launch_script_stops_an_mpirun_that_hangs_after_its_job(tmp_path):
     """Open MPI's mpirun now and then deadlocks once every process of its job has ended
     (openpmix/prrte#1839). Its shape: children that end, then a parent that never exits. The
@@ -472,6 +474,7 @@ def test_the_launch_script_stops_an_mpirun_that_hangs_after_its_job(tmp_path):
     assert 4 <= seconds < 10
 
 
+@pytest.mark.alone
 def test_the_launch_script_passes_mpiruns_own_exit_through_at_once(tmp_path):
     """An mpirun that ends by itself (with children or none) keeps its exit code and output,
     and the watchdog beside it holds nothing up."""
