@@ -1,7 +1,11 @@
 // Per-layer latency of one ncnn net, measured the way the generated program runs it.
 //
 //   profile_layers MODEL.param MODEL.bin OUT.json --threads 1,2 [--gpu 0 [--gpu-fp32]]
-//                  [--warmup 3] [--runs 11] --input in0.npy [--input in1.npy ...]
+//                  [--cores 4,5] [--warmup 3] [--runs 11] --input in0.npy [--input in1.npy ...]
+//
+// --cores pins the process, and so every OpenMP thread ncnn starts after, to those cores (a
+// big.LITTLE board's big or little ones: a rank the rankfile binds there runs on nothing else);
+// OUT.json's "cores" says which cores it then ran on, as the kernel reports them.
 //
 // The net is loaded once per thread count (ncnn picks kernels and tile sizes for
 // opt.num_threads while it loads) with the generated program's options: fp32 end to end, light
@@ -45,6 +49,7 @@
 #include <mpi.h>
 
 #include <malloc.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -80,12 +85,14 @@ struct Args {
   bool corun = false;
   int gpu = -1;  // Vulkan device to time too, or none
   bool gpu_fp32 = false;  // that device in fp32 (ncnn's default there: fp16)
+  std::vector<int> cores;  // to pin to; empty: wherever the scheduler puts it
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "profile_layers: %s\nusage: profile_layers MODEL.param MODEL.bin OUT.json "
-               "--threads 1,2 [--warmup N] [--runs N] --input in0.npy [--input ...]\n",
+               "--threads 1,2 [--cores 4,5] [--warmup N] [--runs N] --input in0.npy "
+               "[--input ...]\n",
                why.c_str());
   std::exit(2);
 }
@@ -107,13 +114,14 @@ Args parse_args(int argc, char** argv) {
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--threads") {
-      a.threads.clear();
+    if (k == "--threads" || k == "--cores") {
+      std::vector<int>& into = k == "--threads" ? a.threads : a.cores;
+      into.clear();
       std::string list = value();
       size_t start = 0;
       while (start <= list.size()) {
         const size_t comma = std::min(list.find(',', start), list.size());
-        a.threads.push_back(count(k, list.substr(start, comma - start), 1));
+        into.push_back(count(k, list.substr(start, comma - start), k == "--threads" ? 1 : 0));
         start = comma + 1;
       }
     } else if (k == "--warmup") {
@@ -140,6 +148,26 @@ Args parse_args(int argc, char** argv) {
   a.bin = positional[1];
   a.out = positional[2];
   return a;
+}
+
+// Pins this process to ``cores`` before ncnn starts a thread (they inherit the mask); the cores
+// the kernel then reports, as a JSON list.
+std::string pin(const std::vector<int>& cores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) {
+    if (c >= CPU_SETSIZE) usage("--cores " + std::to_string(c) + ": no such core");
+    CPU_SET(c, &set);
+  }
+  if (!cores.empty() && sched_setaffinity(0, sizeof set, &set) != 0)
+    autodice::abort_run("--cores: cannot run on those cores (not this machine's, or not "
+                        "allowed to this process)", 2);
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "[]";
+  std::string list;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) list += (list.empty() ? "" : ", ") + std::to_string(c);
+  return "[" + list + "]";
 }
 
 // The generated program's net options (templates/program.cpp.j2, load_net) for a CPU rank.
@@ -480,6 +508,7 @@ int main(int argc, char** argv) {
   autodice::use_heap_allocator();
   if (argc == 3 && std::string(argv[1]) == "--link") return measure_link(argv[2]);
   const Args args = parse_args(argc, argv);
+  const std::string cores = pin(args.cores);
   std::vector<ncnn::Mat> inputs;
   for (const std::string& path : args.inputs) {
     try {
@@ -496,7 +525,7 @@ int main(int argc, char** argv) {
   auto progress = [&]() { std::fprintf(stderr, "progress %ld %ld\n", ++done, total); };
 
   // Fingerprints, and which layers to time.
-  std::string json = "{\n \"layers\": [";
+  std::string json = "{\n \"cores\": " + cores + ",\n \"layers\": [";
   std::vector<int> timed;
   const std::vector<LayerBytes> bytes = layer_bytes(args, args.threads[0], inputs);
   LayerBytes untimed;  // of layers not timed (Input): counted with the next timed one

@@ -61,13 +61,23 @@ requires_vulkan = pytest.mark.skipif(
     reason="no Vulkan driver (as root, `make test` installs Mesa's lavapipe)")
 
 
-# With two pytest-xdist workers (`pytest -n 2`, docs/install.md), these tests run on one of them, one after
-# another, as in a run of one: the modules that bring up the tests' emulated cluster
-# (TEST_CLUSTER), and the tests that check /dev/shm as a whole, which the cluster's remote jobs
-# write too (its hosts share this machine's filesystem). Every other test is a unit of its own.
-SERIAL_MODULES = {"test_arm", "test_boards_as_they_come", "test_cluster", "test_links",
-                  "test_faults", "test_runtime_cpp"}
+# `make test` runs the suite on two pytest-xdist workers, then the tests marked `alone` one at
+# a time with nothing beside them: those timed against the wall clock, and every test of the
+# modules that bring up the tests' emulated cluster (TEST_CLUSTER). Its hosts' Open MPI daemons
+# and jobs share this machine's /tmp, /dev/shm and two cores with whatever runs beside them:
+# in a clean-clone run beside the other worker two of them failed (a remote daemon that exited
+# 213 at its start, a lost head reported as another rank's abort).
+ALONE_MODULES = {"test_arm", "test_boards_as_they_come", "test_cluster", "test_links"}
+# On the workers, these run on one of them, one after another, as in a run of one: the tests
+# that check /dev/shm as a whole. Every other test is a unit of its own.
+SERIAL_MODULES = {"test_faults", "test_runtime_cpp"}
 SERIAL_TESTS = {"test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in ALONE_MODULES:
+            item.add_marker(pytest.mark.alone)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run without pytest-xdist has no such hook

@@ -161,16 +161,17 @@ def test_a_board_asked_to_build_itself_without_a_compiler(emu, tmp_path, zoo_mod
 
 def test_profile_on_the_board_and_a_dse_point_measured_there(emu, tmp_path, fig2):
     """`autodice profile --on edge02` times the layers on the board itself (the profiler
-    cross-built for it); dse searches the board with that profile, and `--measure` deploys the
-    point it proposes onto the board and runs it there. Under qemu the times mean nothing; the
-    path must work."""
+    cross-built for it), on each kind of core of a big.LITTLE board (the platform calls its
+    core 1 little): pinned to core 0, then to core 1. dse searches the board with that profile,
+    and `--measure` deploys the point it proposes onto the board and runs it there. Under qemu
+    the times mean nothing (and the cores are alike); the path must work."""
     from click.testing import CliRunner
 
     from autodice.cli import main
-    from autodice.dse.profile import load_profile
+    from autodice.dse.profile import LittleCores, load_profile
 
     model, platform = fig2 / "model.onnx", tmp_path / "platform.txt"
-    platform.write_text(PLATFORM)
+    platform.write_text("edge01, x86, slots=0-1\nedge02, arm, slots=0-1, little=1\n")
     inventory = _inventory(emu, tmp_path)
     runner = CliRunner()
     said = runner.invoke(main, ["profile", str(model), "-p", str(platform), "-i", str(inventory),
@@ -178,8 +179,9 @@ def test_profile_on_the_board_and_a_dse_point_measured_there(emu, tmp_path, fig2
                                 "--runs", "3", "--warmup", "1", "--no-cache"])
     assert said.exit_code == 0, said.output
     board = load_profile(tmp_path / "board.json")
-    assert board.machine["arch"] == "aarch64" and board.threads == (1, 2)
-    assert all(lc.cpu_ms[1] > 0 for lc in board.layers)
+    assert board.machine["arch"] == "aarch64" and board.threads == (1,)
+    assert board.little == LittleCores((1,), (0,), (1,))
+    assert all(lc.cpu_ms[1] > 0 and lc.little_ms[1] > 0 for lc in board.layers)
     assert "edge01-edge02" in board.links and board.links["shm"].bandwidth > 0
     assert machine_of(Path(remote_dir(emu, "edge02")) / "tools/build/profile_layers") == "aarch64"
 

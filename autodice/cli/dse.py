@@ -20,6 +20,15 @@ def _thread_list(ctx, param, value):
     return threads
 
 
+def _core_list(ctx, param, value):
+    from ..core.spec import parse_cores
+
+    try:
+        return None if value is None else parse_cores(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--platform", "-p", required=True, type=click.Path(dir_okay=False),
@@ -43,8 +52,12 @@ def _thread_list(ctx, param, value):
 @click.option("--gpu/--no-gpu", default=None,
               help="Also time every layer on this machine's Vulkan device [default: when the "
                    "platform lists a GPU and ncnn finds a device].")
+@click.option("--little", callback=_core_list, metavar="CORES",
+              help="The measuring machine's little cores (a big.LITTLE board, e.g. 4-7): time "
+                   "every layer pinned to them and, apart, to its other cores [default with "
+                   "--on HOST: the platform's little= of HOST].")
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
-            on, gpu):
+            on, gpu, little):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     import contextlib
 
@@ -52,6 +65,7 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
 
     from ..core.outdir import check_writable_file
     from ..core.shapes import parse_input_shapes
+    from ..core.spec import format_cores
     from ..deploy.inventory import load_inventory
     from ..dse.profile import save_profile
     from ..dse.profiler import check_profile_args, op_summary, run_profile
@@ -63,9 +77,12 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     shapes = parse_input_shapes(input_shapes)
     cluster = load_inventory(inventory) if inventory else None
     if cluster:  # everything said before the network is used (links measured, tools shipped)
-        check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu, bool(on))
+        spec, _ = check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu,
+                                     bool(on))
         if on:
             host_inventory(cluster, on)
+            if little is None and on in spec.devices:
+                little = spec.devices[on].little
     links = None
     if inventory and not (on and len(cluster.targets) < 2):
         from ..dse.links import probe_links
@@ -74,7 +91,8 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
         _links_table(links, inventory)
     with on_host(cluster, on, console) if on else contextlib.nullcontext() as machine:
         res = run_profile(model, platform, threads, shapes, warmup, runs, console=console,
-                          use_cache=not no_cache, links=links, gpu=gpu, on=machine)
+                          use_cache=not no_cache, links=links, gpu=gpu, on=machine,
+                          little=little)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
@@ -105,6 +123,11 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
                   f"{p.gpu.download.latency * 1e6:.0f} us")
     for name, link in sorted(p.links.items()):
         out.print(f"link {name}: {link.bandwidth / 1e6:.0f} MB/s, {link.latency * 1e6:.1f} us")
+    if p.little:
+        times = ", ".join(f"{res.whole_ms[f'little {t}']:.3f} ms on {t} thr"
+                          for t in p.little.threads)
+        out.print(f"little cores {format_cores(p.little.cores)}: the whole model {times}; on 1 "
+                  f"thr x{res.whole_ms['little 1'] / res.whole_ms[1]:.2f} a big core's time")
     if p.corun:
         out.print(f"co-run: the whole model on 1 thread takes {p.corun.slowdown:.2f}x as long "
                   f"while all {p.corun.cores} cores run it")

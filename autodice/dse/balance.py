@@ -29,23 +29,32 @@ from .profile import GpuCopies, Link, Profile
 from .timing import Timing, host_links
 
 
-def key_platform(keys: list[Resource]) -> Platform:
+def key_platform(keys: list[Resource], platform: Platform | None = None,
+                 profile: Profile | None = None) -> Platform:
     """The devices the keys name, as a platform: each host with the cores its keys use and a
-    GPU where a key is one (what profiling and timing need to know of them)."""
+    GPU where a key is one (what profiling and timing need to know of them), and of those
+    cores the little ones: as ``platform`` names a host's, else as ``profile`` timed them."""
     hosts: dict[str, tuple[set[int], bool]] = {}
     for res in keys:
         cores, gpu = hosts.setdefault(res.host, (set(), False))
         hosts[res.host] = (cores | set(res.cores), gpu or res.kind == "gpu")
+
+    def little(host: str, cores: set[int]) -> tuple[int, ...] | None:
+        named = platform.devices[host].little if platform and host in platform.devices else (
+            profile.little.cores if profile and profile.little else None)
+        return tuple(sorted(cores & set(named or ()))) or None
+
     return Platform("--balance", {
         host: Device(host, "cpu", tuple(sorted(cores)) or (0,), gpu="GPU" if gpu else None,
-                     gpu_api="VULKAN" if gpu else None)
+                     gpu_api="VULKAN" if gpu else None, little=little(host, cores))
         for host, (cores, gpu) in hosts.items()})
 
 
 def measured_cost(graph: Graph, keys: list[Resource], profile: Profile, on_gpu: frozenset[str],
-                  notes: list[str] | None = None) -> Cost:
+                  notes: list[str] | None = None, platform: Platform | None = None) -> Cost:
     """Seconds of each mapped layer on each key: on as many threads as the key has cores (the
-    profile's own count, else scaled by its per-op fit), on the GPU for a GPU key.
+    profile's own count, else scaled by its per-op fit; at the little cores' pace where a key
+    holds any of a board's, see :func:`key_platform`), on the GPU for a GPU key.
 
     A GPU key not in ``on_gpu`` (:func:`gpu_timed`: the profile has no GPU times for it) is
     timed as one CPU core, and ``notes`` says so.
@@ -53,7 +62,7 @@ def measured_cost(graph: Graph, keys: list[Resource], profile: Profile, on_gpu: 
     Raises:
         AutodiceError: layers the profile does not know (another model's profile).
     """
-    timing = Timing(key_platform(keys), profile)
+    timing = Timing(key_platform(keys, platform, profile), profile)
     names = graph.layer_names
     table: dict[str, dict[str, float]] = {}
     for res in keys:
@@ -62,7 +71,9 @@ def measured_cost(graph: Graph, keys: list[Resource], profile: Profile, on_gpu: 
             threads = 1
             if notes is not None:
                 notes.append(f"{res.key}: the profile has no GPU times; timed as one CPU core")
-        table[res.key] = dict(zip(names, timing.seconds(res.host, names, threads).tolist()))
+        little = threads is not None and timing.on_little(res.host, res.cores)
+        table[res.key] = dict(zip(names, timing.seconds(res.host, names, threads,
+                                                        little).tolist()))
     return lambda key, name: table[key][name]
 
 
@@ -174,7 +185,7 @@ def balance(graph: Graph, model: str | Path, keys: list[str], profile: Profile |
     notes: list[str] = []
     try:
         on_gpu = gpu_timed(graph, resources, profile)
-        cost = measured_cost(graph, resources, profile, on_gpu, notes)
+        cost = measured_cost(graph, resources, profile, on_gpu, notes, platform)
         links, note = (platform_links(platform, profile, resources) if platform
                        else (None, ""))
     except AutodiceError as e:

@@ -366,8 +366,9 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
         if timed:
             part = np.array([origins[k][1] for k in timed])
             profiled = [origins[k][0] for k in timed]
-            full[timed] = timing.seconds(r.host, profiled,
-                                         None if r.device == "gpu" else r.threads) * part
+            cpu = r.device != "gpu"
+            full[timed] = timing.seconds(r.host, profiled, r.threads if cpu else None,
+                                         cpu and timing.on_little(r.host, r.slots)) * part
             # a part of a split layer holds its share; its weights in `graph` are that share
             onnx = np.array([graph.weight_bytes(graph.index[r.layers[k]]) for k in timed])
             whole = timing.memory_bytes(r.host, profiled, onnx / part)

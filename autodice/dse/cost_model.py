@@ -93,7 +93,7 @@ class CostModel:
                                 np.array([s.threads for s in self.slots]),
                                 np.array([s.gpu for s in self.slots]))
         self.time = np.column_stack([timing.seconds(s.host, self.names,
-                                                    None if s.gpu else s.threads)
+                                                    None if s.gpu else s.threads, s.little)
                                      for s in self.slots])  # (N, S)
         self.sec_per_byte = np.zeros((S, S))
         self.latency = np.zeros((S, S))

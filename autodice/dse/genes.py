@@ -1,8 +1,9 @@
 """How the search encodes a mapping as genes, both encodings, and how genes become mappings.
 
 * ``layer`` (the paper's): one gene per mapped layer, its resource among {one core, all cores,
-  GPU} of each device. Decoding repairs overlaps: a device whose "one core" and "all cores" are
-  both used gets two disjoint ranks, its first core and the others.
+  GPU} of each device (of each kind of core, on a board with big and little ones). Decoding
+  repairs overlaps: a device whose "one core" and "all cores" are both used gets two disjoint
+  ranks, its first core and the others.
 * ``segment``: the layers in topological order cut into at most K contiguous runs; genes are the
   K-1 cut positions and each run's resource. A smaller space of pipeline-shaped mappings.
 
@@ -30,15 +31,16 @@ class Genes:
         self.alpha = np.array([k for k, s in enumerate(slots) if s.kind != "rest"])
         self.n_alpha = len(self.alpha)
         S = len(slots)
-        self.rest_of = np.arange(S)  # slot -> the slot it becomes when its device's core 0 is taken
-        self.one_of = np.arange(S)  # slot -> the "one core" slot of its device
+        self.rest_of = np.arange(S)  # slot -> the slot it becomes when its group's first core
+        #                              is taken
+        self.one_of = np.arange(S)  # slot -> the "one core" slot of its group
         self.is_all = np.zeros(S, dtype=bool)
-        for k, s in enumerate(slots):
-            self.one_of[k] = next(j for j, x in enumerate(slots) if x.dev == s.dev
+        for k, s in enumerate(slots):  # a group: a device's cores, or one kind of them
+            self.one_of[k] = next(j for j, x in enumerate(slots) if x.group == s.group
                                   and x.kind == "one")
             if s.kind == "all":
                 self.is_all[k] = True
-                self.rest_of[k] = next(j for j, x in enumerate(slots) if x.dev == s.dev
+                self.rest_of[k] = next(j for j, x in enumerate(slots) if x.group == s.group
                                        and x.kind == "rest")
         N = cm.n_layers
         if encoding == "layer":

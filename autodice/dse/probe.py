@@ -110,16 +110,23 @@ def _ignore(done: int, total: int) -> None:
 
 def run_profiler(m: Machine, param: Path, feeds: list[Path], threads: tuple[int, ...],
                  warmup: int, runs: int, on_progress, model: str = "model",
-                 gpu: int | None = None, gpu_fp32: bool = False) -> dict:
+                 gpu: int | None = None, gpu_fp32: bool = False,
+                 cores: tuple[int, ...] | None = None) -> dict:
     """Run profile_layers; returns its JSON (fingerprints and raw times of every run; with
     ``gpu``, the Vulkan device's runs under "gpu", in fp32 if ``gpu_fp32``, and its copy times
-    too)."""
+    too; with ``cores``, pinned to those).
+
+    Raises:
+        AutodiceError: the tool failed, or ran on other cores than ``cores`` (a cgroup or
+            cpuset that holds back some of them).
+    """
     there = m.place([param, param.with_suffix(".bin"), *feeds])
     out = m.out("raw.json")
     cmd = [m.tool, there[0], there[1], out, "--threads", ",".join(map(str, threads)),
            "--warmup", str(warmup), "--runs", str(runs),
            *(["--gpu", str(gpu)] if gpu is not None else []),
-           *(["--gpu-fp32"] if gpu is not None and gpu_fp32 else [])]
+           *(["--gpu-fp32"] if gpu is not None and gpu_fp32 else []),
+           *(["--cores", ",".join(map(str, cores))] if cores else [])]
     for f in there[2:]:
         cmd += ["--input", f]
     code, said = m.run(cmd, on_progress)
@@ -131,7 +138,12 @@ def run_profiler(m: Machine, param: Path, feeds: list[Path], threads: tuple[int,
             raise AutodiceError(f"{model}: ncnn cannot load the net pnnx made of it: it has no "
                                 f"{', '.join(missing)} layer (pnnx did not lower that ONNX op)")
         raise AutodiceError(f"profile_layers failed (exit {code}):", *said[-6:])
-    return json.loads(text)
+    raw = json.loads(text)
+    if cores and raw["cores"] != sorted(cores):
+        raise AutodiceError(f"profile_layers ran on cores {raw['cores']}, not the "
+                            f"{sorted(cores)} it was pinned to: this process may use only "
+                            "some of them (a cgroup's cpuset)")
+    return raw
 
 
 def measure_shm(m: Machine) -> dict:

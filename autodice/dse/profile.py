@@ -25,7 +25,9 @@ Format (version 1), byte-stable (sorted keys, no timestamps)::
       "gpu": {"device": "llvmpipe (LLVM 15.0.6, 256 bits)",   # null: no GPU measured
               "precision": "fp16",
               "upload": {"bandwidth": 4.3e8, "latency": 1e-4},
-              "download": {"bandwidth": 5.8e8, "latency": 6e-5}}
+              "download": {"bandwidth": 5.8e8, "latency": 6e-5}},
+      "little": {"cores": [4, 5, 6, 7], "big_cores": [0, 1, 2, 3],   # absent: one kind of core
+                 "threads": [1, 4]}
     }
 
 ``cpu_ms`` maps a thread count to the median latency of the layer alone (batch 1, warm); ``gpu_ms``
@@ -35,6 +37,9 @@ output back to the host taken out, scaled so that the layers sum to the whole mo
 device, run back to back, less its input and output copies; null where no GPU was measured;
 ``gpu.upload`` and ``gpu.download`` cost the copies a GPU rank makes of the tensors it receives and
 sends.
+``little``: a board with big and little cores (an RK3588's 4 Cortex-A76 + 4 Cortex-A55) is timed
+on each kind, the profiler pinned to its cores: ``cpu_ms`` on the big ones, and each layer's
+``little_ms`` (thread count -> ms, at ``little.threads``) on the little ones.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
 joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth``/``latency``
 fields. ``corun`` is how much longer the whole model
@@ -78,6 +83,7 @@ class LayerCost:
     loaded_bytes: int | None = None  # held beyond resident while loading; None: not measured
     resident_bytes: int | None = None  # ... and once repacked
     workspace_bytes: int | None = None  # what its forward holds only while it runs
+    little_ms: dict[int, float] | None = None  # threads -> median ms on the little cores
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,16 @@ class GpuCopies:
 
 
 @dataclass(frozen=True)
+class LittleCores:
+    """The two kinds of core of the profiled board: each layer's ``cpu_ms`` was timed pinned to
+    ``big_cores``, its ``little_ms`` pinned to ``cores`` at ``threads``."""
+
+    cores: tuple[int, ...]
+    big_cores: tuple[int, ...]
+    threads: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Profile:
     model: str
     model_sha256: str
@@ -174,6 +190,7 @@ class Profile:
     corun: Corun | None = None
     runtime_bytes: int | None = None
     gpu: GpuCopies | None = None  # the device gpu_ms was measured on, and its copy costs
+    little: LittleCores | None = None  # a big.LITTLE board's little cores, timed apart
 
     def layer(self, name: str) -> LayerCost:
         return {lc.name: lc for lc in self.layers}[name]
@@ -198,7 +215,9 @@ def profile_to_json(p: Profile) -> dict:
                     "gpu_ms": lc.gpu_ms,
                     **({} if lc.resident_bytes is None else
                        {"loaded_bytes": lc.loaded_bytes, "resident_bytes": lc.resident_bytes,
-                        "workspace_bytes": lc.workspace_bytes})}
+                        "workspace_bytes": lc.workspace_bytes}),
+                    **({} if lc.little_ms is None else
+                       {"little_ms": {str(t): ms for t, ms in sorted(lc.little_ms.items())}})}
                    for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
@@ -210,6 +229,9 @@ def profile_to_json(p: Profile) -> dict:
             "upload": {"bandwidth": p.gpu.upload.bandwidth, "latency": p.gpu.upload.latency},
             "download": {"bandwidth": p.gpu.download.bandwidth,
                          "latency": p.gpu.download.latency}},
+        **({} if p.little is None else {"little": {
+            "cores": list(p.little.cores), "big_cores": list(p.little.big_cores),
+            "threads": list(p.little.threads)}}),
     }
 
 
@@ -234,7 +256,9 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                    {int(t): float(ms) for t, ms in x["cpu_ms"].items()},
                                    None if x.get("gpu_ms") is None else float(x["gpu_ms"]),
                                    *(None if x.get(k) is None else int(x[k])
-                                     for k in MEMORY_FIELDS))
+                                     for k in MEMORY_FIELDS),
+                                   None if x.get("little_ms") is None else
+                                   {int(t): float(ms) for t, ms in x["little_ms"].items()})
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
                    for k, v in d.get("links", {}).items()},
@@ -246,7 +270,10 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                               float(d["gpu"]["upload"]["latency"])),
                 Link(float(d["gpu"]["download"]["bandwidth"]),
                      float(d["gpu"]["download"]["latency"])),
-                str(d["gpu"].get("precision", "fp16"))))
+                str(d["gpu"].get("precision", "fp16"))),
+            little=None if d.get("little") is None else LittleCores(
+                *(tuple(int(c) for c in d["little"][k])
+                  for k in ("cores", "big_cores", "threads"))))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise AutodiceError(f"{where}: not a profile ({type(e).__name__}: {e})") from None
     problems = check_profile(profile, where)
@@ -280,6 +307,13 @@ def check_profile(p: Profile, where: str) -> list[str]:
             problems.add(f'{where}: layer "{lc.name}": ' + ", ".join(
                 f"{k} {b}" for k, b in zip(MEMORY_FIELDS, got)) + ": all or none, 0 or more",
                 f"{where}: and {{n}} more layers with impossible bytes")
+        little = p.little.threads if p.little else ()
+        if (lc.little_ms is None) != (p.little is None) or any(
+                not time(ms) or t not in little for t, ms in (lc.little_ms or {}).items()):
+            problems.add(f'{where}: layer "{lc.name}": little_ms {lc.little_ms}: times of 0 or '
+                         f"more at the little cores' threads {list(little)}, on every layer "
+                         "when the profile has little cores, else none",
+                         f"{where}: and {{n}} more layers with impossible little-core times")
         if lc.gpu_ms is not None and not time(lc.gpu_ms):
             problems.add(f'{where}: layer "{lc.name}": gpu_ms is {lc.gpu_ms}; times are numbers '
                          "of 0 or more", f"{where}: and {{n}} more layers with impossible times")
@@ -293,6 +327,11 @@ def check_profile(p: Profile, where: str) -> list[str]:
         problems.add(f"{where}: corun {p.corun}: needs cores >= 1 and a slowdown above 0")
     if p.runtime_bytes is not None and p.runtime_bytes < 0:
         problems.add(f"{where}: runtime_bytes {p.runtime_bytes} must be 0 or more")
+    if p.little is not None and (not p.little.cores or not p.little.threads
+                                 or set(p.little.cores) & set(p.little.big_cores)
+                                 or 1 not in p.little.threads):
+        problems.add(f"{where}: little {p.little}: needs cores apart from big_cores, and "
+                     "1-thread times")
     if p.gpu is not None and p.gpu.precision not in ("fp16", "fp32"):
         problems.add(f'{where}: gpu precision "{p.gpu.precision}": fp16 or fp32')
     return problems.lines()

@@ -42,11 +42,11 @@ from ..backend.convert import PNNX_VERSION, convert
 from ..backend.engine import NCNN_PIN, cache_root, ensure_ncnn
 from ..backend.fp16_range import past_range
 from ..backend.tools import build_tools, tools_digest, vulkan_devices
-from ..core.errors import AutodiceError, Problems
-from ..core.model import Graph, load_model
+from ..core.errors import AutodiceError
+from ..core.model import Graph
 from ..core.onnxwrite import write_model
 from ..core.plan import Memory, Rank, TensorSpec
-from ..core.spec import Platform, parse_platform
+from ..core.spec import Platform, format_cores
 from ..frontend.extract import submodel_proto
 from ..frontend.partition import static_memory
 from .attribution import attribute_bytes, attribute_times, fingerprint_onnx, match_layers
@@ -56,6 +56,7 @@ from .profile import (
     GpuCopies,
     LayerCost,
     Link,
+    LittleCores,
     Profile,
     fit_link,
     model_sha256,
@@ -63,6 +64,7 @@ from .profile import (
     profile_to_json,
     six_digits,
 )
+from .profile_args import check_profile_args, choose_threads, core_kinds
 
 if TYPE_CHECKING:
     from .remote_tools import OnHost
@@ -95,7 +97,7 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
                 links: dict[str, Link] | None = None, gpu: bool | None = None,
-                on: OnHost | None = None) -> ProfileRun:
+                on: OnHost | None = None, little: tuple[int, ...] | None = None) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -116,6 +118,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
             host<->device copies; None: when the platform lists a GPU and there is a device.
         on: measure there instead of here (a host of an inventory,
             :func:`~autodice.dse.remote_tools.on_host`): the same tool, built for that host.
+        little: the machine's little cores (a big.LITTLE board): every layer is timed pinned
+            to them (``little_ms``) and, apart, pinned to its other cores (``cpu_ms``).
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -131,7 +135,11 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
     model = Path(model)
     spec, graph = check_profile_args(model, platform, threads, input_shapes, warmup, runs, gpu,
                                      on is not None)
-    threads = choose_threads(spec, threads, on.cores if on else os.cpu_count() or 1)
+    cores = on.cores if on else os.cpu_count() or 1
+    threads = choose_threads(spec, threads, cores)
+    kinds = None
+    if little:
+        kinds, threads = core_kinds(little, cores, threads)
     digest = model_sha256(model)
     ncnn = None if on else ensure_ncnn(console=console)
     wants_gpu = not on and (any(d.gpu for d in spec.devices.values()) if gpu is None else gpu)
@@ -141,13 +149,13 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                             "GPU's Vulkan driver, or Mesa's lavapipe to try it on the CPU)")
     device = devices[0] if devices else None
     key = cache_key(digest, on.key if on else str(ncnn), threads, input_shapes, warmup, runs,
-                    device)
+                    device, kinds)
     entry = cache_root() / "profile" / f"{key}.json"
     measured = read_cache(entry) if use_cache else None
     cached = measured is not None
     if measured is None:
         measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console,
-                                 0 if device else None, on)
+                                 0 if device else None, on, kinds)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
                       links={**(links or {}),
@@ -198,63 +206,11 @@ def engine_info() -> dict:
 # --- inputs and cache -----------------------------------------------------------------------
 
 
-def check_profile_args(model: Path, platform: str | Path | Platform, threads, input_shapes,
-                       warmup: int, runs: int, gpu: bool | None,
-                       on: bool) -> tuple[Platform, Graph]:
-    """The platform and the model, read, and the profiler's settings checked: what the CLI
-    calls first, before a cluster's links are measured or a board is given the tools.
-
-    Raises:
-        AutodiceError: an unreadable model or platform, bad counts or inputs.
-    """
-    spec = platform if isinstance(platform, Platform) else parse_platform(platform)
-    if not on:  # a board's cores are known once it is asked
-        choose_threads(spec, threads, os.cpu_count() or 1)
-    if warmup < 0 or runs < 1:
-        raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")
-    if on and gpu:
-        raise AutodiceError("--gpu with --on: timing a board's GPU from here is not supported; "
-                            "run autodice profile --gpu on the board itself")
-    graph = load_model(model, input_shapes)
-    check_inputs(graph)
-    return spec, graph
-
-
-def choose_threads(spec: Platform, threads: tuple[int, ...] | None,
-                   cores: int) -> tuple[int, ...]:
-    """The thread counts to measure: given ones, else 1 and every device's core count.
-
-    Counts above the measuring machine's ``cores`` would measure oversubscription, not the
-    layer, so they are refused when asked for and capped when derived from the platform.
-    """
-    if threads:
-        bad = [t for t in threads if not 1 <= t <= cores]
-        if bad:
-            raise AutodiceError(f"--threads {','.join(map(str, threads))}: "
-                                f"{', '.join(map(str, bad))} not between 1 and the measuring "
-                                f"machine's {cores} cores")
-        return tuple(sorted(set(threads)))
-    return tuple(sorted({1} | {min(len(d.slots), cores) for d in spec.devices.values()
-                               if d.slots is not None}))
-
-
-def check_inputs(graph: Graph) -> None:
-    """The profiler feeds seeded float32 inputs of static shape; say which input is not one."""
-    problems = Problems()
-    for name in graph.inputs:
-        t = graph.types.get(name)
-        if t is None or not t.static:
-            problems.add(f'{graph.path}: input "{name}" has no static shape '
-                         f"({t.shape_str() if t else '?'}); give --input-shape {name}=1x...")
-        elif t.dtype != "float32":
-            problems.add(f'{graph.path}: input "{name}" is {t.dtype}; the profiler feeds float32')
-    problems.raise_if_any()
-
-
 def cache_key(digest: str, tool: str, threads, input_shapes, warmup: int, runs: int,
-              gpu: str | None = None) -> str:
+              gpu: str | None = None, kinds: LittleCores | None = None) -> str:
     """``tool``: what measures — this machine's ncnn build, or a host and its tool's checksum."""
     blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(), "gpu": gpu,
+                       "little": kinds and [kinds.cores, kinds.big_cores, kinds.threads],
                        "ncnn": tool,
                        "pnnx": PNNX_VERSION, "src": tools_digest(), "threads": list(threads),
                        "shapes": sorted((k, list(v)) for k, v in (input_shapes or {}).items()),
@@ -282,10 +238,10 @@ def write_cache(entry: Path, measured: dict) -> None:
 
 def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[int, ...],
                   warmup: int, runs: int, console, gpu: int | None = None,
-                  on: Machine | None = None) -> dict:
+                  on: Machine | None = None, kinds: LittleCores | None = None) -> dict:
     """Convert, fingerprint, time and attribute; the cacheable part of a profile (``gpu``: the
     Vulkan device to time as well; ``on``: the machine to time on, else this one with the tools
-    built against ``ncnn``)."""
+    built against ``ncnn``; ``kinds``: time on the big cores, then on the little ones)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     mappable = [i for i in range(len(graph.nodes)) if i not in graph.followers]
@@ -309,7 +265,13 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         timing = progress.add_task("  runs", total=None)
         raw = run_profiler(m, param, feeds, threads, warmup, runs,
                            lambda d, n: progress.update(timing, completed=d, total=n),
-                           str(graph.path), gpu, gpu_fp32)
+                           str(graph.path), gpu, gpu_fp32, kinds and kinds.big_cores)
+        if kinds:
+            progress.update(step, description="timing layers on the little cores "
+                            f"{format_cores(kinds.cores)}")
+            raw_little = run_profiler(m, param, feeds, kinds.threads, warmup, runs,
+                                      lambda d, n: progress.update(timing, completed=d, total=n),
+                                      str(graph.path), cores=kinds.cores)
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(m)
         progress.update(step, advance=1, description="timing the model with every core busy")
@@ -319,6 +281,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         progress.update(step, advance=1)
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
+    little_ms = attribute_times(graph, raw_little, groups, kinds.threads) if kinds else None
     held = attribute_bytes(graph, raw, groups)
     # What the rank held beyond what the cost model counts for a rank with the whole model (its
     # layers' weights and workspace, activations): MPI, ncnn's code, the runtime.
@@ -339,10 +302,14 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
                                {t: six_digits(cpu_ms[t][i]) for t in threads},
                                six_digits(gpu_ms[i]) if gpu_ms else None,
                                *(round(held[k][i]) for k in ("loaded", "resident",
-                                                               "workspace")))
-                     for i in mappable), gpu=copies)
+                                                               "workspace")),
+                               {t: six_digits(little_ms[t][i]) for t in kinds.threads}
+                               if kinds else None)
+                     for i in mappable), gpu=copies, little=kinds)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}
+    whole |= {f"little {t}": six_digits(np.median(raw_little["runs"][str(t)]["whole_ms"]))
+              for t in (kinds.threads if kinds else ())}
     return {"profile": profile_to_json(profile), "whole_ms": whole, "shm": shm,
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
 

@@ -183,9 +183,9 @@ def references(cm: CostModel) -> tuple[Point, ...]:
     out = []
     for label, kinds in (("1-device CPU", ("all", "one")), ("1-device GPU", ("gpu",))):
         best = None
-        for dev in sorted({s.dev for s in cm.slots}):
+        for group in sorted({s.group for s in cm.slots}):  # a device, or one kind of its cores
             k = next((k for kind in kinds for k, s in enumerate(cm.slots)
-                      if s.dev == dev and s.kind == kind), None)
+                      if s.group == group and s.kind == kind), None)
             if k is None:
                 continue
             g = np.full(cm.n_layers, k)

@@ -3,6 +3,10 @@
 Per device: one core, all cores, all but the first (so a device whose first core runs one rank
 can run a second on the rest), and the GPU where the profile timed it. These are the columns of
 :class:`~autodice.dse.cost_model.CostModel` and the alphabet of the search's genes.
+
+A board with big and little cores (``little=`` in platform.txt) offers those three on each kind
+apart, as two groups: a key that holds both runs at the little cores' pace (OpenMP waits on its
+slowest thread), so the search never proposes one. A mapping written by hand still may.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ class Slot:
 
     key: str
     host: str
-    dev: int
+    dev: int  # the platform's device
     kind: str  # one of KINDS
     cores: tuple[int, ...]
     threads: int  # CPU threads (1 for the GPU)
     gpu: bool
+    group: int = 0  # the cores one/all/rest choose among: a device's, or one kind of its cores
+    #                 (a GPU: its device's first)
+    little: bool = False  # on a board's little cores
 
     def resources(self) -> set[tuple[str, object]]:
         """What of its host it takes: (host, core) for each core, or (host, "gpu")."""
@@ -34,17 +41,21 @@ class Slot:
 
 
 def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:
-    """Every resource of every device (``rest`` only where a device has 2+ cores, ``gpu`` only
+    """Every resource of every device (``rest`` only where a group has 2+ cores, ``gpu`` only
     where the platform has one and the profile timed it)."""
     slots = []
+    group = 0
     for d, (host, dev) in enumerate(timing.platform.devices.items()):
-        cores = dev.slots
-        slots.append(Slot(cpu_key(host, dev.arch, cores[:1]), host, d, "one", cores[:1], 1, False))
-        if len(cores) > 1:
-            slots.append(Slot(cpu_key(host, dev.arch, cores), host, d, "all", cores, len(cores),
-                              False))
-            slots.append(Slot(cpu_key(host, dev.arch, cores[1:]), host, d, "rest", cores[1:],
-                              len(cores) - 1, False))
+        first, little = group, set(dev.little or ())
+        for on_little in (False, True):
+            cores = tuple(c for c in dev.slots if (c in little) == on_little)
+            if not cores:
+                continue
+            ways = [("one", cores[:1])] + ([("all", cores), ("rest", cores[1:])]
+                                            if len(cores) > 1 else [])
+            slots += [Slot(cpu_key(host, dev.arch, cs), host, d, kind, cs, len(cs), False,
+                           group, on_little) for kind, cs in ways]
+            group += 1
         if dev.gpu is not None and timing.has_gpu_timings(host, names):
-            slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True))
+            slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True, first))
     return tuple(slots)

@@ -63,15 +63,17 @@ def fit_amdahl(t1, tn, n) -> AmdahlFit:
     return AmdahlFit(best[1], best[2])
 
 
-def fit_threads(profile: Profile) -> dict[str, AmdahlFit]:
-    """One fit per op type from every layer measured at more than one thread count; ``"*"`` is the
-    fit over all layers, used for op types with no multi-thread samples."""
+def fit_threads(profile: Profile, little: bool = False) -> dict[str, AmdahlFit]:
+    """One fit per op type from every layer measured at more than one thread count (on the
+    little cores' times with ``little``); ``"*"`` is the fit over all layers, used for op types
+    with no multi-thread samples."""
     samples: dict[str, list[tuple[float, float, int]]] = {}
     for lc in profile.layers:
-        t1 = lc.cpu_ms.get(1)
+        times = (lc.little_ms if little else lc.cpu_ms) or {}
+        t1 = times.get(1)
         if t1 is None:
             continue
-        for n, ms in lc.cpu_ms.items():
+        for n, ms in times.items():
             if n > 1:
                 samples.setdefault(lc.op, []).append((t1, ms, n))
                 samples.setdefault("*", []).append((t1, ms, n))
@@ -131,7 +133,12 @@ class Timing:
                 problems.add(f"profile of {p.model}: no 1-thread timings (threads "
                              f"{list(p.threads)}); profile with 1 thread too")
         problems.raise_if_any()
-        self._fits = {id(p): fit_threads(p) for p in self.profiles.values()}
+        self._fits = {(id(p), little): fit_threads(p, little) for p in self.profiles.values()
+                      for little in (False, True)}
+        # A key on any of a board's little cores runs at their pace: OpenMP waits on its
+        # slowest thread. Timed as big cores where the profile did not time little ones (noted).
+        self.little = {h: frozenset(d.little or ()) for h, d in platform.devices.items()}
+        untimed = [h for h in platform.devices if self.little[h] and not self.profiles[h].little]
         # (cores, slowdown) of each host's profile; (1, 1.0) where it was not measured. A
         # slowdown measured below 1 is noise: busy neighbours do not speed a core up.
         self.corun = {h: (p.corun.cores, max(p.corun.slowdown, 1.0)) if p.corun else (1, 1.0)
@@ -145,6 +152,10 @@ class Timing:
                            for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}
         self.notes: list[str] = []
+        if untimed:
+            self.notes.append(f"{platform.path}: {', '.join(untimed)} name little= cores, and "
+                              "their profile has no times on them: keys there are timed as "
+                              "big cores (profile with --on HOST, or --little)")
         self.links = self._links(problems)
         problems.raise_if_any()
         self.power = {}
@@ -177,8 +188,14 @@ class Timing:
         layers = self._layers[id(self.profiles[host])]
         return [n for n in names if n not in layers]
 
-    def seconds(self, host: str, names, threads: int | None) -> np.ndarray:
-        """Latency of each layer on ``host``: on ``threads`` cores, or on its GPU when None.
+    def on_little(self, host: str, cores) -> bool:
+        """Whether a key on these ``cores`` of ``host`` runs at its little cores' pace."""
+        return bool(self.little[host] & set(cores))
+
+    def seconds(self, host: str, names, threads: int | None,
+                little: bool = False) -> np.ndarray:
+        """Latency of each layer on ``host``: on ``threads`` cores (its little ones with
+        ``little``, where the profile timed them), or on its GPU when None.
 
         Raises:
             AutodiceError: layers the profile does not know, or no GPU timings for a GPU rank.
@@ -189,7 +206,8 @@ class Timing:
         if missing:
             raise AutodiceError(f"profile of {p.model} (host {host}): {len(missing)} layers are "
                                 f"not in it, e.g. \"{missing[0]}\"; profile this model")
-        fits = self._fits[id(p)]
+        little = little and p.little is not None
+        fits = self._fits[id(p), little]
         out = np.empty(len(names))
         for k, name in enumerate(names):
             lc = layers[name]
@@ -199,13 +217,14 @@ class Timing:
                                         f"timing; profile on a board with the GPU")
                 out[k] = lc.gpu_ms / 1e3
                 continue
-            ms = lc.cpu_ms.get(threads)
+            times = lc.little_ms if little else lc.cpu_ms
+            ms = times.get(threads)
             if ms is None:
-                m = max(n for n in lc.cpu_ms if n <= threads)
+                m = max(n for n in times if n <= threads)
                 fit = fits.get(lc.op, fits.get("*", AmdahlFit(0.0, 0.0)))
-                t1 = lc.cpu_ms[1]
+                t1 = times[1]
                 base = float(fit.time(t1, m))
-                ms = lc.cpu_ms[m] * (float(fit.time(t1, threads)) / base if base > 0 else 1.0)
+                ms = times[m] * (float(fit.time(t1, threads)) / base if base > 0 else 1.0)
             out[k] = ms / 1e3
         return out
 
