@@ -57,6 +57,7 @@ def mappable_rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.cpp
+@pytest.mark.alone  # 2 threads on 2 cores: a test beside it once made the whole model 2.5x slower
 def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_path, monkeypatch):
     model = zoo_model("squeezenet")
     platform = SPECS / "squeezenet" / "platform.txt"
