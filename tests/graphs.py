@@ -315,9 +315,12 @@ class _Nodes:
 #   n3, n4, b5 -> h0, h1, h2 -> (1, 64 + classes, h*w)    a head per scale, flattened
 #   cat (axis 2) -> Split -> box: DFL (softmax over 16 bins, Conv of 0..15) -> anchors, strides
 #                         -> cls: Sigmoid;   output0 = Concat(xywh, scores): (1, 4 + classes, n)
-def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProto:
+def yolo_like(seed: int = 0, side: int = 64, classes: int = 8, masks: int = 0) -> onnx.ModelProto:
     """A detector in Ultralytics' layout (YOLOv8's head, decoded in the graph), small enough to
-    split, build and run in seconds: what CI covers of detectors without torch."""
+    split, build and run in seconds: what CI covers of detectors without torch. With ``masks``,
+    a segmenter's as YOLOv8-seg's: ``masks`` coefficients per candidate after the scores
+    (a 1x1 head on each scale), and a second output "output1", the prototype masks at 1/4 of
+    the input (from the stride-8 neck: upsampled, then two convolutions)."""
     g = _Nodes(seed)
     const, op = g.const, g.op
 
@@ -360,9 +363,23 @@ def yolo_like(seed: int = 0, side: int = 64, classes: int = 8) -> onnx.ModelProt
     xywh = op("Concat", [cxy, op("Sub", [x2y2, x1y1], "wh")], "xywh", axis=1)
     boxes = op("Mul", [xywh, const("strides", np.concatenate(strides)[None, None].astype(
         np.float32))], "boxes")
-    op("Concat", [boxes, op("Sigmoid", ["cls"], "scores")], "output0", axis=1)
-    return _model(g.nodes, "yolo_like", ("images", [1, 3, side, side]),
-                  ("output0", [1, 4 + classes, n]), g.inits, 17, 8)
+    parts = [boxes, op("Sigmoid", ["cls"], "scores")]
+    if masks:
+        parts.append(op("Concat", [
+            op("Reshape", [g.conv(feat, c, masks, 1, 1, f"m{i}", None),
+                           const(f"m{i}.shape", np.array([1, masks, (side // s) ** 2]))],
+               f"m{i}.flat")
+            for i, (feat, c, s) in enumerate([(n3, 32, 8), (n4, 48, 16), (b5, 64, 32)])],
+            "coefs", axis=2))
+        big = op("Resize", [conv(n3, 32, 32, 3, 1, "p0"), "", up], "p.up", mode="nearest")
+        g.conv(conv(big, 32, 32, 3, 1, "p1"), 32, masks, 1, 1, "output1", None)
+    op("Concat", parts, "output0", axis=1)
+    model = _model(g.nodes, "yolo_like", ("images", [1, 3, side, side]),
+                   ("output0", [1, 4 + classes + masks, n]), g.inits, 17, 8)
+    if masks:
+        model.graph.output.append(helper.make_tensor_value_info(
+            "output1", TensorProto.FLOAT, [1, masks, side // 4, side // 4]))
+    return model
 
 
 def lraspp_like(seed: int = 0, side: int = 64, classes: int = 4) -> onnx.ModelProto:

@@ -215,7 +215,8 @@ def stream_options(command):
             click.option("--task", type=click.Choice(["classify", "detect", "segment", "none"]),
                          default=None,
                          help="detect: a YOLO head's output as boxes in the source's pixels "
-                              "(frames letterboxed as Ultralytics does; detections.jsonl). "
+                              "(frames letterboxed as Ultralytics does; detections.jsonl; a "
+                              "YOLO segmenter's instance masks too, masks/*.png). "
                               "segment: each pixel's class, in the source's pixels (frames "
                               "letterboxed, normalised by --preprocess; masks/*.png). none: "
                               "the outputs alone. [default: detect for pictures through a "

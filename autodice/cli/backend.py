@@ -174,7 +174,8 @@ BOXES_SHOWN = 5  # boxes a text line names; the rest are counted
 def frame_line(record: dict, fmt: str) -> str | None:
     """One frame's result as its line on stdout: its record as JSON (``--format jsonl``), its
     classes, ``cat.jpg: tabby (0.62), tiger cat (0.21), ...``, or its boxes, ``12: 2 boxes:
-    person 0.91 [10,20,120,310], car 0.5 [...]``, or its mask's classes, ``12: background 71%,
+    person 0.91 [10,20,120,310], car 0.5 [...]`` (and a segmenter's ``-> masks/000012.png``,
+    its instances), or its mask's classes, ``12: background 71%,
     person 29% -> masks/000012.png`` (None: nothing to say)."""
     if fmt == "jsonl":
         return json.dumps(record)  # control characters in a file name come escaped
@@ -185,7 +186,8 @@ def frame_line(record: dict, fmt: str) -> str | None:
                           for d in found[:BOXES_SHOWN])
         more = f", and {len(found) - BOXES_SHOWN} more" if len(found) > BOXES_SHOWN else ""
         return visible(f"{record['frame']}: {len(found)} box{'es' if len(found) != 1 else ''}"
-                       + (f": {shown}{more}" if found else ""))
+                       + (f": {shown}{more}" if found else "")
+                       + (f" -> {record['mask']}" if "mask" in record else ""))
     if "shares" in record:  # a mask: its classes by the share of the picture they cover
         return visible(f"{record['frame']}: " + ", ".join(
             f"{c.get('label', c['class'])} {c['share']:.0%}" for c in record["shares"]

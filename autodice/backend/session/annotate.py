@@ -18,12 +18,13 @@ INK = (255, 64, 0)
 
 def draw(picture, read, labels: list[str] | None = None):
     """``picture`` (a PIL image, or a path) as RGB with a task's reading of it drawn: each
-    detection's box and name (:class:`~.detect.Detection`), or a mask's classes in their
+    detection's box and name (:class:`~.detect.Detection`; a segmenter's detection's mask
+    too, half covering its pixels in its class's colour), or a mask's classes in their
     palette colours, half covering the picture (:class:`~.segment.Mask`; class 0, the
     background, left clear)."""
     from PIL import Image, ImageDraw
 
-    from .segment import Mask
+    from .segment import PALETTE, Mask
 
     image = picture.convert("RGB") if isinstance(picture, Image.Image) else \
         Image.open(picture).convert("RGB")
@@ -34,6 +35,10 @@ def draw(picture, read, labels: list[str] | None = None):
         seen = Image.fromarray(((read.classes != 0) * 128).astype("uint8"), "L")
         image.paste(colours, (0, 0), seen.resize(image.size, Image.NEAREST))
         return image
+    masks = [d for d in read if d.mask is not None and d.mask.shape == image.size[::-1]]
+    for d in reversed(masks):  # a segmenter's instances, the best on top, in its class's colour
+        colour = Image.new("RGB", image.size, tuple(PALETTE[3 * (d.cls % 255 + 1):][:3]))
+        image.paste(colour, (0, 0), Image.fromarray((d.mask * 128).astype("uint8"), "L"))
     pen = ImageDraw.Draw(image)
     for d in read:
         pen.rectangle(d.box, outline=INK, width=2)

@@ -10,6 +10,10 @@ the session, for the two layouts Ultralytics exports:
 - ``(1, K, 6)`` (YOLO26's end-to-end head): each row is a box (corners), a score and a class,
   already suppressed in the graph: only ``conf`` and ``max_det`` apply.
 
+A YOLO segmenter's first output is the first layout with mask coefficients after the scores,
+and its second the prototype masks: each detection then gets its own mask
+(:mod:`.instances`).
+
 Frames are made from images by Ultralytics' letterbox (:func:`letterbox`: the image scaled to
 fit, centred on grey 114, RGB in [0, 1], no mean or std), and :class:`Letterbox` maps each box
 back through it to the source's pixels.
@@ -17,7 +21,7 @@ back through it to the source's pixels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -87,6 +91,8 @@ class Detection:
     box: tuple[float, float, float, float]  # x1, y1, x2, y2
     score: float
     cls: int
+    # a segmenter's: the detection's pixels (bool, the source's height x width), else None
+    mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def as_json(self, labels: list[str] | None = None) -> dict:
         """As ``detections.jsonl`` holds it (``label`` when class names are given)."""
@@ -105,6 +111,8 @@ class Detect:
     conf: float = CONF
     iou: float = IOU
     max_det: int = MAX_DET
+    protos: str | None = None  # a segmenter's prototype masks (its output's name)
+    input_hw: tuple[int, int] | None = None  # the input's, which the prototypes cover
 
     def check(self) -> None:
         """Raises AutodiceError naming each setting out of its range, before any frame."""
@@ -118,9 +126,11 @@ class Detect:
 
     recipe = None  # pictures are letterboxed as Ultralytics does: RGB / 255, no mean or std
 
-    def read(self, output: np.ndarray, box: Letterbox | None) -> list[Detection]:
-        """One frame's boxes, by its first output (see :func:`detect`)."""
-        return detect(output, self.conf, self.iou, self.max_det, box)
+    def read(self, output: np.ndarray, box: Letterbox | None,
+             protos: np.ndarray | None = None) -> list[Detection]:
+        """One frame's boxes, by its first output (and their masks, by a segmenter's prototype
+        masks: see :func:`detect`)."""
+        return detect(output, self.conf, self.iou, self.max_det, box, protos, self.input_hw)
 
 
 def layout(shape: tuple[int, ...]) -> str:
@@ -158,25 +168,38 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou: float,
 
 
 def detect(output: np.ndarray, conf: float = CONF, iou: float = IOU, max_det: int = MAX_DET,
-           box: Letterbox | None = None) -> list[Detection]:
+           box: Letterbox | None = None, protos: np.ndarray | None = None,
+           input_hw: tuple[int, int] | None = None) -> list[Detection]:
     """One frame's detections, best first, at most ``max_det``; boxes in the source's pixels
-    when ``box`` says how the frame was made, else in the input's."""
+    when ``box`` says how the frame was made, else in the input's. With a segmenter's
+    ``protos`` (``1xMxhxw`` over an input of ``input_hw``), the first output's last M rows are
+    mask coefficients, and each detection gets its mask."""
     out = np.asarray(output, dtype=np.float32)
+    coefs = None
     if layout(out.shape) == "end2end":
         rows = out[0][out[0, :, 4] > conf]
         rows = rows[np.argsort(-rows[:, 4], kind="stable")][:max_det]
         boxes, scores, classes = rows[:, :4], rows[:, 4], rows[:, 5].astype(np.int64)
     else:
         pred = out[0]
-        best = pred[4:].max(axis=0)  # one pass (an argmax over every column took 9 times as long)
+        end = len(pred) - (protos.shape[1] if protos is not None else 0)
+        best = pred[4:end].max(axis=0)  # one pass (an argmax over every column: 9 times longer)
         kept = best > conf
-        scores, classes = best[kept], pred[4:, kept].argmax(axis=0)
+        scores, classes = best[kept], pred[4:end, kept].argmax(axis=0)
         xywh = pred[:4, kept].T
         boxes = np.concatenate([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2],
                                axis=1)
         chosen = nms(boxes + (classes * _CLASS_OFFSET)[:, None], scores, iou, max_det)
         boxes, scores, classes = boxes[chosen], scores[chosen], classes[chosen]
+        if protos is not None:
+            coefs = pred[end:, kept][:, chosen].T
+    masks = [None] * len(boxes)
+    if coefs is not None:
+        from .instances import masks_of
+
+        hw = input_hw or (4 * protos.shape[2], 4 * protos.shape[3])  # Ultralytics': 1/4 scale
+        masks = list(masks_of(coefs, np.asarray(protos, np.float32), boxes, hw, box))
     if box is not None:
         boxes = box.to_source(boxes)
-    return [Detection(tuple(float(v) for v in b), float(s), int(c))
-            for b, s, c in zip(boxes, scores, classes)]
+    return [Detection(tuple(float(v) for v in b), float(s), int(c), m)
+            for b, s, c, m in zip(boxes, scores, classes, masks)]

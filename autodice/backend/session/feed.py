@@ -122,5 +122,10 @@ def frame_parts(frame, index: int, inputs, recipe, task) -> tuple[list[memoryvie
 
 
 def read_result(result, outputs, task, box):
-    """A task's reading of a result (boxes, a mask), by the first output."""
-    return task.read(result if not isinstance(result, dict) else result[outputs[0].name], box)
+    """A task's reading of a result (boxes, a mask), by the first output, and by a
+    segmenter's prototype masks where the detector has them (``Detect.protos``)."""
+    arrays = result if isinstance(result, dict) else {outputs[0].name: result}
+    protos = getattr(task, "protos", None)
+    if protos:
+        return task.read(arrays[outputs[0].name], box, arrays[protos])
+    return task.read(arrays[outputs[0].name], box)

@@ -7,7 +7,8 @@ name, the video's or the batch's index, its error if it had one, and what the :c
 makes of it: with class names its top-k classes, with ``--task detect`` its boxes, with
 ``--task segment`` its mask's file and each class's share), for a detector ``detections.jsonl``
 (one line a frame, written as frames come), for a segmenter ``masks/<frame>.png`` (palette PNGs
-in the source's pixels) and ``stats.json`` (the session's figures: frames/s, latency
+in the source's pixels: each pixel's class; a YOLO segmenter's, each pixel's instance, see
+:mod:`.instances`) and ``stats.json`` (the session's figures: frames/s, latency
 percentiles, each rank's share).
 """
 
@@ -29,8 +30,10 @@ from ...core.outdir import tensor_files
 from ...core.plan import Plan
 from .annotate import Annotator, picture_name
 from .detect import CONF, IOU, MAX_DET, Detect, Letterbox, layout
+from .feed import read_result
 from .frames import ImageRecipe
 from .gateway import FrameError
+from .instances import numbered, prototypes, write_instances
 from .segment import Segment, classes_of, write_mask
 from .session import Session
 
@@ -80,9 +83,11 @@ class Reading:
             if preprocess:
                 raise AutodiceError("--task detect: frames are letterboxed as Ultralytics does "
                                     "it, not by --preprocess")
-            reader = Detect(conf, iou, max_det)
-            reader.check()
             layout(plan.model_outputs[0].shape)
+            given = plan.model_inputs[0].shape
+            hw = (given[2], given[3]) if len(given) == 4 else None
+            reader = Detect(conf, iou, max_det, prototypes(plan.model_outputs, hw), hw)
+            reader.check()
         elif task == "segment":
             classes_of(plan.model_outputs[0].shape)
             shape = plan.model_inputs[0].shape
@@ -93,14 +98,18 @@ class Reading:
         names = read_labels(labels, plan, task=task) if labels else None
         return Reading(names, top, reader)
 
-    def read(self, scores: np.ndarray, box: Letterbox | None):
-        """The task's reading of a frame's first output: its boxes, its mask, or None."""
-        return self.task.read(scores, box) if self.task is not None else None
+    def read(self, arrays: dict[str, np.ndarray], outputs, box: Letterbox | None):
+        """The task's reading of a frame's outputs: its boxes, its mask, or None."""
+        return read_result(arrays, outputs, self.task, box) if self.task is not None else None
 
     def record(self, scores: np.ndarray, read) -> dict:
         """The reading's part of a frame's record (``read``: :meth:`read`'s)."""
         if isinstance(self.task, Detect):
-            return {"detections": [d.as_json(self.labels) for d in read]}
+            if not self.task.protos:
+                return {"detections": [d.as_json(self.labels) for d in read]}
+            return {"detections": [{**d.as_json(self.labels), "instance": k,
+                                    "area": int(d.mask.sum())}
+                                   for d, k in zip(read, numbered(read))]}
         if isinstance(self.task, Segment):
             return {"shares": read.as_json(self.labels)}
         if self.labels is not None:
@@ -141,7 +150,9 @@ def read_labels(path: str | Path, plan: Plan | None = None,
     names = [ln.strip() for ln in read_text(path).splitlines()]
     if plan is not None and task in ("detect", "segment"):
         shape = plan.model_outputs[0].shape
-        n = ((shape[1] - 4 if layout(shape) == "yolo" else None) if task == "detect"
+        protos = prototypes(plan.model_outputs, None) if task == "detect" else None
+        coefs = plan.model_outputs[1].shape[1] if protos else 0  # a segmenter's, after them
+        n = ((shape[1] - 4 - coefs if layout(shape) == "yolo" else None) if task == "detect"
              else classes_of(shape))
         if n is not None and len(names) != n:
             kind = "detector" if task == "detect" else "segmenter"
@@ -303,7 +314,8 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
     stacks = Stacks(results, session.outputs, tensor_files(plan), count)
     (results / "stats.json").unlink(missing_ok=True)  # an earlier run's: written at the end
     boxes = _Lines(results / "detections.jsonl") if isinstance(reading.task, Detect) else None
-    masks = results / "masks" if isinstance(reading.task, Segment) else None
+    instances = isinstance(reading.task, Detect) and bool(reading.task.protos)
+    masks = results / "masks" if isinstance(reading.task, Segment) or instances else None
     if masks is not None:  # never emptied: --results may name a folder of the user's
         masks.mkdir(parents=True, exist_ok=True)
     labels: list[str] = []
@@ -336,14 +348,18 @@ def stream(session: Session, plan: Plan, frames: Iterable, count: int | None, re
                 arrays = result if isinstance(result, dict) else {session.outputs[0].name: result}
                 stacks.put(i, arrays)
                 first = arrays[session.outputs[0].name]
-                read = reading.read(first, letterboxes[i])
+                read = reading.read(arrays, session.outputs, letterboxes[i])
                 record.update(reading.record(first, read))
                 if boxes is not None:
                     boxes.add({"frame": i, "source": labels[i],
                                "detections": record["detections"]})
                 if masks is not None:
-                    record["mask"] = str(write_mask(masks, picture_name(i, labels[i]), read)
-                                         .relative_to(results))
+                    name = picture_name(i, labels[i])
+                    box, hw = letterboxes[i], reading.task.input_hw
+                    written = (write_instances(masks, name, read,
+                                               box.size if box else (hw[1], hw[0]))
+                               if instances else write_mask(masks, name, read))
+                    record["mask"] = str(written.relative_to(results))
                 if i in pictures:
                     annotate.add(i, labels[i], pictures[i], read)
                 if whole is not None:
