@@ -312,11 +312,19 @@ def dse(d: dict) -> Iterator[Goal]:
                f"{d['dominated_weakly']:.1%}", d["dominated_weakly"] >= 1.0)
 
 
+def detect(d: dict) -> Iterator[Goal]:
+    yield Goal("52", "a YOLO11n head's boxes, a typical frame <= 1 ms",
+               f"{d['boxes_typical_ms']:.2f} ms", d["boxes_typical_ms"] <= 1.0)
+    if "masks_ms" in d:
+        yield Goal("52", f"YOLO11n-seg's boxes and {d['masks_kept']} instance masks in a 720p "
+                   "picture <= 5 ms", f"{d['masks_ms']:.2f} ms", d["masks_ms"] <= 5.0)
+
+
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
     "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm,
     "report": listed("57"), "metrics": listed("57"), "boards": listed("57"),
-    "check": listed("53")}
+    "check": listed("53"), "detect": detect}
 
 
 def main() -> int:
