@@ -258,9 +258,10 @@ def _pricer(out, profile):
 
 
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
-            inventory=None):
+            inventory=None, little: tuple[int, ...] | None = None):
     """Every layer's latency on this machine's ncnn (and Vulkan device), and the links
     (measured on the inventory's hosts when given). Cached by model, engine and settings.
+    ``little``: this machine's little cores (a big.LITTLE board): each kind timed apart.
 
     Returns:
         :class:`~autodice.dse.profile.Profile`.
@@ -272,7 +273,8 @@ def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 
         from .dse.links import probe_links
 
         links = probe_links(inventory, platform=platform)
-    return run_profile(model, platform, threads, runs=runs, links=links, gpu=gpu).profile
+    return run_profile(model, platform, threads, runs=runs, links=links, gpu=gpu,
+                       little=little).profile
 
 
 def predict(out_or_model, profile, mapping=None, platform=None, power=None, input_shapes=None):

@@ -69,11 +69,13 @@ requires_vulkan = pytest.mark.skipif(
 # 213 at its start, a lost head reported as another rank's abort).
 ALONE_MODULES = {"test_arm", "test_boards_as_they_come", "test_cluster", "test_links"}
 # On the workers, these run on one of them, one after another, as in a run of one: the tests
-# that check /dev/shm as a whole. Every other test is a unit of its own.
+# that check /dev/shm as a whole, and the cluster's modules where a run takes them to the
+# workers (`pytest -n 2` without `-m "not alone"`). Every other test is a unit of its own.
 SERIAL_MODULES = {"test_faults", "test_runtime_cpp"}
 SERIAL_TESTS = {"test_a_dead_or_hung_rank_ends_the_job_within_10_s_naming_it"}
 
 
+@pytest.hookimpl(tryfirst=True)  # marked before `-m` deselects by the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.stem in ALONE_MODULES:
@@ -90,7 +92,8 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
             test = nodeid.rsplit("::", 1)[-1].split("[", 1)[0]
-            return "serial" if module in SERIAL_MODULES or test in SERIAL_TESTS else nodeid
+            serial = module in SERIAL_MODULES | ALONE_MODULES or test in SERIAL_TESTS
+            return "serial" if serial else nodeid
 
     return Serial(config, log)
 

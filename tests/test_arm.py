@@ -168,7 +168,7 @@ def test_profile_on_the_board_and_a_dse_point_measured_there(emu, tmp_path, fig2
     from click.testing import CliRunner
 
     from autodice.cli import main
-    from autodice.dse.profile import LittleCores, load_profile
+    from autodice.dse.profile import load_profile
 
     model, platform = fig2 / "model.onnx", tmp_path / "platform.txt"
     platform.write_text("edge01, x86, slots=0-1\nedge02, arm, slots=0-1, little=1\n")
@@ -179,8 +179,10 @@ def test_profile_on_the_board_and_a_dse_point_measured_there(emu, tmp_path, fig2
                                 "--runs", "3", "--warmup", "1", "--no-cache"])
     assert said.exit_code == 0, said.output
     board = load_profile(tmp_path / "board.json")
-    assert board.machine["arch"] == "aarch64" and board.threads == (1,)
-    assert board.little == LittleCores((1,), (0,), (1,))
+    big = tuple(c for c in range(board.machine["cores"]) if c != 1)  # the board's nproc
+    assert board.machine["arch"] == "aarch64" and board.little.big_cores == big
+    assert board.little.cores == (1,) and board.little.threads == (1,)
+    assert 1 in board.threads and max(board.threads) <= len(big)
     assert all(lc.cpu_ms[1] > 0 and lc.little_ms[1] > 0 for lc in board.layers)
     assert "edge01-edge02" in board.links and board.links["shm"].bandwidth > 0
     assert machine_of(Path(remote_dir(emu, "edge02")) / "tools/build/profile_layers") == "aarch64"

@@ -362,6 +362,7 @@ def _two_cores_or_skip():
     # FC1 + Add1 read only received tensors: pnnx needs extract.pin_batch to see the batch.
     {"edge01_x860": ["Conv1", "Relu1", "MaxPool1"], "edge01_x861": ["FC1", "Add1"]},
 ], ids=["1rank_2threads", "2ranks_1thread"])
+@pytest.mark.alone  # two threads seen on two cores at once: not while a test beside takes one
 def test_ranks_threads_run_on_their_own_cores(fig2, mapping):
     """Open MPI binds each of two ranks to one core by default; the rankfile must win, and a
     2-thread rank's threads must really run on two cores at once."""

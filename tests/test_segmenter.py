@@ -22,8 +22,9 @@ from PIL import Image, ImageDraw
 import autodice
 from autodice.backend.session.detect import Letterbox, letterbox
 from autodice.backend.session.frames import ImageRecipe
+from autodice.backend.session.palette import PALETTE
 from autodice.backend.session.results import Reading
-from autodice.backend.session.segment import PALETTE, Mask, Segment, classes_of, to_source
+from autodice.backend.session.segment import Mask, Segment, classes_of, to_source
 from autodice.cli import main
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model

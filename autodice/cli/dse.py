@@ -68,21 +68,23 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     from ..core.spec import format_cores
     from ..deploy.inventory import load_inventory
     from ..dse.profile import save_profile
-    from ..dse.profiler import check_profile_args, op_summary, run_profile
+    from ..dse.profile_args import check_profile_args
+    from ..dse.profiler import op_summary, run_profile
     from ..dse.remote_tools import host_inventory, on_host
 
     check_writable_file(Path(output))
+    given = "--little"
     if on and not inventory:
         raise AutodiceError(f"--on {on}: needs --inventory, the cluster {on} is a host of")
     shapes = parse_input_shapes(input_shapes)
     cluster = load_inventory(inventory) if inventory else None
     if cluster:  # everything said before the network is used (links measured, tools shipped)
         spec, _ = check_profile_args(Path(model), platform, threads, shapes, warmup, runs, gpu,
-                                     bool(on))
+                                     bool(on), little)
         if on:
             host_inventory(cluster, on)
-            if little is None and on in spec.devices:
-                little = spec.devices[on].little
+            if little is None and on in spec.devices and spec.devices[on].little:
+                little, given = spec.devices[on].little, f"{spec.path}: {on}'s little="
     links = None
     if inventory and not (on and len(cluster.targets) < 2):
         from ..dse.links import probe_links
@@ -92,7 +94,7 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     with on_host(cluster, on, console) if on else contextlib.nullcontext() as machine:
         res = run_profile(model, platform, threads, shapes, warmup, runs, console=console,
                           use_cache=not no_cache, links=links, gpu=gpu, on=machine,
-                          little=little)
+                          little=little, little_from=given)
     p = res.profile
     save_profile(p, output)
     ts = p.threads

@@ -63,6 +63,9 @@ def measured_cost(graph: Graph, keys: list[Resource], profile: Profile, on_gpu: 
         AutodiceError: layers the profile does not know (another model's profile).
     """
     timing = Timing(key_platform(keys, platform, profile), profile)
+    if timing.little_untimed and notes is not None:
+        notes.append(f"{', '.join(timing.little_untimed)}: the profile has no times on little "
+                     "cores: keys on them are timed as big cores (profile with --little)")
     names = graph.layer_names
     table: dict[str, dict[str, float]] = {}
     for res in keys:

@@ -308,8 +308,8 @@ def check_profile(p: Profile, where: str) -> list[str]:
                 f"{k} {b}" for k, b in zip(MEMORY_FIELDS, got)) + ": all or none, 0 or more",
                 f"{where}: and {{n}} more layers with impossible bytes")
         little = p.little.threads if p.little else ()
-        if (lc.little_ms is None) != (p.little is None) or any(
-                not time(ms) or t not in little for t, ms in (lc.little_ms or {}).items()):
+        if (lc.little_ms is None) != (p.little is None) or set(lc.little_ms or ()) != set(
+                little) or not all(time(ms) for ms in (lc.little_ms or {}).values()):
             problems.add(f'{where}: layer "{lc.name}": little_ms {lc.little_ms}: times of 0 or '
                          f"more at the little cores' threads {list(little)}, on every layer "
                          "when the profile has little cores, else none",

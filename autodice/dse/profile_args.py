@@ -13,8 +13,8 @@ from .profile import LittleCores
 
 
 def check_profile_args(model: Path, platform: str | Path | Platform, threads, input_shapes,
-                       warmup: int, runs: int, gpu: bool | None,
-                       on: bool) -> tuple[Platform, Graph]:
+                       warmup: int, runs: int, gpu: bool | None, on: bool,
+                       little: tuple[int, ...] | None = None) -> tuple[Platform, Graph]:
     """The platform and the model, read, and the profiler's settings checked: what the CLI
     calls first, before a cluster's links are measured or a board is given the tools.
 
@@ -23,7 +23,9 @@ def check_profile_args(model: Path, platform: str | Path | Platform, threads, in
     """
     spec = platform if isinstance(platform, Platform) else parse_platform(platform)
     if not on:  # a board's cores are known once it is asked
-        choose_threads(spec, threads, os.cpu_count() or 1)
+        chosen = choose_threads(spec, threads, os.cpu_count() or 1)
+        if little:
+            core_kinds(little, here_cores(), chosen)
     if warmup < 0 or runs < 1:
         raise AutodiceError(f"--warmup {warmup} / --runs {runs}: need warmup >= 0 and runs >= 1")
     if on and gpu:
@@ -65,19 +67,24 @@ def check_inputs(graph: Graph) -> None:
     problems.raise_if_any()
 
 
-def core_kinds(little: tuple[int, ...], cores: int,
-               threads: tuple[int, ...]) -> tuple[LittleCores, tuple[int, ...]]:
+def here_cores() -> tuple[int, ...]:
+    """The cores this process may run on (a container's cpuset may hold some back)."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def core_kinds(little: tuple[int, ...], cores: tuple[int, ...], threads: tuple[int, ...],
+               given: str = "--little") -> tuple[LittleCores, tuple[int, ...]]:
     """A big.LITTLE machine's two kinds of core (``little``, and the others of its ``cores``),
     with the thread counts to time each at: ``threads`` capped at its cores, and 1 (the big
-    cores' counts come second).
+    cores' counts come second). ``given``: where ``little`` came from, for the error.
 
     Raises:
-        AutodiceError: cores the machine does not have, or no big core left.
+        AutodiceError: cores the machine does not let us use, or no big core left.
     """
-    big = tuple(c for c in range(cores) if c not in little)
-    if not set(little) <= set(range(cores)) or not big:
-        raise AutodiceError(f"--little {format_cores(little)}: the little cores must be some, "
-                            f"not all, of the measuring machine's cores 0-{cores - 1}")
+    big = tuple(c for c in cores if c not in little)
+    if not set(little) <= set(cores) or not big:
+        raise AutodiceError(f"{given} {format_cores(little)}: the little cores must be some, "
+                            f"not all, of the measuring machine's cores {format_cores(cores)}")
     def capped(n: int) -> tuple[int, ...]:
         return tuple(sorted({1} | {min(t, n) for t in threads}))
 

@@ -64,7 +64,7 @@ from .profile import (
     profile_to_json,
     six_digits,
 )
-from .profile_args import check_profile_args, choose_threads, core_kinds
+from .profile_args import check_profile_args, choose_threads, core_kinds, here_cores
 
 if TYPE_CHECKING:
     from .remote_tools import OnHost
@@ -97,7 +97,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                 input_shapes: dict[str, tuple[int, ...]] | None = None, warmup: int = 3,
                 runs: int = 15, console=None, use_cache: bool = True,
                 links: dict[str, Link] | None = None, gpu: bool | None = None,
-                on: OnHost | None = None, little: tuple[int, ...] | None = None) -> ProfileRun:
+                on: OnHost | None = None, little: tuple[int, ...] | None = None,
+                little_from: str = "--little") -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -119,7 +120,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
         on: measure there instead of here (a host of an inventory,
             :func:`~autodice.dse.remote_tools.on_host`): the same tool, built for that host.
         little: the machine's little cores (a big.LITTLE board): every layer is timed pinned
-            to them (``little_ms``) and, apart, pinned to its other cores (``cpu_ms``).
+            to them (``little_ms``) and, apart, pinned to its other cores (``cpu_ms``);
+            ``little_from`` says where they came from, for an error.
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -138,8 +140,9 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
     cores = on.cores if on else os.cpu_count() or 1
     threads = choose_threads(spec, threads, cores)
     kinds = None
-    if little:
-        kinds, threads = core_kinds(little, cores, threads)
+    if little:  # a board's cores 0..n-1 (nproc), this machine's as its cpuset allows
+        kinds, threads = core_kinds(little, tuple(range(cores)) if on else here_cores(),
+                                    threads, little_from)
     digest = model_sha256(model)
     ncnn = None if on else ensure_ncnn(console=console)
     wants_gpu = not on and (any(d.gpu for d in spec.devices.values()) if gpu is None else gpu)

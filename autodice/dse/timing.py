@@ -138,7 +138,8 @@ class Timing:
         # A key on any of a board's little cores runs at their pace: OpenMP waits on its
         # slowest thread. Timed as big cores where the profile did not time little ones (noted).
         self.little = {h: frozenset(d.little or ()) for h, d in platform.devices.items()}
-        untimed = [h for h in platform.devices if self.little[h] and not self.profiles[h].little]
+        self.little_untimed = [h for h in platform.devices
+                               if self.little[h] and not self.profiles[h].little]
         # (cores, slowdown) of each host's profile; (1, 1.0) where it was not measured. A
         # slowdown measured below 1 is noise: busy neighbours do not speed a core up.
         self.corun = {h: (p.corun.cores, max(p.corun.slowdown, 1.0)) if p.corun else (1, 1.0)
@@ -152,10 +153,10 @@ class Timing:
                            for h, p in self.profiles.items()}
         self._layers = {id(p): {lc.name: lc for lc in p.layers} for p in self.profiles.values()}
         self.notes: list[str] = []
-        if untimed:
-            self.notes.append(f"{platform.path}: {', '.join(untimed)} name little= cores, and "
-                              "their profile has no times on them: keys there are timed as "
-                              "big cores (profile with --on HOST, or --little)")
+        if self.little_untimed:
+            self.notes.append(f"{platform.path}: {', '.join(self.little_untimed)} name little= "
+                              "cores, and their profile has no times on them: keys there are "
+                              "timed as big cores (profile with --on HOST, or --little)")
         self.links = self._links(problems)
         problems.raise_if_any()
         self.power = {}

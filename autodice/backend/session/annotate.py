@@ -24,7 +24,8 @@ def draw(picture, read, labels: list[str] | None = None):
     background, left clear)."""
     from PIL import Image, ImageDraw
 
-    from .segment import PALETTE, Mask
+    from .palette import PALETTE
+    from .segment import Mask
 
     image = picture.convert("RGB") if isinstance(picture, Image.Image) else \
         Image.open(picture).convert("RGB")

@@ -14,13 +14,12 @@ its ``instance`` number (null past 255) and its ``area`` in pixels.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ...core.errors import AutodiceError
-from .segment import PALETTE
+from .palette import write_png
 
 MOST = 255  # instances an 8-bit PNG can number
 
@@ -37,7 +36,7 @@ def prototypes(outputs, input_hw: tuple[int, int] | None) -> str | None:
         return None
     first, second = tuple(outputs[0].shape), tuple(outputs[1].shape)
     if not (len(first) == 3 and len(second) == 4 and second[0] == 1
-            and first[1] > 4 + second[1]):
+            and first[2] > first[1] > 4 + second[1]):  # YOLO's 1x(4+classes+M)xN
         return None
     if input_hw is not None and any(i % s for i, s in zip(input_hw, second[2:])):
         raise AutodiceError(f'--task detect: the prototype masks "{outputs[1].name}" are '
@@ -94,15 +93,7 @@ def numbered(detections) -> list[int | None]:
 def write_instances(folder: Path, name: str, detections, size: tuple[int, int]) -> Path:
     """The frame's instances as ``folder/<name>.png`` (see the module docstring), whole or not
     at all; ``size``: the picture's (width, height)."""
-    from PIL import Image
-
     canvas = np.zeros((size[1], size[0]), np.uint8)
     for k in reversed(range(min(len(detections), MOST))):  # the best painted last: on top
         canvas[detections[k].mask] = k + 1
-    image = Image.fromarray(canvas, "P")
-    image.putpalette(PALETTE)
-    path = folder / f"{name}.png"
-    partial = folder / f".{name}.png.partial"
-    image.save(partial, format="PNG")
-    os.replace(partial, path)
-    return path
+    return write_png(folder, name, canvas)

@@ -86,7 +86,8 @@ class Reading:
             layout(plan.model_outputs[0].shape)
             given = plan.model_inputs[0].shape
             hw = (given[2], given[3]) if len(given) == 4 else None
-            reader = Detect(conf, iou, max_det, prototypes(plan.model_outputs, hw), hw)
+            reader = Detect(conf, iou, max_det, prototypes(plan.model_outputs, hw) if hw
+                            else None, hw)
             reader.check()
         elif task == "segment":
             classes_of(plan.model_outputs[0].shape)

@@ -14,7 +14,6 @@ what torchvision's segmenters were trained with). An output already reduced to c
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,26 +22,11 @@ import numpy as np
 from ...core.errors import AutodiceError
 from .detect import Detect, Letterbox
 from .frames import ImageRecipe
+from .palette import picture, write_png
 
 MAX_CLASSES = 255  # a palette PNG has 256 entries
 
 
-def palette() -> list[int]:
-    """PASCAL VOC's colour map: class c's colour from its bits, spread over R, G and B."""
-    colours = []
-    for c in range(256):
-        r = g = b = 0
-        bits = c
-        for k in range(8):
-            r |= (bits & 1) << (7 - k)
-            g |= ((bits >> 1) & 1) << (7 - k)
-            b |= ((bits >> 2) & 1) << (7 - k)
-            bits >>= 3
-        colours += [r, g, b]
-    return colours
-
-
-PALETTE = palette()
 
 
 def classes_of(shape: tuple[int, ...]) -> int | None:
@@ -84,11 +68,7 @@ class Mask:
 
     def picture(self):
         """The mask as a palette PIL image: each pixel's value its class."""
-        from PIL import Image
-
-        image = Image.fromarray(self.classes, "P")
-        image.putpalette(PALETTE)
-        return image
+        return picture(self.classes)
 
 
 @dataclass(frozen=True)
@@ -133,8 +113,4 @@ Task = Detect | Segment  # what a session reads its results with (``Session.task
 
 def write_mask(folder: Path, name: str, mask: Mask) -> Path:
     """``mask`` as ``folder/<name>.png`` (a palette PNG), whole or not at all."""
-    path = folder / f"{name}.png"
-    partial = folder / f".{name}.png.partial"
-    mask.picture().save(partial, format="PNG")
-    os.replace(partial, path)
-    return path
+    return write_png(folder, name, mask.classes)
