@@ -66,6 +66,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/parallel_bench.py
 	$(BIN)/python bench/session_bench.py
 	$(BIN)/python bench/detect_bench.py
+	$(BIN)/python bench/video_bench.py
 	$(BIN)/python bench/report_bench.py
 	$(BIN)/python bench/metrics_bench.py
 	$(BIN)/python bench/check_bench.py
