@@ -50,10 +50,11 @@ test-tools:
 	  else echo "note:$$missing missing (not root): the tests that need them skip"; fi; \
 	fi
 
-# Two pytest-xdist workers, then the few tests that time themselves against the wall clock
-# (marked `alone`) one at a time with nothing beside them. Both parts run; either failing fails.
+# Three pytest-xdist workers on the two cores (the tests wait on jobs as much as they compute),
+# then the tests marked `alone` (timed against the wall clock, or on the emulated cluster) one
+# at a time with nothing beside them. Both parts run; either failing fails.
 test: $(STAMP) test-tools
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not alone"; code=$$?; \
+	$(BIN)/python -m pytest -q -n 3 -m "not slow and not alone"; code=$$?; \
 	$(BIN)/python -m pytest -q -p no:xdist -m "alone and not slow" && exit $$code
 
 # Every benchmark; each prints a table and writes build/bench/<name>.json, then goals.py prints
