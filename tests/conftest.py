@@ -61,11 +61,11 @@ requires_vulkan = pytest.mark.skipif(
     reason="no Vulkan driver (as root, `make test` installs Mesa's lavapipe)")
 
 
-# `make test` runs the suite on two pytest-xdist workers, then the tests marked `alone` one at
+# `make test` runs the suite on three pytest-xdist workers, then the tests marked `alone` one at
 # a time with nothing beside them: those timed against the wall clock, and every test of the
 # modules that bring up the tests' emulated cluster (TEST_CLUSTER). Its hosts' Open MPI daemons
 # and jobs share this machine's /tmp, /dev/shm and two cores with whatever runs beside them:
-# in a clean-clone run beside the other worker two of them failed (a remote daemon that exited
+# in a clean-clone run beside another worker two of them failed (a remote daemon that exited
 # 213 at its start, a lost head reported as another rank's abort).
 ALONE_MODULES = {"test_arm", "test_boards_as_they_come", "test_cluster", "test_links"}
 # On the workers, these run on one of them, one after another, as in a run of one: the tests
