@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,6 +32,12 @@ from ..frontend.nodes import origin
 from .engine import ensure_ncnn
 from .fp16_range import Largest
 from .tools import build_tools
+
+# np.load reads a .npy header with ast.literal_eval, and CPython 3.11's AST construction keeps
+# its recursion depth in state the threads share (python/cpython#106905): two ranks checked at
+# once raised "SystemError: AST constructor recursion depth mismatch" in a clean-clone run on
+# 3.11.7. The checks' results are read one at a time.
+_READING = threading.Lock()
 
 
 def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
@@ -113,7 +120,8 @@ def _verify_rank(rank: Rank, out_dir: Path, ncnn_models: Path, checker: Path, wo
     problems, worst = [], 0.0
     for k, spec in enumerate(rank.submodel_outputs):
         ref = values[spec.name]
-        got = np.load(work / f"out{k}.npy")
+        with _READING:
+            got = np.load(work / f"out{k}.npy")
         ref = np.asarray(ref, dtype=np.float32)
         if got.size != ref.size:
             problems.append(f'{_who(rank)}: ncnn computes "{spec.name}"'
