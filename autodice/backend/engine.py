@@ -36,7 +36,8 @@ NCNN_PIN = "1.0.20261020"
 NCNN_SDIST_SHA256 = "ad8cdd63e9755cfa8e23b9b6d9ce46156077d80298a89e7c3ba325ffccfca200"
 CONFIG = Path("lib/cmake/ncnn/ncnnConfig.cmake")
 
-# Every build: OpenMP, the library alone, fp32/fp16 only (pnnx writes no int8 or bf16 layers).
+# Every build: OpenMP, the library alone, fp32, fp16 and int8 (gen --precision int8 writes int8
+# convolutions; pnnx writes no bf16 layers).
 _BASE = {
     "CMAKE_BUILD_TYPE": "Release",
     "NCNN_VERSION": "20261020",  # the sdist has no git history to derive it from
@@ -47,7 +48,7 @@ _BASE = {
     "NCNN_BUILD_BENCHMARK": "OFF",
     "NCNN_BUILD_TESTS": "OFF",
     "NCNN_PYTHON": "OFF",
-    "NCNN_INT8": "OFF",
+    "NCNN_INT8": "ON",
     "NCNN_BF16": "OFF",
 }
 # ncnn's own Vulkan defaults: its bundled vulkan headers (simplevk) and glslang, so the GPU build

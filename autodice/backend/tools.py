@@ -1,6 +1,7 @@
 """autodice's own C++ tools, built here against the same ncnn and MPI as the programs:
 ``profile_layers`` (the profiler's probe: per-layer times, links, co-run slowdown) and
-``ncnn_check`` (does ncnn load a converted sub-model, and compute what onnxruntime does?).
+``ncnn_check`` (does ncnn load a converted sub-model, and compute what onnxruntime does?) and
+``ncnn_int8`` (where each layer's weights lie, and the calibration statistics int8 needs).
 The link probe builds the same sources on cluster hosts.
 """
 
@@ -18,8 +19,9 @@ from ..core.errors import AutodiceError
 from .engine import cache_root, cmake_args, mpi_prefix
 
 SOURCES = ("profile_layers.cpp", "profile_gpu.cpp", "profile_gpu.h", "ncnn_check.cpp",
-           "autodice_runtime.cpp", "autodice_tensors.cpp", "autodice_runtime.h", "autodice_types.h")
-TOOLS = ("profile_layers", "ncnn_check")
+           "ncnn_int8.cpp", "autodice_runtime.cpp", "autodice_tensors.cpp", "autodice_runtime.h",
+           "autodice_types.h")
+TOOLS = ("profile_layers", "ncnn_check", "ncnn_int8")
 
 
 def tools_digest() -> str:
@@ -81,7 +83,8 @@ def build_tools(ncnn: Path) -> Path:
 
 
 _CMAKE = """\
-# Written by autodice: the profiler (per-layer times, links) and the conversion checker.
+# Written by autodice: the profiler (per-layer times, links), the conversion checker and the
+# int8 calibrator.
 cmake_minimum_required(VERSION 3.16)
 project(autodice_tools LANGUAGES C CXX)
 set(CMAKE_CXX_STANDARD 17)
@@ -100,6 +103,9 @@ target_compile_options(profile_layers PRIVATE ${warnings})
 add_executable(ncnn_check ncnn_check.cpp)
 target_link_libraries(ncnn_check PRIVATE autodice_runtime)
 target_compile_options(ncnn_check PRIVATE ${warnings})
+add_executable(ncnn_int8 ncnn_int8.cpp)
+target_link_libraries(ncnn_int8 PRIVATE autodice_runtime)
+target_compile_options(ncnn_int8 PRIVATE ${warnings})
 """
 
 
