@@ -66,14 +66,17 @@ def check(out, samples: int = 1):
     return autodice.frontend.check.check(out, samples=samples)
 
 
-def gen(out, precision: str = "auto", verify: bool = True, verify_with=None, preprocess=None):
+def gen(out, precision: str = "auto", verify: bool = True, verify_with=None, preprocess=None,
+        calibration=None, keep_fp32=None):
     """Convert to ncnn, check every conversion (on random frames, or on ``verify_with``'s
     first: an image made a frame by ``preprocess``, or a .npy), write the program and a
-    package per host."""
+    package per host. ``precision`` ``int8`` (or ``KEY=int8,...``) calibrates on
+    ``calibration``'s frames and keeps ``keep_fp32``'s layers in fp32 (None: the first)."""
     import autodice.backend.gen
 
     return autodice.backend.gen.gen(out, precision=precision, verify=verify,
-                                    verify_with=verify_with, preprocess=preprocess)
+                                    verify_with=verify_with, preprocess=preprocess,
+                                    calibration=calibration, keep_fp32=keep_fp32)
 
 
 def build(out):

@@ -490,7 +490,7 @@ int run_program(int argc, char** argv, const ProgramPlan& plan) {
       device = choose_device(r, args.gpu_fallback_cpu);
       const bool gpu = device.rfind("vulkan:", 0) == 0;
       run_rank(plan, r, args, gpu, st);
-      st.fp16 = computes_fp16(r, gpu) ? 1 : 0;
+      st.precision = r.int8 && !gpu ? 2 : computes_fp16(r, gpu) ? 1 : 0;
     }
   } catch (const std::exception& e) {
     abort_run(e.what());

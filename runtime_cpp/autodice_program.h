@@ -81,6 +81,7 @@ struct RankPlan {
   bool fp16;         // fp16 storage and arithmetic where the device has them (else fp32)
   bool cpu_fp16;     // the same for a GPU rank computing on the CPU (--gpu-fallback cpu): a CPU
                      // rank's precision (fp32 unless gen --precision fp16), not its GPU's
+  bool int8;         // some layers quantized by gen --precision int8 (the rest fp32)
   int replica;       // this rank takes frames f with f % replicas == replica
   int replicas;
   std::vector<TensorSpec> tensors;

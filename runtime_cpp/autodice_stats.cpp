@@ -13,6 +13,8 @@
 namespace autodice {
 namespace {
 
+const char* const kPrecisions[] = {"fp32", "fp16", "int8"};  // Stats::precision
+
 constexpr int kStatFields = 15;
 constexpr int kDeviceChars = 128;  // the device description travels as a fixed-size string
 constexpr int kArchChars = 32;     // so does the machine (uname -m) the rank runs on
@@ -76,7 +78,7 @@ std::string stats_json(const ProgramPlan& plan, int64_t frames, bool pipeline, d
         "\"send_wait_s\": %.6f, \"frame_wait_s\": %.6f, \"frames_from_slots\": %.0f, "
         "\"bytes_sent\": %.0f, \"bytes_received\": %.0f, \"peak_rss\": %.0f, \"load_s\": %.6f, "
         "\"first_frame_end_s\": %.9f, \"last_frame_end_s\": %.9f, \"cpus\": [",
-        v[10] > 0 ? "fp16" : "fp32", v[9], v[0], v[1], v[2], v[13], v[14], v[3], v[4], v[5],
+        kPrecisions[static_cast<int>(v[10])], v[9], v[0], v[1], v[2], v[13], v[14], v[3], v[4], v[5],
         v[6], v[11], v[12]);
     out += cpu_list(v[7]) + "], \"omp_cpus\": [" + cpu_list(v[8]) + "]}";
     out += k + 1 < n ? ",\n" : "\n";
@@ -101,8 +103,8 @@ std::string gather_stats(const ProgramPlan& plan, const Stats& st, const std::st
   const double mine[kStatFields] = {st.compute_s, st.recv_wait_s,    st.send_wait_s,
                                     st.bytes_sent, st.bytes_received, st.peak_rss,
                                     st.load_s,     st.cpus,           st.omp_cpus,
-                                    st.frames,     st.fp16,           st.first_end_s,
-                                    st.last_end_s, st.frame_wait_s, st.frames_from_slots};
+                                    st.frames,     st.precision,      st.first_end_s,
+                                    st.last_end_s, st.frame_wait_s,   st.frames_from_slots};
   std::vector<double> all(rank == root ? kStatFields * static_cast<size_t>(size) : 0);
   MPI_Gather(mine, kStatFields, MPI_DOUBLE, all.data(), kStatFields, MPI_DOUBLE, root,
              MPI_COMM_WORLD);

@@ -17,7 +17,8 @@ namespace autodice {
 // Core sets travel as bit masks (exact in a double up to 53 cores).
 struct Stats {
   double compute_s = 0, recv_wait_s = 0, send_wait_s = 0, bytes_sent = 0, bytes_received = 0,
-         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0, fp16 = 0;
+         peak_rss = 0, load_s = 0, cpus = 0, omp_cpus = 0, frames = 0,
+         precision = 0;  // 0 fp32, 1 fp16, 2 int8
   // Streams: how long the rank waited for the gateway's word of its next frame, after its
   // first. Apart from recv_wait_s: it holds the application's own pauses, and a first stage
   // that waits here is short of frames.

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -178,13 +179,15 @@ def _check_interface(param: str, rank: Rank) -> None:
                             f"blobs {', '.join(missing)}; pnnx dropped part of the sub-model")
 
 
-def convert_all(plan: Plan, out_dir: Path, dest_dir: Path, fp16: bool = False,
+def convert_all(plan: Plan, out_dir: Path, dest_dir: Path, fp16_ranks: Collection[int] = (),
                 progress=None) -> None:
-    """Convert every rank's sub-model into ``dest_dir/<key>.ncnn.{param,bin}``."""
+    """Convert every rank's sub-model into ``dest_dir/<key>.ncnn.{param,bin}`` (the weights of
+    ``fp16_ranks`` in fp16)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
 
     def one(rank: Rank) -> None:
-        convert(out_dir / rank.submodel, dest_dir / f"{rank.key}.ncnn", rank, fp16)
+        convert(out_dir / rank.submodel, dest_dir / f"{rank.key}.ncnn", rank,
+                rank.rank in fp16_ranks)
         if progress:
             progress(rank)
 

@@ -12,6 +12,7 @@ runtime library's sources, the rankfile and hostfile, that host's ncnn models an
 
 from __future__ import annotations
 
+import json
 import operator
 import shutil
 from collections.abc import Collection
@@ -29,7 +30,11 @@ from ..core.plan import Plan, Rank, load_plan
 from ..frontend.check import chain_values, random_inputs
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
+from .calibrate import DEFAULT_KEEP_FP32, calibration_frames, quantize_ranks
+from .engine import ensure_ncnn
 from .fp16_range import Largest, past_fp16
+from .precision import Precision, rank_fp16
+from .tools import build_tools
 from .verify import verify_conversions
 
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
@@ -44,20 +49,8 @@ def _ints(values) -> Escaped:
     return Escaped(", ".join(str(operator.index(v)) for v in values))
 
 
-PRECISIONS = ("auto", "fp32", "fp16")
-
-
-def rank_fp16(r: Rank, precision: str, kept_fp32: Collection[int] = ()) -> bool:
-    """Whether a rank computes in fp16: GPU ranks do by default (ncnn's own default there, and
-    what GPUs are fast at) unless they are ``kept_fp32`` (their values pass fp16's range:
-    :mod:`.fp16_range`), CPU ranks compute in fp32 (equal to onnxruntime); ``fp32`` or ``fp16``
-    set every rank."""
-    return precision == "fp16" or (precision == "auto" and r.device == "gpu"
-                                   and r.rank not in kept_fp32)
-
-
-def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "auto",
-                 kept_fp32: Collection[int] = ()) -> dict:
+def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: Precision = Precision(),
+                 kept_fp32: Collection[int] = (), int8: Collection[int] = ()) -> dict:
     """One rank's table for the template: every index resolved, every name escaped.
 
     Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
@@ -82,7 +75,8 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: str = "a
         "device_enum": Escaped("Gpu" if r.device == "gpu" else "Cpu"),
         "gpu_index": r.gpu_index, "threads": r.threads,
         "fp16": Escaped("true" if rank_fp16(r, precision, kept_fp32) else "false"),
-        "cpu_fp16": Escaped("true" if precision == "fp16" else "false"),
+        "cpu_fp16": Escaped("true" if precision.of(r) == "fp16" else "false"),
+        "int8": Escaped("true" if r.rank in int8 else "false"),
         "replica": r.turns().index(r.rank), "replicas": len(r.turns()),
         "n_layers": len(layers),
         "layers_note": cpp_comment(summary),
@@ -122,10 +116,12 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=False, finalize=finalize, autoescape=False)
 
 
-def render_program(plan: Plan, precision: str = "auto", kept_fp32: Collection[int] = ()) -> str:
-    """The generated C++ source for ``plan``: the plan as one table per rank."""
+def render_program(plan: Plan, precision: Precision = Precision(),
+                   kept_fp32: Collection[int] = (), int8: Collection[int] = ()) -> str:
+    """The generated C++ source for ``plan``: the plan as one table per rank (``int8``: those
+    with quantized layers)."""
     files = tensor_files(plan)
-    ranks = [rank_context(plan, r, files, precision, kept_fp32) for r in plan.ranks]
+    ranks = [rank_context(plan, r, files, precision, kept_fp32, int8) for r in plan.ranks]
     ctx = {"model": cpp_string(Path(plan.model).name), "model_note": cpp_comment(
         Path(plan.model).name), "ranks": ranks, "edges": len(plan.edges)}
     return _env().get_template("program.cpp.j2").render(ctx)
@@ -167,24 +163,21 @@ def check_submodels(plan: Plan, out_dir: Path) -> None:
     problems.raise_if_any()
 
 
-def fp16_notes(plan: Plan, precision: str, past: dict[int, Largest], console=None) -> set[int]:
+def fp16_notes(plan: Plan, precision: Precision, past: dict[int, Largest], console) -> set[int]:
     """Say which ranks' values pass fp16's range; returns those that compute in fp32 instead
     (all of them under ``auto``; none under ``fp16``, which was asked for: a warning then)."""
-    if not past:
-        return set()
-    if console is None:
-        from rich.console import Console
-        console = Console(stderr=True)
+    kept = set()
     for k, largest in past.items():
         r = plan.ranks[k]
-        if precision == "auto":
+        if precision.of(r) != "fp16":
+            kept.add(k)
             console.print(f'rank {k} (key "{r.key}"): {largest.note()}: it computes in fp32 on '
                           "its GPU (fp16 would give inf and NaN)", soft_wrap=True, markup=False)
         else:
             console.print(f'warning: rank {k} (key "{r.key}"): {largest.note()}: in fp16 it may '
                           "compute inf and NaN (gen --precision auto keeps such ranks in fp32)",
                           soft_wrap=True, markup=False)
-    return set(past) if precision == "auto" else set()
+    return kept
 
 
 def verify_feeds(plan: Plan, source: str | Path | None = None, preprocess: str | None = None
@@ -215,32 +208,67 @@ def verify_feeds(plan: Plan, source: str | Path | None = None, preprocess: str |
     return {t.name: np.asarray(frame, t.dtype).reshape(t.shape)}
 
 
-def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: bool = True,
-        console=None, verify_with: str | Path | None = None,
-        preprocess: str | None = None) -> Plan:
+def int8_frames(plan: Plan, precision: Precision, calibration: str | Path | None,
+                preprocess: str | None, console) -> list[dict[str, np.ndarray]]:
+    """The calibration frames the int8 ranks need (none without int8 ranks), read before
+    anything is written; a GPU key asked for int8 is told what it computes in instead.
+
+    Raises:
+        AutodiceError: int8 ranks and no ``calibration``, or frames that cannot be made.
+    """
+    for r in plan.ranks:
+        if precision.of(r) == "int8" and r.device == "gpu":
+            console.print(f'rank {r.rank} (key "{r.key}"): ncnn has no int8 layers on Vulkan: '
+                          "it computes as auto (fp16 where its values fit fp16)",
+                          soft_wrap=True, markup=False)
+    if not precision.int8_ranks(plan):
+        return []
+    if calibration is None:
+        raise AutodiceError("--precision int8 needs --calibration DIR|batch.npy: frames like "
+                            "those the model will see (images are made frames by --preprocess)")
+    return calibration_frames(plan, calibration, preprocess)
+
+
+def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
+        verify: bool = True, console=None, verify_with: str | Path | None = None,
+        preprocess: str | None = None, calibration: str | Path | None = None,
+        keep_fp32: tuple[str, ...] | None = None) -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
 
     Args:
-        precision: ``auto`` (fp16 on GPU ranks whose values fit fp16's range, fp32 on the rest),
-            ``fp32`` (every rank; equal to onnxruntime to ~1e-6) or ``fp16`` (every rank, fp16
-            weights too: smallest).
+        precision: for every key or key by key (:class:`~.precision.Precision`): ``auto``
+            (fp16 on GPU ranks whose values fit fp16's range, fp32 on the rest), ``fp32`` (equal
+            to onnxruntime to ~1e-6), ``fp16`` (fp16 weights too: smaller) or ``int8`` (CPU
+            ranks: convolutions and fully connected layers in int8, calibrated on
+            ``calibration``).
         progress: called with each rank as its conversion finishes.
         verify: load and run every converted model with ncnn and compare it with onnxruntime
             (:mod:`.verify`); off only where no C++ toolchain is at hand.
         verify_with: compare on this source's first frame (:func:`verify_feeds`, images made
             frames by ``preprocess``) instead of random ones: a detector finds nothing in noise.
+        calibration: the int8 ranks' calibration frames (anything ``run --input`` reads, made
+            frames by ``preprocess``).
+        keep_fp32: layers int8 ranks keep in fp32 (:func:`~.calibrate.keep_lists`; None: the
+            first).
 
     Raises:
         AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
-            load or that computes something else (each names rank, key and what is wrong).
+            load or that computes something else (each names rank, key and what is wrong); int8
+            without calibration frames, or frames that cannot be read.
     """
-    if precision not in PRECISIONS:
-        raise AutodiceError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    if console is None:
+        from rich.console import Console
+        console = Console(stderr=True)
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
+    keep_fp32 = DEFAULT_KEEP_FP32 if keep_fp32 is None else tuple(keep_fp32)
+    if not isinstance(precision, Precision):
+        precision = Precision.parse(precision, plan)
+    int8_ranks = precision.int8_ranks(plan)
+    frames = int8_frames(plan, precision, calibration, preprocess, console)
     check_submodels(plan, out_dir)
     claim(out_dir)  # an autodice output, or nothing is written into it
-    fp16_weights = precision == "fp16"
+    fp16_weights = [r.rank for r in plan.ranks if precision.fp16_weights(r)]
     fp16_ranks = [r for r in plan.ranks if rank_fp16(r, precision)]
     values = (chain_values(plan, out_dir, verify_feeds(plan, verify_with, preprocess))
               if verify or fp16_ranks else {})
@@ -252,12 +280,24 @@ def gen(out_dir: str | Path, precision: str = "auto", progress=None, verify: boo
         if verify:
             verify_conversions(plan, out_dir, converting, values, fp16_weights, past, console,
                                on_noise=verify_with is None)
+        int8 = []
+        if int8_ranks:
+            tools = build_tools(ensure_ncnn(console=console))
+            for done in quantize_ranks(plan, out_dir, converting, int8_ranks, frames,
+                                       keep_fp32, tools):
+                console.print(done.note(), soft_wrap=True, markup=False)
+                if done.quantized.int8:
+                    int8.append(done.rank.rank)
         claim(out_dir, "ncnn/")
     ncnn_dir = out_dir / "ncnn"
-    program = render_program(plan, precision, kept_fp32)
+    program = render_program(plan, precision, kept_fp32, int8)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
-        (tmp / ".precision").write_text(precision + "\n")  # no host name starts with "."
+        (tmp / ".precision").write_text(f"{precision}\n")  # no host name starts with "."
+        if int8_ranks:  # what a regenerated plan (recover.py) calibrates on
+            (tmp / ".calibration").write_text(json.dumps(
+                {"source": str(Path(calibration).resolve()), "preprocess": preprocess,
+                 "keep_fp32": list(keep_fp32)}) + "\n")
         for host in plan.hosts():
             pkg = tmp / host
             (pkg / "runtime").mkdir(parents=True)

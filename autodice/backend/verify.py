@@ -18,6 +18,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import threading
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,14 +42,14 @@ _READING = threading.Lock()
 
 
 def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
-                       values: dict[str, np.ndarray], fp16: bool = False,
+                       values: dict[str, np.ndarray], fp16_ranks: Collection[int] = (),
                        past_fp16: dict[int, Largest] | None = None, console=None,
                        on_noise: bool = True) -> float:
     """Load and run every rank's ncnn model; compare with its ONNX sub-model, each fed
     ``values`` (:func:`~..frontend.check.chain_values` of the model's inputs: random ones of
-    seed 0, ``on_noise``, else the user's frame). With ``fp16`` weights, a rank in ``past_fp16``
-    that is off is blamed on its values' range, not on pnnx. Returns the largest error found
-    (of an output's scale).
+    seed 0, ``on_noise``, else the user's frame). Of ``fp16_ranks`` (fp16 weights), a rank in
+    ``past_fp16`` that is off is blamed on its values' range, not on pnnx. Returns the largest
+    error found (of an output's scale).
 
     A trained detector fed noise may find nothing: its map sits near 0 (PP-OCR's text detector:
     6e-5 at most), and an error that is nothing on a real frame (7e-5 of its scale) is 0.2 % of
@@ -59,7 +60,8 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
             their ONNX nodes named) or whose outputs differ from onnxruntime's beyond the
             tolerance (the output, the error).
     """
-    found = verify_ranks(plan, out_dir, ncnn_models, values, fp16, past_fp16, console, on_noise)
+    found = verify_ranks(plan, out_dir, ncnn_models, values, fp16_ranks, past_fp16, console,
+                         on_noise)
     problems = [p for said, _ in found.values() for p in said]
     if problems:
         raise AutodiceError(*problems)
@@ -67,8 +69,8 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
 
 
 def verify_ranks(plan: Plan, out_dir: Path, ncnn_models: Path, values: dict[str, np.ndarray],
-                 fp16: bool = False, past_fp16: dict[int, Largest] | None = None, console=None,
-                 on_noise: bool = True) -> dict[int, tuple[list[str], float]]:
+                 fp16_ranks: Collection[int] = (), past_fp16: dict[int, Largest] | None = None,
+                 console=None, on_noise: bool = True) -> dict[int, tuple[list[str], float]]:
     """:func:`verify_conversions`' findings by rank: its problems (none: it passed) and the
     largest error of its outputs."""
     tools = build_tools(ensure_ncnn(console=console))
@@ -76,6 +78,7 @@ def verify_ranks(plan: Plan, out_dir: Path, ncnn_models: Path, values: dict[str,
         def one(rank: Rank) -> tuple[list[str], float]:
             work = Path(tmp) / str(rank.rank)
             work.mkdir()
+            fp16 = rank.rank in fp16_ranks
             too_big = (past_fp16 or {}).get(rank.rank) if fp16 else None
             cause = (f"its {too_big.note()}: fp16 may not hold them (gen --precision auto or "
                      f"fp32), or pnnx mis-converted layers of {rank.submodel}" if too_big
@@ -88,6 +91,27 @@ def verify_ranks(plan: Plan, out_dir: Path, ncnn_models: Path, values: dict[str,
 
         with ThreadPoolExecutor(max_workers=2) as pool:
             return dict(zip((r.rank for r in plan.ranks), pool.map(one, plan.ranks)))
+
+
+def run_checker(checker: Path, base: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """What ncnn computes (its outputs out0..) with ``base``.param/.bin on ``inputs`` (in0..).
+
+    Raises:
+        AutodiceError: ncnn could not load or run it (what ncnn_check said last).
+    """
+    with tempfile.TemporaryDirectory(prefix="autodice-check-") as tmp:
+        paths = [Path(tmp) / f"in{k}.npy" for k in range(len(inputs))]
+        for path, x in zip(paths, inputs):
+            np.save(path, np.asarray(x, np.float32))
+        proc = subprocess.run([str(checker), f"{base}.param", f"{base}.bin", tmp,
+                               *map(str, paths)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            said = (proc.stdout + proc.stderr).strip().splitlines()
+            raise AutodiceError(f"ncnn cannot run {base.name}.param: "
+                                f"{said[-1] if said else f'exit {proc.returncode}'}")
+        outs = sorted(Path(tmp).glob("out*.npy"), key=lambda p: int(p.stem[3:]))
+        with _READING:
+            return [np.load(p) for p in outs]
 
 
 def _who(rank: Rank) -> str:

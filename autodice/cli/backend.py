@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..backend.calibrate import DEFAULT_KEEP_FP32
 from ..core.errors import AutodiceError, Stopped
 from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, model_inputs,
                   only_with, out, progress, rate_line, report_run, stats_table, stream_options,
@@ -17,20 +18,30 @@ from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, mo
 
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16"]), default="auto",
-              show_default=True,
-              help="auto: fp16 on GPU ranks (ncnn's default there) whose values fit fp16's "
-                   "range, fp32 on the rest; fp32 or fp16 on every rank (fp16: fp16 weights "
-                   "too).")
+@click.option("--precision", default="auto", show_default=True, metavar="PRECISION",
+              help="auto, fp32, fp16 or int8 for every key, or KEY=PRECISION,... key by key (a "
+                   "bare one sets the rest). auto: fp16 on GPU ranks (ncnn's default there) whose "
+                   "values fit fp16's range, fp32 on the rest; fp16: fp16 weights too; int8: "
+                   "convolutions and fully connected layers of CPU ranks in int8 "
+                   "(--calibration).")
 @click.option("--fp16", is_flag=True, help="Same as --precision fp16.")
+@click.option("--calibration", metavar="SOURCE", default=None,
+              help="int8's calibration frames: a folder of images, a batch .npy, a video (up to "
+                   "200 frames), made frames by --preprocess.")
+@click.option("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True,
+              metavar="LAYER,...",
+              help="Layers int8 ranks keep in fp32: ncnn layer names as gen prints them, first "
+                   "(the network's first layer, fed the picture), last, sensitive (those that "
+                   "alone move their rank's output by more than 5 %, measured); '' for none.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
 @click.option("--verify-with", metavar="FRAME", default=None,
               help="Check each conversion on this frame (an image, a folder's first, a .npy) "
                    "instead of random ones: a detector finds nothing in noise.")
 @click.option("--preprocess", default=None, metavar="RECIPE",
-              help="How --verify-with's image becomes a frame, as run --preprocess.")
-def gen(output, precision, fp16, verify, verify_with, preprocess):
+              help="How --verify-with's and --calibration's images become frames, as run "
+                   "--preprocess.")
+def gen(output, precision, fp16, calibration, keep_fp32, verify, verify_with, preprocess):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from ..backend.gen import gen as run_gen
     from ..core.plan import load_plan
@@ -46,7 +57,8 @@ def gen(output, precision, fp16, verify, verify_with, preprocess):
                             total=n)
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
                        verify=verify, console=console, verify_with=verify_with,
-                       preprocess=preprocess)
+                       preprocess=preprocess, calibration=calibration,
+                       keep_fp32=tuple(n for n in keep_fp32.split(",") if n.strip()))
     out.print(visible(f"wrote {output}/packages/ for {', '.join(plan.hosts())}"))
 
 

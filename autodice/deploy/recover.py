@@ -352,6 +352,7 @@ def _generated(out: Path) -> float:
 def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
     """``split`` and ``gen`` of ``mapping`` into ``out`` (inside OUT/recovery/)."""
     from ..backend.gen import gen
+    from ..backend.precision import Precision
     from ..frontend.split import split
 
     claim(out_dir, "recovery/")
@@ -362,8 +363,13 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
         split(out_dir / plan.model, path, out_dir / "platform.txt", out,
               {t.name: t.shape for t in plan.model_inputs})
     try:
-        precision = (out_dir / "packages" / ".precision").read_text().strip()
+        precision = Precision.parse((out_dir / "packages" / ".precision").read_text().strip())
     except OSError:
-        precision = "auto"  # generated before the precision was kept
-    gen(out, precision=precision)
+        precision = Precision()  # generated before the precision was kept
+    try:  # int8 ranks: calibrated as before
+        calibration = json.loads((out_dir / "packages" / ".calibration").read_text())
+    except OSError:
+        calibration = {}
+    gen(out, precision=precision, calibration=calibration.get("source"),
+        preprocess=calibration.get("preprocess"), keep_fp32=calibration.get("keep_fp32"))
 

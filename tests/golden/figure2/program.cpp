@@ -27,7 +27,7 @@ using namespace std::string_literals;  // "..."s keeps every byte of a name, NUL
 // sends Buff4 (1x4x4x4 float32, 256 B) to rank 2
 const autodice::RankPlan kRank0 = {
     0, "edge01_arm123"s, "edge01"s, Device::Cpu,
-    /*gpu_index=*/0, /*threads=*/3, /*fp16=*/false, /*cpu_fp16=*/false, /*replica=*/0, /*replicas=*/1,
+    /*gpu_index=*/0, /*threads=*/3, /*fp16=*/false, /*cpu_fp16=*/false, /*int8=*/false, /*replica=*/0, /*replicas=*/1,
     /*tensors (name, shape, dtype)=*/{
         {"input"s, {1, 4, 8, 8}, DType::Float32},  // 0
         {"Buff2"s, {1, 4, 4, 4}, DType::Float32},  // 1
@@ -66,7 +66,7 @@ const autodice::RankPlan kRank0 = {
 // sends Buff3 (1x4x4x4 float32, 256 B) to rank 0
 const autodice::RankPlan kRank1 = {
     1, "edge01_gpu"s, "edge01"s, Device::Gpu,
-    /*gpu_index=*/0, /*threads=*/1, /*fp16=*/true, /*cpu_fp16=*/false, /*replica=*/0, /*replicas=*/1,
+    /*gpu_index=*/0, /*threads=*/1, /*fp16=*/true, /*cpu_fp16=*/false, /*int8=*/false, /*replica=*/0, /*replicas=*/1,
     /*tensors (name, shape, dtype)=*/{
         {"Buff1"s, {1, 4, 4, 4}, DType::Float32},  // 0
         {"Buff3"s, {1, 4, 4, 4}, DType::Float32},  // 1
@@ -97,7 +97,7 @@ const autodice::RankPlan kRank1 = {
 // sends Buff2 (1x4x4x4 float32, 256 B) to rank 0
 const autodice::RankPlan kRank2 = {
     2, "edge04_gpu"s, "edge04"s, Device::Gpu,
-    /*gpu_index=*/0, /*threads=*/1, /*fp16=*/true, /*cpu_fp16=*/false, /*replica=*/0, /*replicas=*/1,
+    /*gpu_index=*/0, /*threads=*/1, /*fp16=*/true, /*cpu_fp16=*/false, /*int8=*/false, /*replica=*/0, /*replicas=*/1,
     /*tensors (name, shape, dtype)=*/{
         {"Buff1"s, {1, 4, 4, 4}, DType::Float32},  // 0
         {"Buff4"s, {1, 4, 4, 4}, DType::Float32},  // 1
