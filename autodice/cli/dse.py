@@ -56,8 +56,11 @@ def _core_list(ctx, param, value):
               help="The measuring machine's little cores (a big.LITTLE board, e.g. 4-7): time "
                    "every layer pinned to them and, apart, to its other cores [default with "
                    "--on HOST: the platform's little= of HOST].")
+@click.option("--int8", is_flag=True,
+              help="Also time every layer quantized, as gen --precision int8 makes it: dse then "
+                   "offers keys in int8.")
 def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cache, inventory,
-            on, gpu, little):
+            on, gpu, little, int8):
     """Measure every mappable layer of MODEL on the real ncnn engine, and the links."""
     import contextlib
 
@@ -94,7 +97,7 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
     with on_host(cluster, on, console) if on else contextlib.nullcontext() as machine:
         res = run_profile(model, platform, threads, shapes, warmup, runs, console=console,
                           use_cache=not no_cache, links=links, gpu=gpu, on=machine,
-                          little=little, little_from=given)
+                          little=little, little_from=given, int8=int8)
     p = res.profile
     save_profile(p, output)
     ts = p.threads
@@ -130,6 +133,10 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
                           for t in p.little.threads)
         out.print(f"little cores {format_cores(p.little.cores)}: the whole model {times}; on 1 "
                   f"thr x{res.whole_ms['little 1'] / res.whole_ms[1]:.2f} a big core's time")
+    if int8:
+        times = ", ".join(f"{res.whole_ms[f'int8 {t}']:.3f} ms on {t} thr" for t in ts)
+        ratio = res.whole_ms["int8 1"] / res.whole_ms[1]
+        out.print(f"int8: the whole model {times}; on 1 thr x{ratio:.2f} its fp32 time")
     if p.corun:
         out.print(f"co-run: the whole model on 1 thread takes {p.corun.slowdown:.2f}x as long "
                   f"while all {p.corun.cores} cores run it")
@@ -196,10 +203,13 @@ def _links_table(links, inventory) -> None:
 @click.option("--parallel", default="", metavar="data,horizontal",
               help="Also propose stage copies (data) and layers split across resources "
                    "(horizontal) on top of the searched mappings.")
+@click.option("--int8", is_flag=True,
+              help="Without --profile: profile with int8 times too, so keys may be int8 (a "
+                   "point's mappings/<point>.precision is what gen --precision takes).")
 @input_shape_option
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
         segments, measure_k, frames, rounds, inventory, pace, objectives, max_memory, min_fps,
-        hosts, parallel, input_shapes):
+        hosts, parallel, int8, input_shapes):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.table import Table
 
@@ -228,7 +238,10 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
 
         load_inventory(inventory)
     shapes = parse_input_shapes(input_shapes)
-    profile = profile_arg(profiles, model, platform, shapes)
+    if int8 and profiles:
+        raise AutodiceError("--int8 profiles the model; with --profile, give a profile made "
+                            "with `autodice profile --int8`")
+    profile = profile_arg(profiles, model, platform, shapes, int8)
     with progress() as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
         front = run_dse(model, platform, profile, output, settings,
@@ -236,18 +249,23 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
                         hosts=hosts.split(",") if hosts else None, input_shapes=shapes)
     table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
                         f"in {front.seconds:.1f} s -> {output}")
+    quantized = any(p.precision for p in front.points)
     for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",
-                "#cores", "#GPUs"):
+                "#cores", "#GPUs", *(["#int8 keys"] if quantized else [])):
         table.add_column(col, justify="left" if col == "mapping" else "right")
     shown = table_rows(front)
     for p in (*front.references, *shown):
         c = p.cost
         table.add_row(p.name, f"{c.max_energy_j * 1e3:.1f}", f"{c.throughput:.2f}",
                       f"{c.max_memory / 1e6:.1f}", str(p.devices), str(c.cores), str(c.gpus),
+                      *([str(len(p.precision))] if quantized else []),
                       style="dim" if p in front.references else None)
     out.print(table)
     if len(shown) < len(front.points):
         out.print(f"({len(front.points) - len(shown)} more points in {output}/pareto.csv)")
+    if quantized:
+        out.print(f"int8 keys: gen OUT --precision \"$(cat {output}/mappings/POINT.precision)\" "
+                  "--calibration FRAMES")
     for note in front.notes:
         out.print(f"note: {note}", soft_wrap=True)
     if measure_k:

@@ -329,11 +329,13 @@ def report(timing: Timing, s: Scores, i: int, order: list[int], keys: list[str],
 # ----------------------------------------------------------------------------- the slow path
 
 
-def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
+def plan_cost(plan: Plan, timing: Timing, graph: Graph,
+              int8: frozenset[str] = frozenset()) -> Cost:
     """The predicted numbers of a split output, straight from its plan (``split``/``run`` can
-    print them). Compute from the profile, transfers from the plan's edges, memory from the plan's
-    static memory table; ``graph`` (the model the plan was made of: rewritten where layers are
-    split across keys) gives the layer order for round trips.
+    print them), the CPU keys in ``int8`` quantized. Compute from the profile, transfers from
+    the plan's edges, memory from the plan's static memory table; ``graph`` (the model the plan
+    was made of: rewritten where layers are split across keys) gives the layer order for round
+    trips.
 
     A part of a split layer costs its share of the layer's profiled time (its channels or rows);
     the Slices and Concats that move data cost only their transfers. A stage with R copies takes
@@ -367,11 +369,12 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph) -> Cost:
             part = np.array([origins[k][1] for k in timed])
             profiled = [origins[k][0] for k in timed]
             cpu = r.device != "gpu"
+            q = cpu and r.key in int8
             full[timed] = timing.seconds(r.host, profiled, r.threads if cpu else None,
-                                         cpu and timing.on_little(r.host, r.slots)) * part
+                                         cpu and timing.on_little(r.host, r.slots), q) * part
             # a part of a split layer holds its share; its weights in `graph` are that share
             onnx = np.array([graph.weight_bytes(graph.index[r.layers[k]]) for k in timed])
-            whole = timing.memory_bytes(r.host, profiled, onnx / part)
+            whole = timing.memory_bytes(r.host, profiled, onnx / part, q)
             loaded[timed], kept[timed], work[timed] = (x * part for x in whole)
         compute[0, r.rank] = full.sum() * share[0, r.rank]
         resident[0, r.rank], load_peak[0, r.rank] = kept.sum(), weights_peak(kept, loaded)

@@ -93,7 +93,8 @@ class CostModel:
                                 np.array([s.threads for s in self.slots]),
                                 np.array([s.gpu for s in self.slots]))
         self.time = np.column_stack([timing.seconds(s.host, self.names,
-                                                    None if s.gpu else s.threads, s.little)
+                                                    None if s.gpu else s.threads, s.little,
+                                                    s.int8)
                                      for s in self.slots])  # (N, S)
         self.sec_per_byte = np.zeros((S, S))
         self.latency = np.zeros((S, S))
@@ -199,10 +200,11 @@ class CostModel:
         made of. GPU ranks count ONNX parameters (:func:`~autodice.dse.cost.combine`); their
         columns are never read."""
         onnx = [self.graph.weight_bytes(i) for i in layer_nodes]
-        per_host = {h: self.timing.memory_bytes(h, self.names, onnx)
-                    for h in {s.host for s in self.slots}}
+        per_host = {(h, q): self.timing.memory_bytes(h, self.names, onnx, q)
+                    for h, q in {(s.host, s.int8) for s in self.slots}}
         self.loaded, self.resident, self.workspace = (
-            np.column_stack([per_host[s.host][k] for s in self.slots]) for k in range(3))
+            np.column_stack([per_host[s.host, s.int8][k] for s in self.slots])
+            for k in range(3))
 
     # -- scoring
 
@@ -236,6 +238,10 @@ class CostModel:
         _, first = np.unique(g, return_index=True)
         return [int(g[k]) for k in sorted(first)]
 
+    def precision(self, slots: np.ndarray) -> dict[str, str]:
+        """The candidate's int8 keys, as ``gen --precision`` takes them (KEY -> "int8")."""
+        return {self.slots[s].key: "int8" for s in self.order(slots) if self.slots[s].int8}
+
     def mapping(self, slots: np.ndarray) -> dict[str, list[str]]:
         """The candidate as mapping.json content (keys in rank order)."""
         g = np.asarray(slots)
@@ -258,7 +264,7 @@ class CostModel:
         Raises:
             AutodiceError: a key that is not one of the candidate slots, a layer not mapped.
         """
-        by_key = {s.key: k for k, s in enumerate(self.slots)}
+        by_key = {s.key: k for k, s in enumerate(self.slots) if not s.int8}
         index = {n: k for k, n in enumerate(self.names)}
         g = np.full(self.n_layers, -1)
         problems = Problems()

@@ -36,13 +36,15 @@ SPLITTABLE = frozenset({"Conv", "Gemm", "MatMul"})
 
 def expand(points: tuple[Point, ...], graph: Graph, platform: Platform, timing: Timing,
            kinds: tuple[str, ...], budget: int = 6, steps: int = 3) -> list[Point]:
-    """Proposals grown from the ``budget`` fastest and leanest points, ``steps`` moves each.
+    """Proposals grown from the ``budget`` fastest and leanest points in fp32, ``steps`` moves
+    each (copies and split layers are priced from plans, which hold no precision).
 
     Returns:
         The new points (named ``<point>+<move>...``), each better than where it started.
     """
-    slots = candidate_slots(timing, [graph.names[i] for i in range(len(graph.nodes))
-                                     if i not in graph.followers])
+    names = [graph.names[i] for i in range(len(graph.nodes)) if i not in graph.followers]
+    slots = tuple(s for s in candidate_slots(timing, names) if not s.int8)
+    points = tuple(p for p in points if not p.precision)
     by_speed = sorted(points, key=lambda p: -p.cost.throughput)[:budget // 2 + 1]
     by_memory = sorted(points, key=lambda p: p.cost.max_memory)[:budget // 2]
     grown: list[Point] = []

@@ -1,7 +1,8 @@
 """The front: its points, and the files and table that show it.
 
 ``OUT/pareto.csv`` and ``pareto.json`` (every point, its mapping file, its predicted figures and
-the references), ``OUT/mappings/<point>.json`` (mappings ``split`` takes), ``pareto.png``
+the references), ``OUT/mappings/<point>.json`` (mappings ``split`` takes; a point with int8 keys
+also ``<point>.precision``, what ``gen --precision`` takes), ``pareto.png``
 (three projections) and ``report.html`` (the front to explore: a point shows its mapping and
 saves it; :mod:`autodice.report`). All byte-stable: numbers at six significant digits, sorted
 keys, no timestamps, so a seed reproduces the files.
@@ -35,6 +36,12 @@ class Point:
     mapping: dict[str, list[str]]
     cost: Cost
     proposed: bool = False  # grown on top of the search (copies, split layers): see expand
+    precision: dict[str, str] = field(default_factory=dict)  # int8 keys: KEY -> "int8"
+
+    @property
+    def gen_precision(self) -> str | None:
+        """``gen --precision`` for this point (None: every key as gen's default)."""
+        return ",".join(f"{k}={v}" for k, v in self.precision.items()) or None
 
     @property
     def devices(self) -> int:
@@ -66,12 +73,15 @@ def point_json(p: Point, mapping_file: str | None) -> dict:
     """A point as an entry of ``pareto.json``: its row, per-device and per-rank detail."""
     c = p.cost
     return {**point_row(p), "mapping": mapping_file,
+            **({"precision": p.gen_precision} if p.precision else {}),
             "devices_detail": [{"host": d.host, "memory_bytes": d.memory, "ram_bytes": d.ram,
                                 "gpu_mem_bytes": d.gpu_mem, "energy_j": six_digits(d.energy_j)}
                                for d in c.devices],
             "ranks_detail": [{"rank": r.rank, "key": r.key, "layers": r.layers,
                               "compute_s": six_digits(r.compute_s), "comm_s": six_digits(r.comm_s),
-                              "memory_bytes": r.memory} for r in c.ranks],
+                              "memory_bytes": r.memory,
+                              **({"precision": p.precision.get(r.key, "fp32")}
+                                 if p.precision else {})} for r in c.ranks],
             "over_capacity": list(c.over_capacity)}
 
 
@@ -84,6 +94,8 @@ def write_front(front: Front, out: Path, model: str, platform: str) -> None:
         (tmp / "mappings").mkdir()
         for p in front.points:
             (tmp / "mappings" / f"{p.name}.json").write_text(mapping_json(p.mapping))
+            if p.precision:  # what gen takes: gen OUT --precision "$(cat mappings/p03.precision)"
+                (tmp / "mappings" / f"{p.name}.precision").write_text(p.gen_precision + "\n")
         buf = io.StringIO()
         cols = list(point_row(front.points[0]))
         writer = csv.DictWriter(buf, cols + ["mapping"], lineterminator="\n")

@@ -7,6 +7,10 @@
 * ``segment``: the layers in topological order cut into at most K contiguous runs; genes are the
   K-1 cut positions and each run's resource. A smaller space of pipeline-shaped mappings.
 
+Where the profile timed layers in int8, one more gene per group of cores (a device's, or one
+kind of them) says whether its keys compute in int8: 0 fp32, 1 int8. It comes after the
+mapping's genes in either encoding, and decoding moves the group's slots to their int8 twins.
+
 A decoded candidate is a row of slot indices, what :class:`~autodice.dse.cost_model.CostModel`
 scores.
 """
@@ -28,7 +32,7 @@ class Genes:
         self.cm, self.encoding = cm, encoding
         slots = cm.slots
         # The alphabet: the paper's one core / all cores / GPU per device ("rest" is a repair).
-        self.alpha = np.array([k for k, s in enumerate(slots) if s.kind != "rest"])
+        self.alpha = np.array([k for k, s in enumerate(slots) if s.kind != "rest" and not s.int8])
         self.n_alpha = len(self.alpha)
         S = len(slots)
         self.rest_of = np.arange(S)  # slot -> the slot it becomes when its group's first core
@@ -51,10 +55,21 @@ class Genes:
             self.n_var = 2 * self.k - 1
             self.xl = np.zeros(self.n_var, dtype=int)
             self.xu = np.concatenate([np.full(self.k - 1, N), np.full(self.k, self.n_alpha - 1)])
+        # int8: slot -> its twin, and -> its group's precision gene (-1: none)
+        twin = {(s.key, s.kind, s.group): k for k, s in enumerate(slots) if s.int8}
+        self.int8_of = np.array([twin.get((s.key, s.kind, s.group), k) if not s.int8 else k
+                                 for k, s in enumerate(slots)])
+        groups = sorted({slots[k].group for k in range(S) if self.int8_of[k] != k})
+        self.precision_gene = np.array([groups.index(s.group) if self.int8_of[k] != k else -1
+                                        for k, s in enumerate(slots)])
+        self.n_map, self.n_precision = self.n_var, len(groups)
+        self.n_var += self.n_precision
+        self.xl = np.concatenate([self.xl, np.zeros(self.n_precision, dtype=int)])
+        self.xu = np.concatenate([self.xu, np.ones(self.n_precision, dtype=int)])
 
     def layer_genes(self, X: np.ndarray) -> np.ndarray:
         """Alphabet index per layer (the segment encoding expanded)."""
-        X = np.asarray(X, dtype=np.int64)
+        X = np.asarray(X, dtype=np.int64)[:, :self.n_map]
         if self.encoding == "layer":
             return X
         k = self.k
@@ -63,25 +78,34 @@ class Genes:
         return np.take_along_axis(X[:, k - 1:], seg, axis=1)
 
     def decode(self, X: np.ndarray) -> np.ndarray:
-        """(P, n_var) genes -> (P, N) slot indices, overlapping cores repaired."""
-        slots = self.alpha[self.layer_genes(np.atleast_2d(X))]
+        """(P, n_var) genes -> (P, N) slot indices, overlapping cores repaired, the slots of
+        groups whose precision gene is 1 moved to their int8 twins."""
+        X = np.atleast_2d(np.asarray(X, dtype=np.int64))
+        slots = self.alpha[self.layer_genes(X)]
         P = len(slots)
         present = np.zeros((P, self.cm.n_slots), dtype=bool)
         present[np.arange(P)[:, None], slots] = True
         clash = self.is_all[slots] & present[np.arange(P)[:, None], self.one_of[slots]]
-        return np.where(clash, self.rest_of[slots], slots)
+        slots = np.where(clash, self.rest_of[slots], slots)
+        if not self.n_precision:
+            return slots
+        gene = self.precision_gene[slots]
+        on = (gene >= 0) & (np.take_along_axis(X[:, self.n_map:], np.maximum(gene, 0), 1) == 1)
+        return np.where(on, self.int8_of[slots], slots)
 
-    def encode_layers(self, genes: np.ndarray) -> np.ndarray:
-        """Alphabet indices per layer -> this encoding's genes (runs become segments; more runs
-        than K are merged into the last segment)."""
+    def encode_layers(self, genes: np.ndarray, precision=None) -> np.ndarray:
+        """Alphabet indices per layer (and the precision genes: all fp32 by default) -> this
+        encoding's genes (runs become segments; more runs than K are merged into the last
+        segment)."""
         genes = np.asarray(genes)
+        tail = np.zeros(self.n_precision, dtype=int) if precision is None else precision
         if self.encoding == "layer":
-            return genes
+            return np.concatenate([genes, tail]).astype(genes.dtype)
         starts = [0] + [p for p in range(1, len(genes)) if genes[p] != genes[p - 1]]
         starts = starts[:self.k]
         cuts = starts[1:] + [self.cm.n_layers] * (self.k - len(starts))
         res = [genes[p] for p in starts] + [genes[starts[-1]]] * (self.k - len(starts))
-        return np.array(cuts + res)
+        return np.array(cuts + res + list(tail))
 
 
 def balanced_cuts(times: np.ndarray, n_segments: int) -> np.ndarray:

@@ -141,19 +141,21 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         doc = json.loads((out / "pareto.json").read_text())
     except (OSError, json.JSONDecodeError):
         raise AutodiceError(f"{out}/pareto.json: no front here; run `autodice dse` first") from None
-    names = [doc["points"][i]["point"] for i in pick_points(len(doc["points"]), k)]
+    picked = [doc["points"][i] for i in pick_points(len(doc["points"]), k)]
     claim(out, "measure/", "measure.json")
     timing = search_timing(platform, hosts, profile, power)
     graph = load_model(model, input_shapes)
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)
     points = []
-    for step, name in enumerate(names):
-        say(step, len(names), f"{name}: split, gen, build")
+    for step, point in enumerate(picked):
+        name, precision = point["point"], point.get("precision")
+        say(step, len(picked), f"{name}: split, gen, build")
         work = out / "measure" / name
         plan = split(model, out / "mappings" / f"{name}.json", platform, work, input_shapes)
-        cost = plan_cost(plan, timing, plan_graph(work, plan, model))  # split layers' parts
-        points.append(_Run(name, work, plan, cost, inventory))
+        int8 = frozenset(item.split("=")[0] for item in (precision or "").split(",") if item)
+        cost = plan_cost(plan, timing, plan_graph(work, plan, model), int8)  # split layers' parts
+        points.append(_Run(name, work, plan, cost, inventory, precision))
     probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say,
                         input_shapes) if pace else []
     every = points + probes
@@ -230,6 +232,7 @@ class _Run:
     plan: Plan
     cost: Cost  # the model's prediction
     inventory: str | Path | None
+    precision: str | None = None  # gen --precision: int8 keys, calibrated on seeded frames
     fps: list[float] = field(default_factory=list)
     with_fill: list[float] = field(default_factory=list)
     peak: list[int] = field(default_factory=list)
@@ -242,10 +245,15 @@ class _Run:
         from ..backend.build import build
         from ..backend.gen import gen
 
-        gen(self.work)
+        self.inputs = _measure_inputs(self.plan, self.work)
+        if self.precision:  # its speed is measured, not its accuracy: any frames calibrate
+            batch = np.concatenate([np.load(p) for p in self.inputs.values()] * 4)
+            np.save(self.work / "calibration.npy", batch)
+            gen(self.work, precision=self.precision, calibration=self.work / "calibration.npy")
+        else:
+            gen(self.work)
         if self.inventory is None:
             build(self.work)
-        self.inputs = _measure_inputs(self.plan, self.work)
 
     @property
     def pace(self) -> list[float]:

@@ -72,7 +72,8 @@ class MappingProblem(Problem):
 class MappingSampling(Sampling):
     """The first population: every resource alone, time-balanced pipelines over random
     resource sequences, and random contiguous mappings (random per-layer genes are hopeless:
-    every layer boundary becomes a transfer)."""
+    every layer boundary becomes a transfer); in fp32, and a third of them again with random
+    groups in int8 where the profile timed it."""
 
     def __init__(self, genes: Genes):
         super().__init__()
@@ -96,12 +97,18 @@ class MappingSampling(Sampling):
                                                                  replace=False))])
             layer = seq[np.searchsorted(starts, np.arange(N), side="right") - 1]
             rows.append(layer)
-        return np.array([genes.encode_layers(r) for r in rows[:n_samples]])
+        rows = rows[:n_samples]
+        precision = [None] * len(rows)
+        if genes.n_precision:
+            for k in rng.choice(len(rows), len(rows) // 3, replace=False):
+                precision[k] = rng.integers(0, 2, genes.n_precision)
+        return np.array([genes.encode_layers(r, q) for r, q in zip(rows, precision)])
 
 
 class MappingMutation(Mutation):
     """Moves that keep mappings pipeline-shaped: shift a boundary between two runs, give a
-    window of layers a neighbour's or a random resource, or move a whole run elsewhere."""
+    window of layers a neighbour's or a random resource, or move a whole run elsewhere; or
+    turn a group of cores to int8 or back (a fifth of the moves, where there are such genes)."""
 
     def __init__(self, genes: Genes, prob: float):
         super().__init__(prob=prob)
@@ -125,9 +132,14 @@ class MappingMutation(Mutation):
         genes, rng = self.genes, random_state
         X = X.copy()
         N, A = genes.cm.n_layers, genes.n_alpha
-        for x in X:
+        for row in X:
+            if genes.n_precision and rng.random() < 0.2:
+                j = genes.n_map + int(rng.integers(genes.n_precision))
+                row[j] = 1 - row[j]
+                continue
+            x = row[:genes.n_map]  # a view: the moves below change the row
             if genes.encoding == "segment":
-                j = int(rng.integers(genes.n_var))
+                j = int(rng.integers(genes.n_map))
                 if j < genes.k - 1:
                     x[j] = (int(rng.integers(N + 1)) if rng.random() < 0.5 else
                             int(np.clip(x[j] + round(rng.normal(0, N / 10)), 0, N)))

@@ -40,6 +40,9 @@ sends.
 ``little``: a board with big and little cores (an RK3588's 4 Cortex-A76 + 4 Cortex-A55) is timed
 on each kind, the profiler pinned to its cores: ``cpu_ms`` on the big ones, and each layer's
 ``little_ms`` (thread count -> ms, at ``little.threads``) on the little ones.
+``int8_ms`` and ``int8_resident_bytes`` (``profile --int8``): the same layer quantized as
+``gen --precision int8`` quantizes it (every convolution and fully connected layer int8, on the
+big cores): what the search's int8 keys cost. Absent: no key is offered in int8.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
 joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth``/``latency``
 fields. ``corun`` is how much longer the whole model
@@ -84,6 +87,8 @@ class LayerCost:
     resident_bytes: int | None = None  # ... and once repacked
     workspace_bytes: int | None = None  # what its forward holds only while it runs
     little_ms: dict[int, float] | None = None  # threads -> median ms on the little cores
+    int8_ms: dict[int, float] | None = None  # threads -> median ms, quantized (profile --int8)
+    int8_resident_bytes: int | None = None  # resident_bytes, quantized
 
 
 @dataclass(frozen=True)
@@ -217,7 +222,10 @@ def profile_to_json(p: Profile) -> dict:
                        {"loaded_bytes": lc.loaded_bytes, "resident_bytes": lc.resident_bytes,
                         "workspace_bytes": lc.workspace_bytes}),
                     **({} if lc.little_ms is None else
-                       {"little_ms": {str(t): ms for t, ms in sorted(lc.little_ms.items())}})}
+                       {"little_ms": {str(t): ms for t, ms in sorted(lc.little_ms.items())}}),
+                    **({} if lc.int8_ms is None else
+                       {"int8_ms": {str(t): ms for t, ms in sorted(lc.int8_ms.items())},
+                        "int8_resident_bytes": lc.int8_resident_bytes})}
                    for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
@@ -258,7 +266,11 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                    *(None if x.get(k) is None else int(x[k])
                                      for k in MEMORY_FIELDS),
                                    None if x.get("little_ms") is None else
-                                   {int(t): float(ms) for t, ms in x["little_ms"].items()})
+                                   {int(t): float(ms) for t, ms in x["little_ms"].items()},
+                                   None if x.get("int8_ms") is None else
+                                   {int(t): float(ms) for t, ms in x["int8_ms"].items()},
+                                   None if x.get("int8_resident_bytes") is None else
+                                   int(x["int8_resident_bytes"]))
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
                    for k, v in d.get("links", {}).items()},
@@ -314,6 +326,14 @@ def check_profile(p: Profile, where: str) -> list[str]:
                          f"more at the little cores' threads {list(little)}, on every layer "
                          "when the profile has little cores, else none",
                          f"{where}: and {{n}} more layers with impossible little-core times")
+        int8 = p.layers[0].int8_ms is not None
+        if (lc.int8_ms is None) == int8 or (int8 and (
+                set(lc.int8_ms) != set(p.threads) or not all(map(time, lc.int8_ms.values()))
+                or not (lc.int8_resident_bytes or 0) >= 0)):
+            problems.add(f'{where}: layer "{lc.name}": int8_ms {lc.int8_ms}: times of 0 or more '
+                         f"at the profile's threads {list(p.threads)} (and int8_resident_bytes), "
+                         "on every layer or none",
+                         f"{where}: and {{n}} more layers with impossible int8 times")
         if lc.gpu_ms is not None and not time(lc.gpu_ms):
             problems.add(f'{where}: layer "{lc.name}": gpu_ms is {lc.gpu_ms}; times are numbers '
                          "of 0 or more", f"{where}: and {{n}} more layers with impossible times")

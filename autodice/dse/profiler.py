@@ -98,7 +98,7 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                 runs: int = 15, console=None, use_cache: bool = True,
                 links: dict[str, Link] | None = None, gpu: bool | None = None,
                 on: OnHost | None = None, little: tuple[int, ...] | None = None,
-                little_from: str = "--little") -> ProfileRun:
+                little_from: str = "--little", int8: bool = False) -> ProfileRun:
     """Measure every mappable layer of ``model`` at each thread count, and the links.
 
     Args:
@@ -122,6 +122,8 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
         little: the machine's little cores (a big.LITTLE board): every layer is timed pinned
             to them (``little_ms``) and, apart, pinned to its other cores (``cpu_ms``);
             ``little_from`` says where they came from, for an error.
+        int8: also time every layer quantized (``int8_ms``), as ``gen --precision int8``
+            makes it: the search then offers keys in int8.
 
     Returns:
         The profile (layers in execution order, names as ``autodice layers`` prints them), with
@@ -152,13 +154,13 @@ def run_profile(model: str | Path, platform: str | Path | Platform,
                             "GPU's Vulkan driver, or Mesa's lavapipe to try it on the CPU)")
     device = devices[0] if devices else None
     key = cache_key(digest, on.key if on else str(ncnn), threads, input_shapes, warmup, runs,
-                    device, kinds)
+                    device, kinds, int8)
     entry = cache_root() / "profile" / f"{key}.json"
     measured = read_cache(entry) if use_cache else None
     cached = measured is not None
     if measured is None:
         measured = measure_model(graph, digest, ncnn, threads, warmup, runs, console,
-                                 0 if device else None, on, kinds)
+                                 0 if device else None, on, kinds, int8)
         write_cache(entry, measured)
     profile = replace(profile_from_json(measured["profile"], str(entry)), model=model.name,
                       links={**(links or {}),
@@ -210,9 +212,11 @@ def engine_info() -> dict:
 
 
 def cache_key(digest: str, tool: str, threads, input_shapes, warmup: int, runs: int,
-              gpu: str | None = None, kinds: LittleCores | None = None) -> str:
+              gpu: str | None = None, kinds: LittleCores | None = None,
+              int8: bool = False) -> str:
     """``tool``: what measures — this machine's ncnn build, or a host and its tool's checksum."""
     blob = json.dumps({"v": CACHE_VERSION, "model": digest, "engine": engine_info(), "gpu": gpu,
+                       **({"int8": True} if int8 else {}),
                        "little": kinds and [kinds.cores, kinds.big_cores, kinds.threads],
                        "ncnn": tool,
                        "pnnx": PNNX_VERSION, "src": tools_digest(), "threads": list(threads),
@@ -241,10 +245,16 @@ def write_cache(entry: Path, measured: dict) -> None:
 
 def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[int, ...],
                   warmup: int, runs: int, console, gpu: int | None = None,
-                  on: Machine | None = None, kinds: LittleCores | None = None) -> dict:
+                  on: Machine | None = None, kinds: LittleCores | None = None,
+                  int8: bool = False) -> dict:
     """Convert, fingerprint, time and attribute; the cacheable part of a profile (``gpu``: the
     Vulkan device to time as well; ``on``: the machine to time on, else this one with the tools
-    built against ``ncnn``; ``kinds``: time on the big cores, then on the little ones)."""
+    built against ``ncnn``; ``kinds``: time on the big cores, then on the little ones; ``int8``:
+    time the net quantized too).
+
+    The quantized net has the same layers in the same order as the fp32 one (gen adds scales
+    and rewrites weights, nothing else), so the fp32 net's match of ncnn layers to ONNX ones
+    attributes its times: its own outputs are int8's, and would match nothing exactly."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     mappable = [i for i in range(len(graph.nodes)) if i not in graph.followers]
@@ -269,6 +279,14 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
         raw = run_profiler(m, param, feeds, threads, warmup, runs,
                            lambda d, n: progress.update(timing, completed=d, total=n),
                            str(graph.path), gpu, gpu_fp32, kinds and kinds.big_cores)
+        if int8:
+            progress.update(step, description="timing layers in int8")
+            raw_int8 = run_profiler(m, quantized(param, feeds), feeds, threads, warmup, runs,
+                                    lambda d, n: progress.update(timing, completed=d, total=n),
+                                    str(graph.path), cores=kinds and kinds.big_cores)
+            if [x["name"] for x in raw_int8["layers"]] != [x["name"] for x in raw["layers"]]:
+                raise AutodiceError("internal error: the int8 net's layers are not the fp32 "
+                                    "net's")
         if kinds:
             progress.update(step, description="timing layers on the little cores "
                             f"{format_cores(kinds.cores)}")
@@ -285,6 +303,8 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
     groups, unmatched = match_layers(graph, raw["layers"], reference, mappable)
     cpu_ms = attribute_times(graph, raw, groups, threads)
     little_ms = attribute_times(graph, raw_little, groups, kinds.threads) if kinds else None
+    int8_ms = attribute_times(graph, raw_int8, groups, threads) if int8 else None
+    int8_resident = attribute_bytes(graph, raw_int8, groups)["resident"] if int8 else None
     held = attribute_bytes(graph, raw, groups)
     # What the rank held beyond what the cost model counts for a rank with the whole model (its
     # layers' weights and workspace, activations): MPI, ncnn's code, the runtime.
@@ -307,14 +327,32 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
                                *(round(held[k][i]) for k in ("loaded", "resident",
                                                                "workspace")),
                                {t: six_digits(little_ms[t][i]) for t in kinds.threads}
-                               if kinds else None)
+                               if kinds else None,
+                               {t: six_digits(int8_ms[t][i]) for t in threads} if int8 else None,
+                               round(int8_resident[i]) if int8 else None)
                      for i in mappable), gpu=copies, little=kinds)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}
     whole |= {f"little {t}": six_digits(np.median(raw_little["runs"][str(t)]["whole_ms"]))
               for t in (kinds.threads if kinds else ())}
+    whole |= {f"int8 {t}": six_digits(np.median(raw_int8["runs"][str(t)]["whole_ms"]))
+              for t in (threads if int8 else ())}
     return {"profile": profile_to_json(profile), "whole_ms": whole, "shm": shm,
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
+
+
+def quantized(param: Path, feeds: list[Path]) -> Path:
+    """The converted model ``param`` quantized as gen quantizes an int8 key's layers, all of
+    them (calibrated on the profile's frame: its times, not its accuracy, are measured); the
+    copy's .param path. Quantized here, with this machine's tools, for any machine to time."""
+    from ..backend.int8 import Calibrated
+
+    tools = build_tools(ensure_ncnn())
+    cal = Calibrated.measure(tools / "ncnn_int8", param.with_suffix(""),
+                             [[np.load(f) for f in feeds]])
+    base = param.parent / "model_int8.ncnn"
+    cal.write(base, {})
+    return base.with_suffix(".ncnn.param")
 
 
 def gpu_copies(raw: dict, precision: str) -> GpuCopies:

@@ -149,10 +149,17 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
             distinct.append((c, g))
     points = distinct
     width = max(2, len(str(len(points) - 1)))  # p00 even in a small front, as dse/README says
-    front = tuple(Point(f"p{k:0{width}d}", cm.mapping(g), c) for k, (c, g) in enumerate(points))
+    front = tuple(Point(f"p{k:0{width}d}", cm.mapping(g), c, precision=cm.precision(g))
+                  for k, (c, g) in enumerate(points))
     if settings.parallel:
         front = with_parallelism(front, graph, timing, settings)
-    return Front(front, references(cm), settings, evaluations, seconds, cm.notes)
+    notes = cm.notes + ((INT8_NOTE,) if any(p.precision for p in front) else ())
+    return Front(front, references(cm), settings, evaluations, seconds, notes)
+
+
+INT8_NOTE = ("int8 keys are chosen for their time and memory alone: the search does not hold "
+             "their accuracy; gen measures each int8 key's error against fp32 (and keeps its "
+             "most sensitive layers fp32): read it before you deploy")
 
 
 def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
@@ -208,7 +215,7 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
         return
     mapping = mapping_from(point.mapping, f"mappings/{point.name}.json")
     plan = plan_mapping(graph, mapping, platform)
-    slow, fast = plan_cost(plan, timing, graph), point.cost
+    slow, fast = plan_cost(plan, timing, graph, frozenset(point.precision)), point.cost
     same = (abs(slow.throughput - fast.throughput) <= 1e-6 * fast.throughput
             and slow.max_memory == fast.max_memory
             and abs(slow.max_energy_j - fast.max_energy_j) <= 1e-6 * max(fast.max_energy_j, 1e-12))
@@ -218,18 +225,18 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
                             f"({slow.throughput:.6g} fps, {slow.max_memory} B) disagree")
 
 
-def profile_arg(specs, model, platform, input_shapes=None):
+def profile_arg(specs, model, platform, input_shapes=None, int8: bool = False):
     """``--profile`` values -> what :func:`autodice.dse.timing.make_timing` takes.
 
     ``FILE`` is the profile of every host, ``HOST=FILE`` of one host (a path that exists is
     taken as a file even if it holds ``=``). With none, the model is profiled now when this
-    autodice has a profiler.
+    autodice has a profiler (``int8``: its int8 times too).
 
     Raises:
         AutodiceError: unreadable profiles, or none given and no profiler to make one.
     """
     if not specs:
-        return measure_profile(model, platform, input_shapes)
+        return measure_profile(model, platform, input_shapes, int8)
     out: dict = {}
     for spec in specs:
         host, eq, path = spec.partition("=")
@@ -242,9 +249,9 @@ def profile_arg(specs, model, platform, input_shapes=None):
     return out
 
 
-def measure_profile(model, platform, input_shapes=None):
+def measure_profile(model, platform, input_shapes=None, int8: bool = False):
     """Profile ``model`` on this machine for ``platform`` (what ``dse`` does when given no
     profile)."""
     from .profiler import profile_model
 
-    return profile_model(model, platform, input_shapes=input_shapes)
+    return profile_model(model, platform, input_shapes=input_shapes, int8=int8)

@@ -4,6 +4,11 @@ Per device: one core, all cores, all but the first (so a device whose first core
 can run a second on the rest), and the GPU where the profile timed it. These are the columns of
 :class:`~autodice.dse.cost_model.CostModel` and the alphabet of the search's genes.
 
+Where the profile timed layers quantized (``profile --int8``), each of a CPU's big-core slots
+has an int8 twin: the same key and cores, its layers at their int8 times and bytes. The twins
+come after every other slot; the genes choose between a slot and its twin per group of cores
+(:mod:`autodice.dse.genes`), so one key is never both.
+
 A board with big and little cores (``little=`` in platform.txt) offers those three on each kind
 apart, as two groups: a key that holds both runs at the little cores' pace (OpenMP waits on its
 slowest thread), so the search never proposes one. A mapping written by hand still may.
@@ -11,7 +16,7 @@ slowest thread), so the search never proposes one. A mapping written by hand sti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.mapping import cpu_key
 from .timing import Timing
@@ -34,6 +39,7 @@ class Slot:
     group: int = 0  # the cores one/all/rest choose among: a device's, or one kind of its cores
     #                 (a GPU: its device's first)
     little: bool = False  # on a board's little cores
+    int8: bool = False  # its layers quantized (gen --precision KEY=int8)
 
     def resources(self) -> set[tuple[str, object]]:
         """What of its host it takes: (host, core) for each core, or (host, "gpu")."""
@@ -58,4 +64,6 @@ def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:
             group += 1
         if dev.gpu is not None and timing.has_gpu_timings(host, names):
             slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True, first))
-    return tuple(slots)
+    twins = [replace(s, int8=True) for s in slots
+             if not s.gpu and not s.little and timing.has_int8_timings(s.host, names)]
+    return tuple(slots + twins)

@@ -185,6 +185,10 @@ class Timing:
         layers = self._layers[id(self.profiles[host])]
         return all(n in layers and layers[n].gpu_ms is not None for n in names)
 
+    def has_int8_timings(self, host: str, names) -> bool:
+        layers = self._layers[id(self.profiles[host])]
+        return all(n in layers and layers[n].int8_ms is not None for n in names)
+
     def missing_layers(self, host: str, names) -> list[str]:
         layers = self._layers[id(self.profiles[host])]
         return [n for n in names if n not in layers]
@@ -194,9 +198,10 @@ class Timing:
         return bool(self.little[host] & set(cores))
 
     def seconds(self, host: str, names, threads: int | None,
-                little: bool = False) -> np.ndarray:
+                little: bool = False, int8: bool = False) -> np.ndarray:
         """Latency of each layer on ``host``: on ``threads`` cores (its little ones with
-        ``little``, where the profile timed them), or on its GPU when None.
+        ``little``, where the profile timed them; quantized with ``int8``, where it timed that),
+        or on its GPU when None.
 
         Raises:
             AutodiceError: layers the profile does not know, or no GPU timings for a GPU rank.
@@ -208,6 +213,7 @@ class Timing:
             raise AutodiceError(f"profile of {p.model} (host {host}): {len(missing)} layers are "
                                 f"not in it, e.g. \"{missing[0]}\"; profile this model")
         little = little and p.little is not None
+        int8 = int8 and not little
         fits = self._fits[id(p), little]
         out = np.empty(len(names))
         for k, name in enumerate(names):
@@ -218,7 +224,8 @@ class Timing:
                                         f"timing; profile on a board with the GPU")
                 out[k] = lc.gpu_ms / 1e3
                 continue
-            times = lc.little_ms if little else lc.cpu_ms
+            times = (lc.little_ms if little else
+                     lc.int8_ms if int8 and lc.int8_ms is not None else lc.cpu_ms)
             ms = times.get(threads)
             if ms is None:
                 m = max(n for n in times if n <= threads)
@@ -229,17 +236,22 @@ class Timing:
             out[k] = ms / 1e3
         return out
 
-    def memory_bytes(self, host: str, names, onnx_bytes) -> tuple[np.ndarray, ...]:
+    def memory_bytes(self, host: str, names, onnx_bytes,
+                     int8: bool = False) -> tuple[np.ndarray, ...]:
         """(loaded, resident, workspace) heap bytes of each layer in ncnn on ``host``
-        (:mod:`autodice.dse.profile`). Where the profile did not measure them (an older
-        autodice's: its ``runtime_bytes`` holds the repacking and workspace), the layer's ONNX
-        weight bytes ``onnx_bytes`` stay as they are: resident, and nothing more."""
+        (:mod:`autodice.dse.profile`; resident quantized with ``int8``, where the profile
+        measured it). Where the profile did not measure them (an older autodice's: its
+        ``runtime_bytes`` holds the repacking and workspace), the layer's ONNX weight bytes
+        ``onnx_bytes`` stay as they are: resident, and nothing more."""
         layers = self._layers[id(self.profiles[host])]
         got = [layers[n] for n in names]
         onnx = np.asarray(onnx_bytes, dtype=float).reshape(len(got))
         measured = np.array([lc.resident_bytes is not None for lc in got], dtype=bool)
         loaded, resident, workspace = (np.array([getattr(lc, k) or 0 for lc in got], dtype=float)
                                        for k in MEMORY_FIELDS)
+        if int8:
+            resident = np.array([lc.resident_bytes if lc.int8_resident_bytes is None
+                                 else lc.int8_resident_bytes for lc in got], dtype=float)
         return (np.where(measured, loaded, 0.0), np.where(measured, resident, onnx),
                 np.where(measured, workspace, 0.0))
 

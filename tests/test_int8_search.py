@@ -1,0 +1,97 @@
+"""int8 in the search: ``profile --int8`` times every layer quantized, and ``dse`` offers keys
+in int8 (a precision gene per group of cores), priced as their plans are, written where ``gen``
+takes them.
+
+The search's profiles are FIXTURES (``test_cost.fixture_profile`` with int8 at 60 % of the
+time and a quarter of the weights); the profile test measures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from graphs import conv_chain
+from test_cost import fixture_profile
+from test_dse import PLATFORM
+
+from autodice.backend.precision import Precision
+from autodice.cli import main
+from autodice.core.errors import AutodiceError
+from autodice.core.model import load_model
+from autodice.dse.profile import profile_from_json, profile_to_json, save_profile
+from autodice.dse.profiler import run_profile
+from autodice.frontend.split import split
+
+
+def int8_fixture(graph, pace: float = 0.6):
+    """FIXTURE: a layer in int8 takes ``pace`` times its fp32 time, its weights a quarter."""
+    p = fixture_profile(graph)
+    return replace(p, layers=tuple(
+        replace(lc, int8_ms={t: pace * ms for t, ms in lc.cpu_ms.items()},
+                int8_resident_bytes=lc.resident_bytes // 4) for lc in p.layers))
+
+
+def search(model, tmp_path, pace: float) -> tuple[dict, str]:
+    (tmp_path / "platform.txt").write_text(PLATFORM)
+    save_profile(int8_fixture(load_model(model), pace), tmp_path / "profile.json")
+    r = CliRunner().invoke(main, ["dse", str(model), "-p", str(tmp_path / "platform.txt"),
+                                  "--profile", str(tmp_path / "profile.json"), "-o",
+                                  str(tmp_path / "out"), "--pop", "24", "--gens", "25"])
+    assert r.exit_code == 0, r.output  # dse holds every point's cost to its plan's
+    return json.loads((tmp_path / "out" / "pareto.json").read_text()), r.output
+
+
+def test_int8_keys_where_they_pay_written_as_gen_takes_them(zoo_model, tmp_path):
+    """int8 faster and leaner: every point of the front has int8 keys (but GPU ones)."""
+    model = zoo_model("squeezenet")
+    doc, said = search(model, tmp_path, 0.6)
+    assert all("precision" in p for p in doc["points"])
+    assert "#int8 keys" in said and "--precision" in said
+    point = doc["points"][0]
+    text = (tmp_path / "out" / "mappings" / f"{point['point']}.precision").read_text().strip()
+    assert text == point["precision"]
+    keys = {item.split("=")[0] for item in text.split(",")}
+    assert {d["key"] for d in point["ranks_detail"] if d["precision"] == "int8"} == keys
+    assert not any(d["key"].endswith("_gpu") for p in doc["points"]
+                   for d in p["ranks_detail"] if d["precision"] == "int8")  # no int8 on Vulkan
+    plan = split(model, tmp_path / "out" / point["mapping"], tmp_path / "platform.txt",
+                 tmp_path / "split")
+    assert {k for k, v in Precision.parse(text, plan).keys} == keys  # what gen takes
+
+
+def test_int8_slower_but_leaner_is_a_trade_off(zoo_model, tmp_path):
+    """int8 slower (ShuffleNet's on this x86 machine: 0.7x) but leaner: the fastest points stay
+    fp32, the leanest take int8."""
+    doc, _ = search(zoo_model("squeezenet"), tmp_path, 1.5)
+    fastest = max(doc["points"], key=lambda p: p["throughput_fps"])
+    leanest = min(doc["points"], key=lambda p: p["memory_bytes"])
+    assert "precision" not in fastest and "precision" in leanest
+    assert not (tmp_path / "out" / "mappings" / f"{fastest['point']}.precision").exists()
+
+
+def test_a_profile_with_int8_times_on_some_layers_only_is_refused(zoo_model):
+    graph = load_model(zoo_model("squeezenet"))
+    doc = profile_to_json(int8_fixture(graph))
+    del doc["layers"][3]["int8_ms"]
+    with pytest.raises(AutodiceError, match="int8_ms None: times of 0 or more at the profile's "
+                                            "threads"):
+        profile_from_json(doc)
+
+
+@pytest.mark.cpp
+def test_profile_times_every_layer_quantized(tmp_path):
+    onnx.save(conv_chain(4, channels=32, side=48), tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, x86, slots=0-1\n")
+    res = run_profile(tmp_path / "model.onnx", tmp_path / "platform.txt", threads=(1,),
+                      runs=5, use_cache=False, int8=True)
+    layers = res.profile.layers
+    assert [lc.name for lc in layers] == ["Conv1", "Conv2", "Conv3", "Conv4"]
+    assert all(set(lc.int8_ms) == {1} and lc.int8_ms[1] > 0 for lc in layers)
+    # 32x32x3x3 weights in int8: less resident than in fp32
+    assert all(lc.int8_resident_bytes < lc.resident_bytes for lc in layers)
+    assert res.whole_ms["int8 1"] > 0
+    assert profile_from_json(profile_to_json(res.profile)) == res.profile
