@@ -68,6 +68,7 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/session_bench.py
 	$(BIN)/python bench/detect_bench.py
 	$(BIN)/python bench/video_bench.py
+	$(BIN)/python bench/int8_bench.py
 	$(BIN)/python bench/report_bench.py
 	$(BIN)/python bench/metrics_bench.py
 	$(BIN)/python bench/check_bench.py

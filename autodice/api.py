@@ -261,10 +261,11 @@ def _pricer(out, profile):
 
 
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
-            inventory=None, little: tuple[int, ...] | None = None):
+            inventory=None, little: tuple[int, ...] | None = None, int8: bool = False):
     """Every layer's latency on this machine's ncnn (and Vulkan device), and the links
     (measured on the inventory's hosts when given). Cached by model, engine and settings.
     ``little``: this machine's little cores (a big.LITTLE board): each kind timed apart.
+    ``int8``: every layer timed quantized too (the search may then choose int8 keys).
 
     Returns:
         :class:`~autodice.dse.profile.Profile`.
@@ -277,7 +278,7 @@ def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 
 
         links = probe_links(inventory, platform=platform)
     return run_profile(model, platform, threads, runs=runs, links=links, gpu=gpu,
-                       little=little).profile
+                       little=little, int8=int8).profile
 
 
 def predict(out_or_model, profile, mapping=None, platform=None, power=None, input_shapes=None):

@@ -328,11 +328,18 @@ def video(d: dict) -> Iterator[Goal]:
                    f"the feed alone: {alone:.0f} frames/s on a core; the 2 ranks hold both")
 
 
+def int8(d: dict) -> Iterator[Goal]:
+    for name, rows in d["models"].items():
+        r = rows["1x1"]
+        yield Goal("55", f"{name}: int8 model bytes <= 0.3x fp32", f"{r['bytes_ratio']:.2f}x",
+                   r["bytes_ratio"] <= 0.3, "gen keeps its first and most sensitive layers fp32")
+
+
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
     "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm,
     "report": listed("57"), "metrics": listed("57"), "boards": listed("57"),
-    "check": listed("53"), "detect": detect, "video": video}
+    "check": listed("53"), "detect": detect, "video": video, "int8": int8}
 
 
 def main() -> int:
