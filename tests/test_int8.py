@@ -124,10 +124,14 @@ def test_an_int8_key_beside_an_fp32_key(chain):
 def test_int8_refuses_what_it_cannot_calibrate_on_and_writes_nothing(chain):
     out = chain / "out"
     (chain / "empty").mkdir()
+    np.save(chain / "small.npy", np.zeros((4, 32, 20, 20), np.float32))
     before = sorted(p.name for p in out.iterdir())
     for args, said in [
         ((), "error: --precision int8 needs --calibration DIR|batch.npy"),
         (("--calibration", chain / "empty"), f"error: --calibration {chain / 'empty'}: "),
+        (("--calibration", chain / "small.npy"), f"error: --calibration {chain / 'small.npy'}: "
+         f"{chain / 'small.npy'}: 4x32x20x20 is neither one frame nor a batch (N, ...) of frames "
+         "of 1x32x40x40"),
         (("--calibration", chain / "calib.npy", "--keep-fp32", "nosuch"),
          "error: --keep-fp32 nosuch: no int8 rank has a layer of that name"),
     ]:
@@ -135,3 +139,22 @@ def test_int8_refuses_what_it_cannot_calibrate_on_and_writes_nothing(chain):
         assert r.exit_code == 2 and r.output.startswith(said), r.output
         assert len(r.output.strip().splitlines()) == 1, r.output
         assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_outputs_judged_as_a_user_reads_them():
+    from autodice.backend.agreement import OutputAgreement, judge
+
+    scores = OutputAgreement("prob", "tensor")
+    want = np.array([[0.1, 0.5, 0.2, 0.05, 0.05, 0.04, 0.06]])
+    judge("prob", np.array([[0.1, 0.2, 0.5, 0.05, 0.05, 0.04, 0.06]]), want, scores)
+    assert (scores.kind, scores.agree, scores.top5) == ("classes", [0.0], [1.0])
+    masks = OutputAgreement("seg", "tensor")
+    want = np.zeros((1, 2, 4, 4))
+    want[0, 1, :2] = 1.0  # class 1 on the top half
+    got = want.copy()
+    got[0, 1, 1] = 0.0  # one row lost
+    judge("seg", got, want, masks)
+    assert masks.kind == "mask" and masks.agree == [pytest.approx((8 / 12 + 4 / 8) / 2)]
+    maps = OutputAgreement("map", "tensor")
+    judge("map", np.full((1, 1, 2, 2), 0.9), np.array([[[[0.9, 0.9], [0.1, 0.1]]]]), maps)
+    assert maps.kind == "map" and maps.agree == [0.5]

@@ -149,6 +149,16 @@ def test_the_text_detector_in_int8(tmp_path):
         assert 0.01 < want.mean() < 0.5
         ious.append((got & want).sum() / (got | want).sum())
     assert np.mean(ious) >= 0.95 and min(ious) >= 0.85, (np.mean(ious), min(ious))
+    np.save(tmp_path / "pages.npy", np.concatenate(frames[:8]))
+    from click.testing import CliRunner
+
+    from autodice.cli import main
+
+    r = CliRunner().invoke(main, ["check", str(out), "--frames", str(tmp_path / "pages.npy")])
+    assert r.exit_code == 0, r.output  # check's own figure, on 8 of the pages, agrees
+    said = [ln for ln in r.output.splitlines() if ln.startswith('output "sigmoid_0.tmp_0" (map)')]
+    assert len(said) == 1 and float(said[0].split("IoU mean ")[1].split(",")[0]) >= 0.95, said
+    assert r.output.splitlines()[-1].startswith("loses the most: key edge01_cpu")
 
 
 @needs_models

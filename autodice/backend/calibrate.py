@@ -37,7 +37,7 @@ def calibration_frames(plan: Plan, source: str | Path, preprocess: str | None = 
 
     Raises:
         AutodiceError: one line naming ``source``: no frame in it, or the frame that cannot be
-            read or made (its label).
+            read or made (its index and file).
     """
     from .session.results import source_frames
 
@@ -46,9 +46,9 @@ def calibration_frames(plan: Plan, source: str | Path, preprocess: str | None = 
         _, pairs = source_frames(plan, source, limit, preprocess)
         t = plan.model_inputs[0]
         frames = []
-        for label, frame, *_ in pairs:
-            if isinstance(frame, Exception):
-                raise AutodiceError(f"{where}: frame {label}: {frame}")
+        for _, frame, *_ in pairs:
+            if isinstance(frame, Exception):  # it names the frame and its file
+                raise AutodiceError(f"{where}: {frame}")
             frames.append({t.name: np.asarray(frame, t.dtype).reshape(t.shape)})
     except AutodiceError as e:
         said = str(e)

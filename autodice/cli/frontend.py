@@ -76,14 +76,35 @@ def _check(output, samples, rtol, model) -> None:
 
 @main.command()
 @click.argument("output", type=click.Path(file_okay=False))
-@click.option("--samples", default=1, show_default=True, help="Number of random inputs.")
+@click.option("--samples", type=int, default=None,
+              help="Number of random inputs [default: 1], or of --frames' frames [default: 50].")
 @click.option("--rtol", default=1e-4, show_default=True, type=POSITIVE,
               help="Fail above this max|diff| / max|reference| per output.")
 @click.option("--model", type=click.Path(dir_okay=False), default=None,
               help="The whole model, if it moved since the split.")
-def check(output, samples, rtol, model):
+@click.option("--frames", "source", metavar="SOURCE", default=None,
+              help="Also, after gen: each key's ncnn model (int8, fp16 or fp32 as gen made it) "
+                   "against fp32 on these frames (images, a batch .npy, a video), and the keys "
+                   "chained in ncnn against the whole model: top-1/top-5 agreement, mask IoU.")
+@click.option("--preprocess", default=None, metavar="RECIPE",
+              help="How --frames' images become frames, as run --preprocess.")
+def check(output, samples, rtol, model, source, preprocess):
     """Chain OUTPUT's sub-models in onnxruntime and compare with the whole model (exit 1 if off)."""
-    _check(output, samples, rtol, model)
+    only_with("--frames", source is not None, "preprocess")
+    _check(output, 1 if source or samples is None else samples, rtol, model)
+    if source is not None:
+        _agreement(output, source, preprocess, 50 if samples is None else samples)
+
+
+def _agreement(output, source, preprocess, frames) -> None:
+    from ..backend.agreement import agreement
+
+    with console.status(f"each key in ncnn against fp32 ({source})"):
+        found = agreement(output, source, preprocess, frames)
+    for line in found.lines():
+        out.print(visible(line), soft_wrap=True)
+    for note in found.notes():
+        console.print(f"note: {note}", soft_wrap=True)
 
 
 @main.command()

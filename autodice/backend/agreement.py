@@ -1,0 +1,187 @@
+"""``autodice check OUT --frames SOURCE``: what the converted keys (int8, fp16 or fp32, as gen
+made them) lose against the fp32 model in onnxruntime, on frames like those they will see.
+
+Two views, on every frame of ``SOURCE``:
+
+- **key by key**: each key's ncnn model fed the fp32 values it would receive (the sub-models
+  chained in onnxruntime), its outputs against the fp32 ones: what that key alone loses, so
+  the key that loses the most is named;
+- **end to end**: the keys chained in ncnn, each fed what the keys before it computed in ncnn,
+  the model's outputs against the whole model's: top-1 and top-5 agreement for a classifier's
+  scores (1 x C), the mean IoU of the argmax masks (C x H x W, C > 1) or of the binarized map
+  (1 x H x W: above 0.5 where the map is a probability, else above 0) for dense outputs, and
+  the error of every other output.
+
+ncnn runs here, on the CPU (``ncnn_check``): an int8 key computes in int8 as on a board; a
+GPU key's fp16 is its fp16 weights computed in fp32, less than the GPU's fp16 arithmetic loses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import AutodiceError
+from ..core.plan import Plan, Rank, load_plan
+from ..frontend.check import chain_values, difference, whole_session
+from .calibrate import calibration_frames
+from .engine import ensure_ncnn
+from .tools import build_tools
+from .verify import run_checker
+
+
+def moved(got: np.ndarray, want: np.ndarray) -> float:
+    """Mean |got - want| over mean |want|: how far a tensor moved, as a share of its size."""
+    got, want = np.asarray(got, np.float64).reshape(want.shape), np.asarray(want, np.float64)
+    return float(np.abs(got - want).mean() / max(np.abs(want).mean(), 1e-30))
+
+
+@dataclass
+class KeyLoss:
+    """One key's own loss over the frames: per tensor it makes, the worst share it moved and
+    the worst error of its scale."""
+    rank: Rank
+    precision: str
+    moved: dict[str, float] = field(default_factory=dict)
+    scale: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, got: np.ndarray, want: np.ndarray) -> None:
+        self.moved[name] = max(self.moved.get(name, 0.0), moved(got, want))
+        self.scale[name] = max(self.scale.get(name, 0.0), difference(got, want)[1])
+
+    @property
+    def worst(self) -> float:
+        return max(self.moved.values(), default=0.0)
+
+
+@dataclass
+class OutputAgreement:
+    """One model output, end to end: how it is judged and the figures."""
+    name: str
+    kind: str  # "classes", "mask", "map" or "tensor"
+    agree: list[float] = field(default_factory=list)  # per frame: top-1 hit, or IoU
+    top5: list[float] = field(default_factory=list)
+    moved: list[float] = field(default_factory=list)
+
+
+def judge(name: str, got: np.ndarray, want: np.ndarray, out: OutputAgreement) -> None:
+    got = np.asarray(got, np.float32).reshape(want.shape)
+    out.moved.append(moved(got, want))
+    core = want.reshape(want.shape[1:]) if want.ndim and want.shape[0] == 1 else want
+    g = got.reshape(core.shape)
+    if core.ndim == 1 and core.size > 1:
+        out.kind = "classes"
+        best = int(core.argmax())
+        out.agree.append(float(int(g.argmax()) == best))
+        out.top5.append(float(best in np.argsort(-g)[:5]))
+    elif core.ndim == 3 and core.shape[0] > 1:
+        out.kind = "mask"
+        out.agree.append(iou(g.argmax(0), core.argmax(0)))
+    elif core.ndim in (2, 3) and core.size > 1:
+        out.kind = "map"
+        cut = 0.5 if core.min() >= 0 and core.max() <= 1 else 0.0
+        out.agree.append(iou(g > cut, core > cut))
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    """Intersection over union of two masks (of two label maps: the mean over their labels)."""
+    if a.dtype == bool:
+        union = (a | b).sum()
+        return float((a & b).sum() / union) if union else 1.0
+    labels = np.union1d(np.unique(a), np.unique(b))
+    return float(np.mean([iou(a == k, b == k) for k in labels]))
+
+
+def _ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray]
+                ) -> dict[str, np.ndarray] | None:
+    """Every tensor with the keys chained in ncnn, each key run once its inputs are there;
+    None where a key needs another's later outputs (a ping-pong mapping: steps interleave)."""
+    values = dict(feeds)
+    left = list(plan.ranks)
+    while left:
+        ready = [r for r in left if all(t.name in values for t in r.submodel_inputs)]
+        if not ready:
+            return None
+        for r in ready:
+            got = run_checker(checker, ncnn / f"{r.key}.ncnn",
+                              [values[t.name] for t in r.submodel_inputs])
+            values |= {t.name: g for t, g in zip(r.submodel_outputs, got)}
+            left.remove(r)
+    return values
+
+
+@dataclass
+class Agreement:
+    keys: list[KeyLoss]
+    outputs: list[OutputAgreement]
+    frames: int
+    chained: bool  # whether the keys could be chained in ncnn (end to end measured)
+
+    def lines(self) -> list[str]:
+        """What ``check --frames`` prints: a line per tensor a key makes, per model output,
+        and the key that loses the most."""
+        said = [f'key {k.rank.key} ({k.precision}): "{name}" moved {share:.3%} (at most '
+                f"{k.scale[name]:.3g} of its scale)"
+                for k in self.keys for name, share in k.moved.items()]
+        for o in self.outputs if self.chained else ():
+            if o.kind == "classes":
+                what = (f"top-1 agreement {np.mean(o.agree):.3f} ({int(sum(o.agree))} of "
+                        f"{len(o.agree)} frames), top-5 {np.mean(o.top5):.3f}")
+            elif o.kind in ("mask", "map"):
+                what = f"IoU mean {np.mean(o.agree):.3f}, worst {min(o.agree):.3f}"
+            else:
+                what = f"moved {max(o.moved):.3%} at most"
+            said.append(f'output "{o.name}" ({o.kind}), the keys chained in ncnn: {what}')
+        worst = max(self.keys, key=lambda k: k.worst)
+        return said + [f"loses the most: key {worst.rank.key} ({worst.precision}), "
+                       f"{worst.worst:.3%} on {self.frames} frames"]
+
+    def notes(self) -> list[str]:
+        return [] if self.chained else [
+            "the keys take turns within a frame (a ping-pong mapping): each key was measured "
+            "alone, not chained"]
+
+
+def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = None,
+              frames: int = 50) -> Agreement:
+    """Each key's loss and the model's agreement end to end on ``frames`` frames of ``source``.
+
+    Raises:
+        AutodiceError: no gen output, or frames that cannot be made.
+    """
+    out_dir = Path(out_dir)
+    plan = load_plan(out_dir)
+    ncnn = out_dir / "ncnn"
+    if not all((ncnn / f"{r.key}.ncnn.param").is_file() for r in plan.ranks):
+        raise AutodiceError(f"{out_dir}: no ncnn models for every key; run `autodice gen` first")
+    try:
+        precision = (out_dir / "packages" / ".precision").read_text().strip()
+    except OSError:
+        precision = "auto"
+    from .precision import Precision
+
+    asked = Precision.parse(precision)
+    checker = build_tools(ensure_ncnn()) / "ncnn_check"
+    feeds = calibration_frames(plan, source, preprocess, frames)
+    keys = [KeyLoss(r, "auto" if r.device == "gpu" and asked.of(r) == "int8" else asked.of(r))
+            for r in plan.ranks]
+    names = [t.name for t in plan.model_outputs]
+    outputs = [OutputAgreement(n, "tensor") for n in names]
+    whole = whole_session(plan, out_dir, None)
+    sessions: dict = {}
+    chained = True
+    for feed in feeds:
+        values = chain_values(plan, out_dir, feed, sessions)
+        for k in keys:
+            got = run_checker(checker, ncnn / f"{k.rank.key}.ncnn",
+                              [values[t.name] for t in k.rank.submodel_inputs])
+            for t, g in zip(k.rank.submodel_outputs, got):
+                k.add(t.name, g, np.asarray(values[t.name], np.float32))
+        ncnn_values = _ncnn_chain(plan, ncnn, checker, feed) if chained else None
+        chained = ncnn_values is not None
+        if chained:
+            for o, want in zip(outputs, whole.run(names, feed)):
+                judge(o.name, ncnn_values[o.name], want, o)
+    return Agreement(keys, outputs, len(feeds), chained)
