@@ -71,7 +71,8 @@ def gen(out, precision: str = "auto", verify: bool = True, verify_with=None, pre
     """Convert to ncnn, check every conversion (on random frames, or on ``verify_with``'s
     first: an image made a frame by ``preprocess``, or a .npy), write the program and a
     package per host. ``precision`` ``int8`` (or ``KEY=int8,...``) calibrates on
-    ``calibration``'s frames and keeps ``keep_fp32``'s layers in fp32 (None: the first)."""
+    ``calibration``'s frames and keeps ``keep_fp32``'s layers in fp32 (None: the first and the
+    sensitive ones)."""
     import autodice.backend.gen
 
     return autodice.backend.gen.gen(out, precision=precision, verify=verify,

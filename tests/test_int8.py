@@ -72,6 +72,7 @@ def test_precision_key_by_key(fig2):
     p = Precision.parse(f"fp32,{keys[0]}=int8", plan)
     assert [p.of(r) for r in plan.ranks] == ["int8", "fp32", "fp32"]
     assert str(p) == f"fp32,{keys[0]}=int8" and str(Precision.parse("auto")) == "auto"
+    assert Precision.parse("b_arm0-3,8-11=int8,fp32").keys == (("b_arm0-3,8-11", "int8"),)
     for bad, said in [("int4", "'int4': the precision is one of auto, fp32, fp16, int8"),
                       ("nosuch=int8", 'no key "nosuch" in the mapping'),
                       ("fp32,fp16", "two precisions for every key"),

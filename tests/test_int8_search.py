@@ -91,7 +91,7 @@ def test_profile_times_every_layer_quantized(tmp_path):
     layers = res.profile.layers
     assert [lc.name for lc in layers] == ["Conv1", "Conv2", "Conv3", "Conv4"]
     assert all(set(lc.int8_ms) == {1} and lc.int8_ms[1] > 0 for lc in layers)
-    # 32x32x3x3 weights in int8: less resident than in fp32
-    assert all(lc.int8_resident_bytes < lc.resident_bytes for lc in layers)
+    # 32x32x3x3 weights in int8: less resident than in fp32, but the first's (fp32, as gen)
+    assert all(lc.int8_resident_bytes < lc.resident_bytes for lc in layers[1:])
     assert res.whole_ms["int8 1"] > 0
     assert profile_from_json(profile_to_json(res.profile)) == res.profile

@@ -9,7 +9,7 @@ Two views, on every frame of ``SOURCE``:
 - **end to end**: the keys chained in ncnn, each fed what the keys before it computed in ncnn,
   the model's outputs against the whole model's: top-1 and top-5 agreement for a classifier's
   scores (1 x C), the mean IoU of the argmax masks (C x H x W, C > 1) or of the binarized map
-  (1 x H x W: above 0.5 where the map is a probability, else above 0) for dense outputs, and
+  (1 x 1 x H x W: above 0.5 where the map is a probability, else above 0) for dense outputs, and
   the error of every other output.
 
 ncnn runs here, on the CPU (``ncnn_check``): an int8 key computes in int8 as on a board; a
@@ -79,7 +79,7 @@ def judge(name: str, got: np.ndarray, want: np.ndarray, out: OutputAgreement) ->
     elif core.ndim == 3 and core.shape[0] > 1:
         out.kind = "mask"
         out.agree.append(iou(g.argmax(0), core.argmax(0)))
-    elif core.ndim in (2, 3) and core.size > 1:
+    elif core.ndim == 3 and core.shape[0] == 1 and core.size > 1:  # 1 x 1 x H x W
         out.kind = "map"
         cut = 0.5 if core.min() >= 0 and core.max() <= 1 else 0.0
         out.agree.append(iou(g > cut, core > cut))
@@ -163,8 +163,8 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     from .precision import Precision
 
     asked = Precision.parse(precision)
+    feeds = calibration_frames(plan, source, preprocess, frames, "--frames")
     checker = build_tools(ensure_ncnn()) / "ncnn_check"
-    feeds = calibration_frames(plan, source, preprocess, frames)
     keys = [KeyLoss(r, "auto" if r.device == "gpu" and asked.of(r) == "int8" else asked.of(r))
             for r in plan.ranks]
     names = [t.name for t in plan.model_outputs]

@@ -248,8 +248,8 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
             frames by ``preprocess``) instead of random ones: a detector finds nothing in noise.
         calibration: the int8 ranks' calibration frames (anything ``run --input`` reads, made
             frames by ``preprocess``).
-        keep_fp32: layers int8 ranks keep in fp32 (:func:`~.calibrate.keep_lists`; None: the
-            first).
+        keep_fp32: layers int8 ranks keep in fp32 (:func:`~.calibrate.keep_lists`; None:
+            ``first,sensitive``).
 
     Raises:
         AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
@@ -296,7 +296,8 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
         (tmp / ".precision").write_text(f"{precision}\n")  # no host name starts with "."
         if int8_ranks:  # what a regenerated plan (recover.py) calibrates on
             (tmp / ".calibration").write_text(json.dumps(
-                {"source": str(Path(calibration).resolve()), "preprocess": preprocess,
+                {"source": str(calibration) if str(calibration) == "-" or "://" in
+                 str(calibration) else str(Path(calibration).resolve()), "preprocess": preprocess,
                  "keep_fp32": list(keep_fp32)}) + "\n")
         for host in plan.hosts():
             pkg = tmp / host

@@ -31,7 +31,6 @@ QUANTIZED = {"Convolution": "6", "ConvolutionDepthWise": "6", "InnerProduct": "2
 # weight_data_size key; num_output is 0 and bias_term 5 (InnerProduct: 1), group 7
 _BIAS_KEY = {"Convolution": "5", "ConvolutionDepthWise": "5", "InnerProduct": "1"}
 _FP32_TAG, _FP16_TAG, _INT8_TAG = 0, 0x01306B47, 0x000D4B38
-LEVELS = 128  # int8's magnitudes 0..127
 
 
 @dataclass(frozen=True)

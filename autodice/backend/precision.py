@@ -32,7 +32,7 @@ class Precision:
         """
         default, keys = None, {}
         known = {r.key for r in plan.ranks} if plan is not None else None
-        for item in (w.strip() for w in str(text).split(",")):
+        for item in _items(str(text)):
             key, sep, value = item.rpartition("=")
             if value not in PRECISIONS:
                 raise AutodiceError(f"--precision {text}: {item!r}: the precision is one of "
@@ -66,6 +66,19 @@ class Precision:
     def __str__(self) -> str:
         items = [self.default] if self.default != "auto" or not self.keys else []
         return ",".join(items + [f"{k}={v}" for k, v in self.keys])
+
+
+def _items(text: str) -> list[str]:
+    """``text``'s items: split at commas, but a key's own commas (``b_arm0-3,8-11``: cores in
+    two runs) stay in it: a piece that is neither a precision nor ``KEY=...`` starts a key."""
+    items, pending = [], ""
+    for piece in (w.strip() for w in text.split(",")):
+        if "=" not in piece and piece not in PRECISIONS:
+            pending += piece + ","
+            continue
+        items.append(pending + piece)
+        pending = ""
+    return items + ([pending.rstrip(",")] if pending else [])
 
 
 def rank_fp16(r: Rank, precision: Precision, kept_fp32: frozenset[int] | set[int] = frozenset()

@@ -58,7 +58,7 @@ def gen(output, precision, fp16, calibration, keep_fp32, verify, verify_with, pr
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
                        verify=verify, console=console, verify_with=verify_with,
                        preprocess=preprocess, calibration=calibration,
-                       keep_fp32=tuple(n for n in keep_fp32.split(",") if n.strip()))
+                       keep_fp32=tuple(n.strip() for n in keep_fp32.split(",") if n.strip()))
     out.print(visible(f"wrote {output}/packages/ for {', '.join(plan.hosts())}"))
 
 

@@ -351,6 +351,7 @@ def _generated(out: Path) -> float:
 
 def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
     """``split`` and ``gen`` of ``mapping`` into ``out`` (inside OUT/recovery/)."""
+    from ..backend.calibrate import KEYWORDS
     from ..backend.gen import gen
     from ..backend.precision import Precision
     from ..frontend.split import split
@@ -368,8 +369,11 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
         precision = Precision()  # generated before the precision was kept
     try:  # int8 ranks: calibrated as before
         calibration = json.loads((out_dir / "packages" / ".calibration").read_text())
-    except OSError:
+    except (OSError, ValueError):
         calibration = {}
+    # Layers named by hand may now sit in fp32 keys (gen refuses a name no int8 key has): the
+    # new plan keeps the rules (first, last, sensitive), measured anew.
+    keep = [k for k in calibration.get("keep_fp32") or () if k in KEYWORDS] or None
     gen(out, precision=precision, calibration=calibration.get("source"),
-        preprocess=calibration.get("preprocess"), keep_fp32=calibration.get("keep_fp32"))
+        preprocess=calibration.get("preprocess"), keep_fp32=keep)
 

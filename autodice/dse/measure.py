@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend.precision import Precision
 from ..core.errors import AutodiceError
 from ..core.mapping import cpu_key, mapping_json
 from ..core.model import load_model
@@ -153,7 +154,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         say(step, len(picked), f"{name}: split, gen, build")
         work = out / "measure" / name
         plan = split(model, out / "mappings" / f"{name}.json", platform, work, input_shapes)
-        int8 = frozenset(item.split("=")[0] for item in (precision or "").split(",") if item)
+        int8 = frozenset(k for k, v in Precision.parse(precision or "auto").keys if v == "int8")
         cost = plan_cost(plan, timing, plan_graph(work, plan, model), int8)  # split layers' parts
         points.append(_Run(name, work, plan, cost, inventory, precision))
     probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say,

@@ -72,8 +72,8 @@ class MappingProblem(Problem):
 class MappingSampling(Sampling):
     """The first population: every resource alone, time-balanced pipelines over random
     resource sequences, and random contiguous mappings (random per-layer genes are hopeless:
-    every layer boundary becomes a transfer); in fp32, and a third of them again with random
-    groups in int8 where the profile timed it."""
+    every layer boundary becomes a transfer); in fp32, but a third of them with random groups
+    of cores in int8 where the profile timed it."""
 
     def __init__(self, genes: Genes):
         super().__init__()
@@ -192,9 +192,11 @@ class SameMapping(DuplicateElimination):
         self.genes = genes
 
     def rows(self, X):
-        # The layer encoding is one-to-one with mappings: its genes are the key.
+        # The layer encoding without precision genes is one-to-one with mappings: its genes are
+        # the key (a group's precision gene means nothing when the row uses none of its cores).
         X = np.asarray(X, dtype=np.int64)
-        return X if self.genes.encoding == "layer" else self.genes.decode(X)
+        plain = self.genes.encoding == "layer" and not self.genes.n_precision
+        return X if plain else self.genes.decode(X)
 
     def _do(self, pop, other, is_duplicate):
         seen = set() if other is None else {r.tobytes() for r in self.rows(other.get("X"))}

@@ -342,16 +342,18 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
 
 
 def quantized(param: Path, feeds: list[Path]) -> Path:
-    """The converted model ``param`` quantized as gen quantizes an int8 key's layers, all of
-    them (calibrated on the profile's frame: its times, not its accuracy, are measured); the
-    copy's .param path. Quantized here, with this machine's tools, for any machine to time."""
+    """The converted model ``param`` quantized as gen quantizes an int8 key's layers, its first
+    kept fp32 as gen keeps it (the layers gen finds sensitive are not known here: they are timed
+    in int8, so a key's gain is somewhat high); calibrated on the profile's frame: its times,
+    not its accuracy, are measured. The copy's .param path. Quantized here, with this machine's
+    tools, for any machine to time."""
     from ..backend.int8 import Calibrated
 
     tools = build_tools(ensure_ncnn())
     cal = Calibrated.measure(tools / "ncnn_int8", param.with_suffix(""),
                              [[np.load(f) for f in feeds]])
     base = param.parent / "model_int8.ncnn"
-    cal.write(base, {})
+    cal.write(base, {next(iter(cal.int8)): "first"} if cal.int8 else {})
     return base.with_suffix(".ncnn.param")
 
 

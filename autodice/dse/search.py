@@ -158,8 +158,9 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
 
 
 INT8_NOTE = ("int8 keys are chosen for their time and memory alone: the search does not hold "
-             "their accuracy; gen measures each int8 key's error against fp32 (and keeps its "
-             "most sensitive layers fp32): read it before you deploy")
+             "their accuracy; gen measures each int8 key's error against fp32 and keeps its "
+             "most sensitive layers fp32, which the profile timed in int8 (a key's gain is "
+             "somewhat high): read gen's lines, or check --frames, before you deploy")
 
 
 def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
