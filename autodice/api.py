@@ -254,11 +254,13 @@ def _pricer(out, profile):
     """What prices a plan by ``profile`` over ``out``'s platform.txt (None without a profile)."""
     if profile is None:
         return None
+    from .backend.precision import Precision
     from .dse.cost import plan_cost
     from .dse.timing import make_timing
 
+    asked = Precision.of_output(out)
     return lambda plan, graph: plan_cost(plan, make_timing(Path(out) / "platform.txt", profile),
-                                         graph)
+                                         graph, asked.int8_keys(plan))
 
 
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,

@@ -28,6 +28,7 @@ from ..core.plan import Plan, Rank, load_plan
 from ..frontend.check import chain_values, difference, whole_session
 from .calibrate import calibration_frames
 from .engine import ensure_ncnn
+from .precision import Precision
 from .tools import build_tools
 from .verify import run_checker
 
@@ -156,13 +157,7 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     ncnn = out_dir / "ncnn"
     if not all((ncnn / f"{r.key}.ncnn.param").is_file() for r in plan.ranks):
         raise AutodiceError(f"{out_dir}: no ncnn models for every key; run `autodice gen` first")
-    try:
-        precision = (out_dir / "packages" / ".precision").read_text().strip()
-    except OSError:
-        precision = "auto"
-    from .precision import Precision
-
-    asked = Precision.parse(precision)
+    asked = Precision.of_output(out_dir)
     feeds = calibration_frames(plan, source, preprocess, frames, "--frames")
     checker = build_tools(ensure_ncnn()) / "ncnn_check"
     keys = [KeyLoss(r, "auto" if r.device == "gpu" and asked.of(r) == "int8" else asked.of(r))

@@ -51,6 +51,19 @@ class Precision:
                 keys[key] = value
         return cls(default or "auto", tuple(keys.items()))
 
+    @classmethod
+    def of_output(cls, out_dir) -> Precision:
+        """What ``gen`` was asked for in ``out_dir`` (``auto`` before gen, or before it kept it)."""
+        from pathlib import Path
+
+        try:
+            return cls.parse((Path(out_dir) / "packages" / ".precision").read_text().strip())
+        except (OSError, AutodiceError):
+            return cls()
+
+    def int8_keys(self, plan: Plan) -> frozenset[str]:
+        return frozenset(r.key for r in self.int8_ranks(plan))
+
     def of(self, rank: Rank) -> str:
         """This rank's precision as asked (a GPU rank's int8 is :func:`computes`' business)."""
         return dict(self.keys).get(rank.key, self.default)

@@ -363,10 +363,7 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
         path.write_text(mapping_json(mapping))
         split(out_dir / plan.model, path, out_dir / "platform.txt", out,
               {t.name: t.shape for t in plan.model_inputs})
-    try:
-        precision = Precision.parse((out_dir / "packages" / ".precision").read_text().strip())
-    except OSError:
-        precision = Precision()  # generated before the precision was kept
+    precision = Precision.of_output(out_dir)
     try:  # int8 ranks: calibrated as before
         calibration = json.loads((out_dir / "packages" / ".calibration").read_text())
     except (OSError, ValueError):

@@ -424,8 +424,12 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph,
 
 
 def predict(out_dir: str | Path, profile, power=None) -> Cost:
-    """:func:`plan_cost` of the split in ``out_dir`` (its plan.json and platform.txt)."""
+    """:func:`plan_cost` of the split in ``out_dir`` (its plan.json and platform.txt), its int8
+    keys (as gen made them) in int8."""
+    from ..backend.precision import Precision
+
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     graph = plan_graph(out_dir, plan)  # rewritten where layers are split across keys
-    return plan_cost(plan, make_timing(out_dir / "platform.txt", profile, power), graph)
+    return plan_cost(plan, make_timing(out_dir / "platform.txt", profile, power), graph,
+                     Precision.of_output(out_dir).int8_keys(plan))
