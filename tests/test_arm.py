@@ -65,11 +65,12 @@ def test_the_board_is_an_aarch64_board(emu):
     assert not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists()
 
 
-def _job(folder: Path, model: Path, keys: dict[str, list[str]], platform: str) -> Path:
+def _job(folder: Path, model: Path, keys: dict[str, list[str]], platform: str, **gen_args
+         ) -> Path:
     (folder / "mapping.json").write_text(mapping_json(keys))
     (folder / "platform.txt").write_text(platform)
     split(model, folder / "mapping.json", folder / "platform.txt", folder / "out")
-    gen(folder / "out")
+    gen(folder / "out", **gen_args)
     return folder / "out"
 
 
@@ -117,6 +118,36 @@ def test_squeezenet_across_an_x86_host_and_an_arm64_board(emu, tmp_path, zoo_mod
     # Nothing changed: the redeploy compiles nothing and moves no file.
     again = deploy(out, tmp_path / "inventory.toml")
     assert not any(r.compiled or r.files for r in again.hosts.values())
+
+
+def test_an_int8_key_on_the_arm64_board(emu, tmp_path, zoo_model):
+    """SqueezeNet's second half in int8 on the board (ncnn cross-built with its int8 layers):
+    what the board computes is what the same int8 models compute here, and it says int8."""
+    from autodice.backend.agreement import ncnn_chain
+    from autodice.backend.engine import ensure_ncnn
+    from autodice.backend.tools import build_tools
+    from autodice.core.plan import load_plan
+
+    model = zoo_model("squeezenet")
+    nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
+    half = len(nodes) * 2 // 3
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "calibration.npy", rng.standard_normal((8, 3, 224, 224)).astype("f4"))
+    out = _job(tmp_path, model, {"edge01_x860": nodes[:half], "edge02_arm0": nodes[half:]},
+               PLATFORM, precision="edge02_arm0=int8", calibration=tmp_path / "calibration.npy")
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = deploy(out, _inventory(emu, tmp_path), run=True, inputs={"data_0": tmp_path / "x.npy"},
+                 frames=2)
+    assert [(r["arch"], r["precision"]) for r in res.run.stats["ranks"]] == \
+        [("x86_64", "fp32"), ("aarch64", "int8")]
+    plan = load_plan(out)
+    here = ncnn_chain(plan, out / "ncnn", build_tools(ensure_ncnn()) / "ncnn_check",
+                       {"data_0": x})
+    name = plan.model_outputs[0].name
+    got, want = res.run.outputs[name], here[name].reshape(res.run.outputs[name].shape)
+    # ARM's int8 kernels and x86's round alike up to an accumulation order: close, not equal
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
 
 
 def test_a_cut_inside_a_residual_block(emu, tmp_path, zoo_model):

@@ -95,7 +95,7 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([iou(a == k, b == k) for k in labels]))
 
 
-def _ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray]
+def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray]
                 ) -> dict[str, np.ndarray] | None:
     """Every tensor with the keys chained in ncnn, each key run once its inputs are there;
     None where a key needs another's later outputs (a ping-pong mapping: steps interleave)."""
@@ -174,7 +174,7 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
                               [values[t.name] for t in k.rank.submodel_inputs])
             for t, g in zip(k.rank.submodel_outputs, got):
                 k.add(t.name, g, np.asarray(values[t.name], np.float32))
-        ncnn_values = _ncnn_chain(plan, ncnn, checker, feed) if chained else None
+        ncnn_values = ncnn_chain(plan, ncnn, checker, feed) if chained else None
         chained = ncnn_values is not None
         if chained:
             for o, want in zip(outputs, whole.run(names, feed)):
