@@ -26,17 +26,11 @@ import numpy as np
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank, load_plan
 from ..frontend.check import chain_values, difference, whole_session
-from .calibrate import calibration_frames
+from .calibrate import calibration_frames, moved
 from .engine import ensure_ncnn
 from .precision import Precision
 from .tools import build_tools
 from .verify import run_checker
-
-
-def moved(got: np.ndarray, want: np.ndarray) -> float:
-    """Mean |got - want| over mean |want|: how far a tensor moved, as a share of its size."""
-    got, want = np.asarray(got, np.float64).reshape(want.shape), np.asarray(want, np.float64)
-    return float(np.abs(got - want).mean() / max(np.abs(want).mean(), 1e-30))
 
 
 @dataclass
@@ -160,8 +154,7 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     asked = Precision.of_output(out_dir)
     feeds = calibration_frames(plan, source, preprocess, frames, "--frames")
     checker = build_tools(ensure_ncnn()) / "ncnn_check"
-    keys = [KeyLoss(r, "auto" if r.device == "gpu" and asked.of(r) == "int8" else asked.of(r))
-            for r in plan.ranks]
+    keys = [KeyLoss(r, asked.computes(r)) for r in plan.ranks]
     names = [t.name for t in plan.model_outputs]
     outputs = [OutputAgreement(n, "tensor") for n in names]
     whole = whole_session(plan, out_dir, None)

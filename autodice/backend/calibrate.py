@@ -27,7 +27,6 @@ from .int8 import QUANTIZED, Calibrated, Quantized, read_param
 from .verify import run_checker
 
 CALIBRATION_FRAMES = 200  # at most; ncnn's own guide suggests some hundreds
-DEFAULT_KEEP_FP32 = ("first", "sensitive")
 
 
 def calibration_frames(plan: Plan, source: str | Path, preprocess: str | None = None,
@@ -59,24 +58,20 @@ def calibration_frames(plan: Plan, source: str | Path, preprocess: str | None = 
     return frames
 
 
-def _ends(plan: Plan, ncnn_dir: Path, ranks: list[Rank]) -> dict[str, list[tuple[int, str]]]:
+def _ends(plan: Plan, ranks: list[Rank], quantizable: dict[int, list[str]]
+          ) -> dict[str, list[tuple[int, str]]]:
     """``first`` and ``last``: the first quantizable ncnn layer of each of ``ranks`` that reads
     the model's input, and the last of each that makes a model output, as (rank, layer)."""
     inputs = {t.name for t in plan.model_inputs}
     outputs = {t.name for t in plan.model_outputs}
     ends: dict[str, list[tuple[int, str]]] = {"first": [], "last": []}
     for r in ranks:  # a stage's copies each read the input (make the output): each is marked
-        names = _quantizable(ncnn_dir, r)
+        names = quantizable[r.rank]
         if names and inputs & set(r.inputs):
             ends["first"].append((r.rank, names[0]))
         if names and outputs & set(r.outputs):
             ends["last"].append((r.rank, names[-1]))
     return ends
-
-
-def _quantizable(ncnn_dir: Path, r: Rank) -> list[str]:
-    return [layer.name for layer in read_param(ncnn_dir / f"{r.key}.ncnn.param")[1]
-            if layer.type in QUANTIZED]
 
 
 KEYWORDS = {"first": "the network's first layer", "last": "the network's last layer",
@@ -91,8 +86,11 @@ def keep_lists(plan: Plan, ncnn_dir: Path, ranks: list[Rank], keep_fp32: tuple[s
     Raises:
         AutodiceError: a name no int8 rank has (the names it could be, by rank).
     """
-    ends = _ends(plan, ncnn_dir, ranks)
-    names = {r.rank: set(_quantizable(ncnn_dir, r)) for r in ranks}
+    quantizable = {r.rank: [layer.name for layer in
+                            read_param(ncnn_dir / f"{r.key}.ncnn.param")[1]
+                            if layer.type in QUANTIZED] for r in ranks}
+    ends = _ends(plan, ranks, quantizable)
+    names = {k: set(v) for k, v in quantizable.items()}
     keep: dict[int, dict[str, str]] = {r.rank: {} for r in ranks}
     for name in keep_fp32:
         if name in KEYWORDS:
@@ -114,10 +112,10 @@ SENSITIVE = 0.05  # a layer that alone moves its rank's output by more (of its m
 SENSITIVITY_FRAMES = 2
 
 
-def _moved(got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    """How far outputs moved: the mean |difference| of the mean |value|, the worst output."""
-    return max(float(np.abs(g.reshape(w.shape) - w).mean() / max(np.abs(w).mean(), 1e-12))
-               for g, w in zip(got, want))
+def moved(got: np.ndarray, want: np.ndarray) -> float:
+    """Mean |got - want| over mean |want|: how far a tensor moved, as a share of its size."""
+    got, want = np.asarray(got, np.float64).reshape(want.shape), np.asarray(want, np.float64)
+    return float(np.abs(got - want).mean() / max(np.abs(want).mean(), 1e-30))
 
 
 def sensitive_layers(cal: Calibrated, tools: Path, inputs: list[list[np.ndarray]],
@@ -134,9 +132,9 @@ def sensitive_layers(cal: Calibrated, tools: Path, inputs: list[list[np.ndarray]
         with tempfile.TemporaryDirectory(prefix="autodice-sensitivity-") as tmp:
             base = Path(tmp) / "m.ncnn"
             cal.write(base, {n: "" for n in cal.int8 if n != name})
-            moved = [_moved(run_checker(tools / "ncnn_check", base, feed), want)
+            worst = [max(map(moved, run_checker(tools / "ncnn_check", base, feed), want))
                      for feed, want in zip(inputs, outputs)]
-        return name, max(moved)
+        return name, max(worst)
 
     todo = [n for n in cal.int8 if n not in keep]
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -30,10 +30,10 @@ from ..core.plan import Plan, Rank, load_plan
 from ..frontend.check import chain_values, random_inputs
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
-from .calibrate import DEFAULT_KEEP_FP32, calibration_frames, quantize_ranks
+from .calibrate import calibration_frames, quantize_ranks
 from .engine import ensure_ncnn
 from .fp16_range import Largest, past_fp16
-from .precision import Precision, rank_fp16
+from .precision import DEFAULT_KEEP_FP32, Precision, rank_fp16
 from .tools import build_tools
 from .verify import verify_conversions
 
@@ -217,7 +217,7 @@ def int8_frames(plan: Plan, precision: Precision, calibration: str | Path | None
         AutodiceError: int8 ranks and no ``calibration``, or frames that cannot be made.
     """
     for r in plan.ranks:
-        if precision.of(r) == "int8" and r.device == "gpu":
+        if precision.of(r) != precision.computes(r):
             console.print(f'rank {r.rank} (key "{r.key}"): ncnn has no int8 layers on Vulkan: '
                           "it computes as auto (fp16 where its values fit fp16)",
                           soft_wrap=True, markup=False)

@@ -86,8 +86,13 @@ def mse_threshold(stats: Stats) -> float:
     centres = (np.arange(n) + 0.5) * width
     t = (np.arange(1, n + 1)) * width  # candidates: each bin's upper edge
     below = np.cumsum(hist)
-    beyond = np.clip(centres[None, :] - t[:, None], 0, None)
-    err = (t / 127) ** 2 / 12 * below + (beyond ** 2 * hist[None, :]).sum(axis=1)
+
+    def beyond(x: np.ndarray) -> np.ndarray:  # sum of x over the bins past each candidate
+        return np.concatenate([np.cumsum(x[::-1])[::-1][1:], [0.0]])
+
+    # sum over the bins past t of count * (centre - t)^2, expanded into three running sums
+    clipped = beyond(hist * centres**2) - 2 * t * beyond(hist * centres) + t**2 * beyond(hist)
+    err = (t / 127) ** 2 / 12 * below + clipped
     return float(t[int(np.argmin(err))])
 
 

@@ -14,6 +14,9 @@ from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
 
 PRECISIONS = ("auto", "fp32", "fp16", "int8")
+# The layers an int8 rank keeps in fp32 unless told otherwise (:mod:`.calibrate`); here, where
+# the CLI can read it without loading numpy and onnx.
+DEFAULT_KEEP_FP32 = ("first", "sensitive")
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,18 @@ class Precision:
         return frozenset(r.key for r in self.int8_ranks(plan))
 
     def of(self, rank: Rank) -> str:
-        """This rank's precision as asked (a GPU rank's int8 is :func:`computes`' business)."""
+        """This rank's precision as asked (what it computes in: :meth:`computes`)."""
         return dict(self.keys).get(rank.key, self.default)
 
+    def computes(self, rank: Rank) -> str:
+        """This rank's precision as it computes: a GPU rank asked for int8 as ``auto`` (ncnn's
+        Vulkan path has no int8 layers)."""
+        p = self.of(rank)
+        return "auto" if p == "int8" and rank.device == "gpu" else p
+
     def int8_ranks(self, plan: Plan) -> list[Rank]:
-        """The CPU ranks that compute in int8 (ncnn's Vulkan path has no int8 layers)."""
-        return [r for r in plan.ranks if self.of(r) == "int8" and r.device == "cpu"]
+        """The ranks that compute in int8 (CPU ranks asked for it)."""
+        return [r for r in plan.ranks if self.computes(r) == "int8"]
 
     def fp16_weights(self, rank: Rank) -> bool:
         """Whether pnnx writes this rank's weights in fp16 (asked for: the smallest model)."""
@@ -100,7 +109,5 @@ def rank_fp16(r: Rank, precision: Precision, kept_fp32: frozenset[int] | set[int
     what GPUs are fast at) unless they are ``kept_fp32`` (their values pass fp16's range:
     :mod:`.fp16_range`), CPU ranks compute in fp32 (equal to onnxruntime), int8 ones in int8 and
     fp32; ``fp32`` or ``fp16`` set the rank. A GPU rank asked for int8 computes as ``auto``."""
-    p = precision.of(r)
-    if p == "int8" and r.device == "gpu":
-        p = "auto"
+    p = precision.computes(r)
     return p == "fp16" or (p == "auto" and r.device == "gpu" and r.rank not in kept_fp32)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..backend.calibrate import DEFAULT_KEEP_FP32
+from ..backend.precision import DEFAULT_KEEP_FP32
 from ..core.errors import AutodiceError, Stopped
 from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, model_inputs,
                   only_with, out, progress, rate_line, report_run, stats_table, stream_options,
