@@ -154,7 +154,7 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
         say(step, len(picked), f"{name}: split, gen, build")
         work = out / "measure" / name
         plan = split(model, out / "mappings" / f"{name}.json", platform, work, input_shapes)
-        int8 = frozenset(k for k, v in Precision.parse(precision or "auto").keys if v == "int8")
+        int8 = Precision.parse(precision or "auto").int8_keys(plan)
         cost = plan_cost(plan, timing, plan_graph(work, plan, model), int8)  # split layers' parts
         points.append(_Run(name, work, plan, cost, inventory, precision))
     probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say,
