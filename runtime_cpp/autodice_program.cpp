@@ -122,7 +122,9 @@ void load_net(ncnn::Net& net, const Args& args, const RankPlan& r, bool gpu) {
                   base + ".param", 7);
 }
 
-TensorInfo info_of(const TensorSpec& t) { return TensorInfo{t.name, t.shape, t.dtype}; }
+TensorInfo info_of(const TensorSpec& t, Wire wire = Wire::Fp32) {
+  return TensorInfo{t.name, t.shape, t.dtype, wire};
+}
 
 ncnn::Mat read_input(const Args& args, const TensorSpec& t, const std::string& file) {
   try {
@@ -283,8 +285,10 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
       if (list[i].file == file) return i;
     abort_run("\"" + file + "\" is not in the stream's tables");
   };
-  std::vector<TensorInfo> infos;
+  std::vector<TensorInfo> infos, recv_infos, send_infos;  // the last two: as each travels
   for (const TensorSpec& t : r.tensors) infos.push_back(info_of(t));
+  for (const Receive& e : r.receives) recv_infos.push_back(info_of(r.tensors[e.tensor], e.wire));
+  for (const Send& e : r.sends) send_infos.push_back(info_of(r.tensors[e.tensor], e.wire));
   // Model inputs: read once and used for every frame, or received from the gateway each frame
   // (double-buffered like every receive).
   std::vector<ncnn::Mat> inputs[2];
@@ -345,13 +349,14 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
           stream.input_tag(stream_index(stream.inputs, r.inputs[k].file))));
     for (size_t k = 0; k < r.receives.size(); ++k) {
       const Receive& e = r.receives[k];
-      recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, infos[e.tensor], received[s][k],
+      recvs[s].push_back(Transfer::recv(MPI_COMM_WORLD, recv_infos[k], received[s][k],
                                         peer_of(e.srcs, frame), tag(e.edge, frame)));
     }
   };
-  const auto post_send = [&](const Send& e, const ncnn::Mat& m, int64_t frame, int s) {
-    sends[s].push_back(Transfer::send(MPI_COMM_WORLD, infos[e.tensor], m,
-                                      peer_of(e.dsts, frame), tag(e.edge, frame)));
+  const auto post_send = [&](int k, const ncnn::Mat& m, int64_t frame, int s) {
+    const Send& e = r.sends[k];
+    sends[s].push_back(Transfer::send(MPI_COMM_WORLD, send_infos[k], m, peer_of(e.dsts, frame),
+                                      tag(e.edge, frame)));
   };
   int64_t lockstep_frames = 0;  // --no-pipeline: every rank meets once at the end of each frame
   const auto meet_until = [&](int64_t frame) {
@@ -386,7 +391,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
     ncnn::Extractor ex = net.create_extractor();
     for (size_t k = 0; k < r.inputs.size(); ++k)
       ex.input(("in" + std::to_string(r.inputs[k].blob)).c_str(), inputs[s][k]);
-    for (int k : with_inputs) post_send(r.sends[k], inputs[s][input_of[r.sends[k].tensor]], f, s);
+    for (int k : with_inputs) post_send(k, inputs[s][input_of[r.sends[k].tensor]], f, s);
     for (size_t step = 0; step < r.steps.size(); ++step) {
       for (int w : r.steps[step].wait) {
         timed_wait(recvs[s][w], st.recv_wait_s, recv_timeout_s);
@@ -398,7 +403,7 @@ void run_rank(const ProgramPlan& plan, const RankPlan& r, const Args& args, bool
           abort_run("extracting \"" + r.tensors[r.produces[p].tensor].name + "\" failed", 5);
       st.compute_s += compute.elapsed_ms() / 1e3;
       for (int k : after_step[step])
-        post_send(r.sends[k], produced[s][produced_by[r.sends[k].tensor]], f, s);
+        post_send(k, produced[s][produced_by[r.sends[k].tensor]], f, s);
       for (int k : outputs_after[step]) {
         const int p = r.outputs[k].produce;
         results.push_back(Transfer::send(MPI_COMM_WORLD, infos[r.produces[p].tensor],

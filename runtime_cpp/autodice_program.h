@@ -42,6 +42,8 @@ struct Receive {
   int blob;  // in<blob>
   std::vector<int> srcs;
   int edge;
+  Wire wire = Wire::Fp32;  // gen --wire, for a float32 tensor from another host (tables name
+                           // it where it is not fp32)
 };
 
 // A sub-model output this rank extracts, out<blob>.
@@ -56,6 +58,7 @@ struct Send {
   int tensor;
   std::vector<int> dsts;
   int edge;
+  Wire wire = Wire::Fp32;  // as the receiving end's Receive::wire
 };
 
 // One step: wait for these receives (indices into RankPlan::receives), then extract these

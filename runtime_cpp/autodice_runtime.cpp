@@ -365,7 +365,8 @@ void set_wait_timeout(double seconds) { g_timeout_s = seconds; }
 double wait_timeout() { return g_timeout_s; }
 
 std::string TensorInfo::describe() const {
-  return "shape " + shape_str(shape) + " " + dtype_name(dtype);
+  return "shape " + shape_str(shape) + " " + dtype_name(dtype) +
+         (wire != Wire::Fp32 ? std::string(" as ") + wire_name(wire) : "");
 }
 
 Transfer::Transfer(MPI_Comm comm, TensorInfo info, bool is_recv, int peer, int tag)
@@ -374,7 +375,8 @@ Transfer::Transfer(MPI_Comm comm, TensorInfo info, bool is_recv, int peer, int t
 Transfer::Transfer(Transfer&& other) noexcept
     : comm_(other.comm_), info_(std::move(other.info_)), is_recv_(other.is_recv_),
       peer_(other.peer_), tag_(other.tag_), type_(other.type_), request_(other.request_),
-      staging_(std::move(other.staging_)), dense_out_(other.dense_out_) {
+      staging_(std::move(other.staging_)), dense_out_(other.dense_out_),
+      packed_(std::move(other.packed_)) {
   other.type_ = MPI_DATATYPE_NULL;
   other.request_ = MPI_REQUEST_NULL;
 }
@@ -403,9 +405,16 @@ void Transfer::post(void* buffer, int count, MPI_Datatype type) {
   if (rc != MPI_SUCCESS) abort_run(what() + ": posting failed: " + mpi_error_text(rc));
 }
 
+// A smaller wire format is a cut tensor's, and cut tensors travel as Mats.
+static void require_plain_wire(const Transfer& t) {
+  if (t.info().wire != Wire::Fp32)
+    abort_run(t.what() + ": only a Mat travels " + wire_name(t.info().wire));
+}
+
 Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const void* dense, int peer,
                         int tag) {
   Transfer t(comm, info, false, peer, tag);
+  require_plain_wire(t);
   if (info.dtype == DType::Float32) {
     const WireLayout L = wire_layout(info.shape);
     if (L.as_mat && L.count != element_count(info.shape)) {  // padded on the wire: stage it
@@ -428,6 +437,12 @@ Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& 
       element_count(mat_shape(m)) != element_count(info.shape))
     abort_run(t.what() + ": Mat has shape " + shape_str(mat_shape(m)) + ", the plan says " +
               info.describe());
+  if (info.wire != Wire::Fp32) {  // packed here, whatever m's layout
+    t.packed_.resize(static_cast<size_t>(info.message_bytes()));
+    wire_pack(m, info.wire, t.packed_.data());
+    t.post(t.packed_.data(), checked_int(info.message_bytes(), info.name), MPI_BYTE);
+    return t;
+  }
   const WireLayout L = wire_layout(info.shape);
   if (!L.as_mat || has_layout(m, L)) {
     // Sent from m's own memory: held until the send completes, so a receive posted meanwhile
@@ -450,6 +465,7 @@ Transfer Transfer::send(MPI_Comm comm, const TensorInfo& info, const ncnn::Mat& 
 
 Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag) {
   Transfer t(comm, info, true, peer, tag);
+  require_plain_wire(t);
   if (info.dtype == DType::Float32) {
     const WireLayout L = wire_layout(info.shape);
     if (L.as_mat && L.count != element_count(info.shape)) {  // padded on the wire: unpack later
@@ -469,6 +485,12 @@ Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int
     abort_run(t.what() + ": only float32 tensors travel as a Mat, the plan says " +
               info.describe());
   if (!mat_reusable(m, info.shape)) m = alloc_mat(info.shape);
+  if (info.wire != Wire::Fp32) {  // unpacked into m (held meanwhile) on completion
+    t.staging_ = m;
+    t.packed_.resize(static_cast<size_t>(info.message_bytes()));
+    t.post(t.packed_.data(), checked_int(info.message_bytes(), info.name), MPI_BYTE);
+    return t;
+  }
   const WireLayout L = wire_layout(info.shape);
   if (L.as_mat) {
     t.post(m.data, checked_int(L.count, info.name), MPI_FLOAT);
@@ -482,15 +504,29 @@ Transfer Transfer::recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int
 // Called once the request completed; for a receive, compare what arrived with the plan.
 void Transfer::finish(int rc, const MPI_Status& status) {
   request_ = MPI_REQUEST_NULL;
-  const std::string expected = std::to_string(info_.bytes()) + " (" + info_.describe() + ")";
+  const std::string expected =
+      std::to_string(info_.message_bytes()) + " (" + info_.describe() + ")";
   int error_class = MPI_SUCCESS;
   if (rc != MPI_SUCCESS) MPI_Error_class(rc, &error_class);
   if (error_class == MPI_ERR_TRUNCATE)
-    abort_run(what() + ": got more than " + std::to_string(info_.bytes()) + " bytes, expected " +
-                  expected, 4);
+    abort_run(what() + ": got more than " + std::to_string(info_.message_bytes()) +
+                  " bytes, expected " + expected, 4);
   if (rc != MPI_SUCCESS) abort_run(what() + ": " + mpi_error_text(rc), 4);
   if (!is_recv_) {
     staging_.release();
+    packed_ = {};
+    return;
+  }
+  if (info_.wire != Wire::Fp32) {
+    MPI_Count got = 0;
+    MPI_Get_elements_x(&status, MPI_BYTE, &got);
+    if (got != info_.message_bytes())
+      abort_run(what() + ": got " + std::to_string(static_cast<int64_t>(got)) +
+                    " bytes, expected " + std::to_string(info_.message_bytes()) + " (" +
+                    info_.describe() + ")", 4);
+    wire_unpack(packed_.data(), info_.wire, staging_);
+    staging_.release();
+    packed_ = {};
     return;
   }
   // Basic elements received, counted against the datatype that was posted: the tensor's, or

@@ -191,14 +191,32 @@ WireLayout wire_layout(const Shape& shape);
 
 // ---- typed nonblocking transfers ------------------------------------------------------------
 
+// ---- smaller wire formats (gen --wire; autodice_tensors.cpp) ---------------------------------
+
+// The bytes `elements` float32 values take on the wire as `wire` carries them.
+int64_t wire_bytes(Wire wire, int64_t elements);
+const char* wire_name(Wire wire);  // "fp32", "fp16", "int8": gen's spelling
+
+// A float32 Mat's elements (elempack 1, in dense order: channel after channel, without ncnn's
+// padding) written as `wire` carries them, wire_bytes(wire, elements) bytes at `out`; and back,
+// into a float32 Mat of as many elements. Fp16 rounds to the nearest even, as numpy and the
+// CPUs' own conversions do, so autodice check predicts what a run computes to the bit.
+void wire_pack(const ncnn::Mat& m, Wire wire, unsigned char* out);
+void wire_unpack(const unsigned char* in, Wire wire, ncnn::Mat& m);
+
 // What the plan says travels on an edge; both sides must agree on it.
 struct TensorInfo {
   std::string name;
   Shape shape;
   DType dtype = DType::Float32;
+  Wire wire = Wire::Fp32;  // a float32 tensor that crosses hosts may travel in fewer bytes
 
   int64_t bytes() const { return element_count(shape) * static_cast<int64_t>(dtype_size(dtype)); }
-  std::string describe() const;  // "shape 1x4x4x4 float32"
+  // What a message of it holds: bytes() but for a smaller wire format.
+  int64_t message_bytes() const {
+    return wire == Wire::Fp32 ? bytes() : wire_bytes(wire, element_count(shape));
+  }
+  std::string describe() const;  // "shape 1x4x4x4 float32", "... as fp16"
 };
 
 // Seconds a wait may take before the watchdog aborts the run (after a 1 s grace, so the job
@@ -218,6 +236,8 @@ class Transfer {
   static Transfer recv(MPI_Comm comm, const TensorInfo& info, void* dense, int peer, int tag);
   // Receives straight into `m`, which is allocated as a float32 Mat of ncnn_shape(info.shape)
   // unless it already has that shape and is held nowhere else (a send from it in flight).
+  // A tensor in a smaller wire format (info.wire) travels packed and is unpacked into `m` on
+  // completion: Mats only, as cut tensors travel.
   static Transfer recv(MPI_Comm comm, const TensorInfo& info, ncnn::Mat& m, int peer, int tag);
 
   Transfer(Transfer&& other) noexcept;
@@ -248,8 +268,10 @@ class Transfer {
   int tag_;
   MPI_Datatype type_ = MPI_DATATYPE_NULL;  // the datatype posted, to count what arrived
   MPI_Request request_ = MPI_REQUEST_NULL;
-  ncnn::Mat staging_;  // a sent Mat, held until sent; or the Mat layout of a dense or odd one
+  ncnn::Mat staging_;  // a sent Mat, held until sent; or the Mat layout of a dense or odd one;
+                       // or the Mat a smaller wire format is unpacked into
   float* dense_out_ = nullptr;  // a dense receive through staging_: unpacked on completion
+  std::vector<unsigned char> packed_;  // the message in a smaller wire format (info_.wire)
 };
 
 // Wait for all of `transfers` under one deadline, completing them in whatever order they finish.

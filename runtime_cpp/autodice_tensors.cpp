@@ -2,12 +2,18 @@
 // Mat as an MPI datatype); see autodice_runtime.h for what each piece is for.
 #include "autodice_runtime.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace autodice {
 
@@ -225,6 +231,159 @@ MPI_Datatype mat_datatype(const ncnn::Mat& m) {
                   checked_int(static_cast<int64_t>(m.cstep), "Mat cstep"), MPI_FLOAT, &type);
   MPI_Type_commit(&type);
   return type;
+}
+
+
+// ---- smaller wire formats -------------------------------------------------------------------
+
+int64_t wire_bytes(Wire wire, int64_t elements) {
+  switch (wire) {
+    case Wire::Fp16: return elements * 2;
+    case Wire::Int8: return 2 * 4 + elements;  // the frame's smallest value and step, then steps
+    default: return elements * 4;
+  }
+}
+
+const char* wire_name(Wire wire) {
+  return wire == Wire::Fp16 ? "fp16" : wire == Wire::Int8 ? "int8" : "fp32";
+}
+
+// IEEE half from float, rounded to the nearest even; subnormal halves kept, overflow to inf.
+static uint16_t half_from_float(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x47800000u)  // >= 65536 (rounds to inf), inf or NaN (a quiet NaN stays one)
+    return sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (x < 0x38800000u) {  // below half's smallest normal, 2^-14: a subnormal half or zero
+    // Adding 0.5 makes the float's unit in the last place 2^-24, the subnormal half's: the FPU
+    // rounds to it (nearest even) and the low mantissa bits are the half's.
+    float f;
+    std::memcpy(&f, &x, 4);
+    f += 0.5f;
+    std::memcpy(&x, &f, 4);
+    return sign | static_cast<uint16_t>(x - 0x3f000000u);
+  }
+  // A normal half: rebias the exponent, then round away 13 mantissa bits to nearest even (a
+  // carry into the exponent is right, up to inf for 65520 and above).
+  const uint32_t odd = (x >> 13) & 1u;
+  x += 0xc8000fffu + odd;  // (15 - 127) << 23, plus just under half of the dropped bits' unit
+  return sign | static_cast<uint16_t>(x >> 13);
+}
+
+static float float_from_half(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t x;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in a float
+    const float f = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    std::memcpy(&x, &f, 4);
+    x |= sign;
+  } else if (exponent == 31) {
+    x = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    x = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+#if defined(__x86_64__)
+// The same conversions in the CPU's F16C instructions (8 at a time, the same roundings), where
+// it has them: about 10x the portable code's rate on this machine's cores.
+__attribute__((target("avx,f16c"))) static void halves_f16c(const float* in, size_t n,
+                                                           uint16_t* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = half_from_float(in[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void floats_f16c(const uint16_t* in, size_t n,
+                                                           float* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = float_from_half(in[i]);
+}
+
+static const bool kF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+#endif
+
+static void to_halves(const float* in, size_t n, uint16_t* out) {
+#if defined(__x86_64__)
+  if (kF16c) return halves_f16c(in, n, out);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = half_from_float(in[i]);
+}
+
+static void from_halves(const uint16_t* in, size_t n, float* out) {
+#if defined(__x86_64__)
+  if (kF16c) return floats_f16c(in, n, out);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = float_from_half(in[i]);
+}
+
+void wire_pack(const ncnn::Mat& m, Wire wire, unsigned char* out) {
+  require_plain_float(m, "wire_pack");
+  const size_t plane = static_cast<size_t>(m.w) * m.h * m.d;
+  if (wire == Wire::Fp32) return dense_from_mat(m, reinterpret_cast<float*>(out));
+  if (wire == Wire::Fp16) {
+    // uint16_t stores into bytes that may sit at any address: through memcpy, a plane at a time.
+    std::vector<uint16_t> halves(plane);
+    for (int q = 0; q < m.c; ++q) {
+      to_halves(m.channel(q), plane, halves.data());
+      std::memcpy(out + q * plane * 2, halves.data(), plane * 2);
+    }
+    return;
+  }
+  float lo = plane && m.c ? m.channel(0)[0] : 0.0f, hi = lo;
+  for (int q = 0; q < m.c; ++q) {
+    const float* p = m.channel(q);
+    for (size_t i = 0; i < plane; ++i) {
+      lo = std::min(lo, p[i]);
+      hi = std::max(hi, p[i]);
+    }
+  }
+  const float step = (hi - lo) / 255.0f, inv = step > 0 ? 1.0f / step : 0.0f;
+  std::memcpy(out, &lo, 4);
+  std::memcpy(out + 4, &step, 4);
+  unsigned char* steps = out + 8;
+  for (int q = 0; q < m.c; ++q) {
+    const float* p = m.channel(q);
+    for (size_t i = 0; i < plane; ++i)
+      steps[q * plane + i] = static_cast<unsigned char>(
+          std::min(255.0f, std::max(0.0f, std::nearbyint((p[i] - lo) * inv))));
+  }
+}
+
+void wire_unpack(const unsigned char* in, Wire wire, ncnn::Mat& m) {
+  require_plain_float(m, "wire_unpack");
+  const size_t plane = static_cast<size_t>(m.w) * m.h * m.d;
+  if (wire == Wire::Fp32) {
+    for (int q = 0; q < m.c; ++q) std::memcpy(m.channel(q).data, in + q * plane * 4, plane * 4);
+    return;
+  }
+  if (wire == Wire::Fp16) {
+    std::vector<uint16_t> halves(plane);
+    for (int q = 0; q < m.c; ++q) {
+      std::memcpy(halves.data(), in + q * plane * 2, plane * 2);
+      from_halves(halves.data(), plane, m.channel(q));
+    }
+    return;
+  }
+  float lo, step;
+  std::memcpy(&lo, in, 4);
+  std::memcpy(&step, in + 4, 4);
+  const unsigned char* steps = in + 8;
+  for (int q = 0; q < m.c; ++q) {
+    float* p = m.channel(q);
+    for (size_t i = 0; i < plane; ++i) p[i] = lo + static_cast<float>(steps[q * plane + i]) * step;
+  }
 }
 
 }  // namespace autodice

@@ -334,6 +334,72 @@ static int rank() {
 // into Mats and dense buffers in every combination, then returns one so rank 0 also receives into
 // dense. D's 1x1 maps would be 4x their size with padding: they travel without it. A2 is A in
 // a 2-d Mat (pnnx's choice of shape): it goes through the plan's layout.
+// One value's half as wire_pack writes it, the portable way (a Mat of one element never
+// reaches the F16C loop, which takes 8 at a time).
+static uint16_t half_alone(float v) {
+  ncnn::Mat m(1);
+  m[0] = v;
+  uint16_t h = 0;
+  autodice::wire_pack(m, autodice::Wire::Fp16, reinterpret_cast<unsigned char*>(&h));
+  return h;
+}
+
+static void test_halves_round_to_nearest_even() {
+  using autodice::Wire;
+  // Bits as numpy's float16 gives them: ties to even, subnormals, overflow, signed zero, NaN.
+  const std::vector<std::pair<float, uint16_t>> known = {
+      {1.0f, 0x3c00}, {-2.0f, 0xc000}, {2049.0f, 0x6800}, {2051.0f, 0x6802},
+      {65504.0f, 0x7bff}, {65519.0f, 0x7bff}, {65520.0f, 0x7c00}, {1e6f, 0x7c00},
+      {6.103515625e-05f, 0x0400}, {5.9604645e-08f, 0x0001}, {2.9802322e-08f, 0x0000},
+      {3.0e-08f, 0x0001}, {1e-45f, 0x0000}, {-0.0f, 0x8000}, {INFINITY, 0x7c00},
+      {-INFINITY, 0xfc00}, {NAN, 0x7e00}, {0.1f, 0x2e66}, {-1e-5f, 0x80a8}};
+  std::vector<float> values;
+  for (auto [v, h] : known) {
+    CHECK(half_alone(v) == h);
+    values.push_back(v);
+  }
+  // The same through the vector path, 8 at a time, and back: every half there is.
+  ncnn::Mat all(65536);
+  std::vector<uint16_t> halves(65536), again(65536);
+  for (int i = 0; i < 65536; ++i) halves[i] = static_cast<uint16_t>(i);
+  autodice::wire_unpack(reinterpret_cast<const unsigned char*>(halves.data()), Wire::Fp16, all);
+  autodice::wire_pack(all, Wire::Fp16, reinterpret_cast<unsigned char*>(again.data()));
+  int differ = 0;
+  for (int i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff);
+    differ += !nan && (again[i] != halves[i] || half_alone(all[i]) != halves[i]);
+  }
+  CHECK(differ == 0);
+  ncnn::Mat m(static_cast<int>(values.size()) * 8);  // each known value in every lane
+  for (int i = 0; i < m.w; ++i) m[i] = values[i / 8];
+  std::vector<uint16_t> lanes(m.w);
+  autodice::wire_pack(m, Wire::Fp16, reinterpret_cast<unsigned char*>(lanes.data()));
+  for (int i = 0; i < m.w; ++i) CHECK(lanes[i] == known[i / 8].second);
+}
+
+static void test_int8_wire_spans_the_frames_values() {
+  using autodice::Wire;
+  ncnn::Mat m(5, 3, 2);  // padded channels: the steps are dense
+  for (int q = 0; q < 2; ++q)
+    for (int i = 0; i < 15; ++i) m.channel(q)[i] = -3.0f + 0.5f * (q * 15 + i);
+  std::vector<unsigned char> packed(static_cast<size_t>(autodice::wire_bytes(Wire::Int8, 30)));
+  CHECK(packed.size() == 38);
+  autodice::wire_pack(m, Wire::Int8, packed.data());
+  float lo, step;
+  std::memcpy(&lo, packed.data(), 4);
+  std::memcpy(&step, packed.data() + 4, 4);
+  CHECK(lo == -3.0f && step == 14.5f / 255.0f && packed[8] == 0 && packed[37] == 255);
+  ncnn::Mat back(5, 3, 2);
+  autodice::wire_unpack(packed.data(), Wire::Int8, back);
+  for (int q = 0; q < 2; ++q)
+    for (int i = 0; i < 15; ++i) CHECK(std::fabs(back.channel(q)[i] - m.channel(q)[i]) <= step / 2);
+  ncnn::Mat flat(4);
+  flat.fill(7.0f);  // one value everywhere: a step of 0, sent exactly
+  autodice::wire_pack(flat, Wire::Int8, packed.data());
+  autodice::wire_unpack(packed.data(), Wire::Int8, flat);
+  CHECK(flat[0] == 7.0f && flat[3] == 7.0f);
+}
+
 static void test_mpi_transfers() {
   const TensorInfo a{"A", {1, 3, 7, 7}, DType::Float32};
   const TensorInfo d{"D", {1, 16, 1, 1}, DType::Float32};
@@ -369,6 +435,13 @@ static void test_mpi_transfers() {
     Transfer r = Transfer::recv(comm, a, back.data(), 1, 7);
     r.wait();
     CHECK(back == da);
+    // Smaller wire formats: a 2-d Mat for the plan's 3-d shape, packed in dense order.
+    const TensorInfo half{"A", {1, 3, 7, 7}, DType::Float32, autodice::Wire::Fp16};
+    const TensorInfo steps{"A", {1, 3, 7, 7}, DType::Float32, autodice::Wire::Int8};
+    std::vector<Transfer> packed;
+    packed.push_back(Transfer::send(comm, half, ma2, 1, 11));
+    packed.push_back(Transfer::send(comm, steps, ma, 1, 12));
+    autodice::wait_all(packed);
   } else {
     ncnn::Mat ra(1, 1, 1);  // wrong shape on purpose: recv must reallocate it
     ncnn::Mat rb, rb2, rc;
@@ -410,6 +483,19 @@ static void test_mpi_transfers() {
 
     Transfer s = Transfer::send(comm, a, ra, 0, 7);
     s.wait();
+    const TensorInfo half{"A", {1, 3, 7, 7}, DType::Float32, autodice::Wire::Fp16};
+    const TensorInfo steps{"A", {1, 3, 7, 7}, DType::Float32, autodice::Wire::Int8};
+    CHECK(half.message_bytes() == 294 && steps.message_bytes() == 155);
+    ncnn::Mat rh, rs;
+    std::vector<Transfer> packed;
+    packed.push_back(Transfer::recv(comm, half, rh, 0, 11));
+    packed.push_back(Transfer::recv(comm, steps, rs, 0, 12));
+    autodice::wait_all(packed);
+    CHECK(rh.dims == 3 && rh.cstep == 52 && rs.dims == 3);
+    autodice::dense_from_mat(rh, out.data());
+    CHECK(std::equal(da.begin(), da.end(), out.begin()));  // 0..146: every one a half
+    autodice::dense_from_mat(rs, out.data());
+    for (int i = 0; i < 147; ++i) CHECK(std::fabs(out[i] - da[i]) <= 146.0f / 255 / 2 + 1e-5f);
   }
 }
 
@@ -459,7 +545,9 @@ int main(int argc, char** argv) {
              {"log_timer_rss", test_log_timer_rss},
              {"activation_blocks_reuse_their_space", test_activation_blocks_reuse_their_space},
              {"dense_into_mat_reuses_only_a_free_mat", test_dense_into_mat_reuses_only_a_free_mat},
-             {"shared_slots_map_only_the_same_file", test_shared_slots_map_only_the_same_file}};
+             {"shared_slots_map_only_the_same_file", test_shared_slots_map_only_the_same_file},
+             {"halves_round_to_nearest_even", test_halves_round_to_nearest_even},
+             {"int8_wire_spans_the_frames_values", test_int8_wire_spans_the_frames_values}};
   } else if (mode == "mpi") {
     tests = {{"mpi_transfers", test_mpi_transfers}};
   } else if (mode == "mismatch") {
