@@ -67,17 +67,18 @@ def check(out, samples: int = 1):
 
 
 def gen(out, precision: str = "auto", verify: bool = True, verify_with=None, preprocess=None,
-        calibration=None, keep_fp32=None):
+        calibration=None, keep_fp32=None, wire="fp32"):
     """Convert to ncnn, check every conversion (on random frames, or on ``verify_with``'s
     first: an image made a frame by ``preprocess``, or a .npy), write the program and a
     package per host. ``precision`` ``int8`` (or ``KEY=int8,...``) calibrates on
     ``calibration``'s frames and keeps ``keep_fp32``'s layers in fp32 (None: the first and the
-    sensitive ones)."""
+    sensitive ones). ``wire`` ``fp16`` or ``int8``: float32 tensors that cross hosts travel in
+    fewer bytes."""
     import autodice.backend.gen
 
     return autodice.backend.gen.gen(out, precision=precision, verify=verify,
                                     verify_with=verify_with, preprocess=preprocess,
-                                    calibration=calibration, keep_fp32=keep_fp32)
+                                    calibration=calibration, keep_fp32=keep_fp32, wire=wire)
 
 
 def build(out):
@@ -255,12 +256,13 @@ def _pricer(out, profile):
     if profile is None:
         return None
     from .backend.precision import Precision
+    from .backend.wire import Wire
     from .dse.cost import plan_cost
     from .dse.timing import make_timing
 
-    asked = Precision.of_output(out)
+    asked, wire = Precision.of_output(out), Wire.of_output(out).kind
     return lambda plan, graph: plan_cost(plan, make_timing(Path(out) / "platform.txt", profile),
-                                         graph, asked.int8_keys(plan))
+                                         graph, asked.int8_keys(plan), wire)
 
 
 def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 15,
@@ -284,12 +286,14 @@ def profile(model, platform, threads=None, gpu: bool | None = None, runs: int = 
                        little=little, int8=int8).profile
 
 
-def predict(out_or_model, profile, mapping=None, platform=None, power=None, input_shapes=None):
+def predict(out_or_model, profile, mapping=None, platform=None, power=None, input_shapes=None,
+            wire: str = "fp32"):
     """Predicted throughput, memory and energy of a mapping (``Cost``), from the cost model.
 
-    Either a split output directory (its plan and platform), or a model with a ``mapping``
-    (path or dict) and a ``platform``, scored without writing anything. ``profile`` is a
-    profile.json path, a Profile, or ``{host: either}`` (key None: every other host).
+    Either a split output directory (its plan and platform; priced as gen made it), or a model
+    with a ``mapping`` (path or dict) and a ``platform``, scored without writing anything, with
+    tensors that cross hosts sent as ``wire`` (``gen --wire``). ``profile`` is a profile.json
+    path, a Profile, or ``{host: either}`` (key None: every other host).
     """
     import autodice.dse.cost
 
@@ -301,7 +305,7 @@ def predict(out_or_model, profile, mapping=None, platform=None, power=None, inpu
         raise AutodiceError("predict: a mapping needs its platform too")
     parts = _partition(out_or_model, mapping, platform, input_shapes)  # split layers' parts
     return autodice.dse.cost.plan_cost(parts.plan, make_timing(platform, profile, power),
-                                       parts.graph)
+                                       parts.graph, wire=wire)
 
 
 def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput", "energy",
@@ -309,7 +313,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
            max_memory: float | str | None = None, min_fps: float | None = None,
            hosts: Iterable[str] | None = None, parallel: Iterable[str] = (), pop: int = 100,
            gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None,
-           input_shapes=None):
+           input_shapes=None, wire: str = "fp32"):
     """NSGA-II over mappings: the Pareto front of the chosen objectives under the constraints.
 
     Args:
@@ -322,6 +326,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
             (``horizontal``) on top of the searched vertical mappings.
         out: also write the front there (pareto.csv/json/png, one mapping file per point).
         input_shapes: ``{input: shape}`` for inputs of symbolic size.
+        wire: price tensors that cross hosts as ``gen --wire`` sends them (``fp16``,
+            ``int8``).
 
     Returns:
         :class:`~autodice.dse.front.Front`; its points sorted fastest first, each checked
@@ -337,7 +343,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
             raise AutodiceError(f"max_memory {max_memory!r}: {e}") from None
     settings = Settings(pop=pop, gens=gens, seed=seed, encoding=encoding,
                         objectives=tuple(objectives), max_memory=max_memory,
-                        min_fps=min_fps, parallel=tuple(parallel))
+                        min_fps=min_fps, parallel=tuple(parallel), wire=wire)
     hosts = list(hosts) if hosts is not None else None
     return dse(model, platform, profile, out, settings, progress, hosts=hosts,
                input_shapes=input_shapes)

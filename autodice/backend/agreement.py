@@ -6,7 +6,10 @@ Two views, on every frame of ``SOURCE``:
 - **key by key**: each key's ncnn model fed the fp32 values it would receive (the sub-models
   chained in onnxruntime), its outputs against the fp32 ones: what that key alone loses, so
   the key that loses the most is named;
-- **end to end**: the keys chained in ncnn, each fed what the keys before it computed in ncnn,
+- **on the wire** (``gen --wire fp16|int8``): what each cut tensor that crosses hosts loses on
+  its way, the runtime's rounding applied to its fp32 values;
+- **end to end**: the keys chained in ncnn, each fed what the keys before it computed in ncnn
+  (as it arrives: after the wire's rounding),
   the model's outputs against the whole model's: top-1 and top-5 agreement for a classifier's
   scores (1 x C), the mean IoU of the argmax masks (C x H x W, C > 1) or of the binarized map
   (1 x 1 x H x W: above 0.5 where the map is a probability, else above 0) for dense outputs, and
@@ -31,14 +34,13 @@ from .engine import ensure_ncnn
 from .precision import Precision
 from .tools import build_tools
 from .verify import run_checker
+from .wire import Wire, through
 
 
 @dataclass
-class KeyLoss:
-    """One key's own loss over the frames: per tensor it makes, the worst share it moved and
-    the worst error of its scale."""
-    rank: Rank
-    precision: str
+class Loss:
+    """Per tensor, over the frames: the worst share it moved and the worst error of its
+    scale."""
     moved: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
 
@@ -49,6 +51,27 @@ class KeyLoss:
     @property
     def worst(self) -> float:
         return max(self.moved.values(), default=0.0)
+
+
+@dataclass
+class KeyLoss(Loss):
+    """One key's own loss: its ncnn model on the fp32 values it receives, against fp32."""
+    rank: Rank | None = None
+    precision: str = "fp32"
+
+    def title(self) -> str:
+        return f"key {self.rank.key} ({self.precision})"
+
+
+@dataclass
+class EdgeLoss(Loss):
+    """What one cut tensor loses on its way to another host (``src`` and ``dst``: ranks)."""
+    src: int = 0
+    dst: int = 0
+    wire: str = "fp32"
+
+    def title(self) -> str:
+        return f"the wire from rank {self.src} to {self.dst} ({self.wire})"
 
 
 @dataclass
@@ -89,10 +112,11 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([iou(a == k, b == k) for k in labels]))
 
 
-def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray]
-                ) -> dict[str, np.ndarray] | None:
-    """Every tensor with the keys chained in ncnn, each key run once its inputs are there;
-    None where a key needs another's later outputs (a ping-pong mapping: steps interleave)."""
+def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray],
+               arrive=None) -> dict[str, np.ndarray] | None:
+    """Every tensor with the keys chained in ncnn, each key run once its inputs are there (as
+    ``arrive`` hands them over, where given: :meth:`~.wire.Wire.arrival`); None where a key
+    needs another's later outputs (a ping-pong mapping: steps interleave)."""
     values = dict(feeds)
     left = list(plan.ranks)
     while left:
@@ -101,7 +125,8 @@ def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarra
             return None
         for r in ready:
             got = run_checker(checker, ncnn / f"{r.key}.ncnn",
-                              [values[t.name] for t in r.submodel_inputs])
+                              [arrive(r, t.name, values[t.name]) if arrive else values[t.name]
+                               for t in r.submodel_inputs])
             values |= {t.name: g for t, g in zip(r.submodel_outputs, got)}
             left.remove(r)
     return values
@@ -110,6 +135,7 @@ def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarra
 @dataclass
 class Agreement:
     keys: list[KeyLoss]
+    edges: list[EdgeLoss]
     outputs: list[OutputAgreement]
     frames: int
     chained: bool  # whether the keys could be chained in ncnn (end to end measured)
@@ -117,9 +143,11 @@ class Agreement:
     def lines(self) -> list[str]:
         """What ``check --frames`` prints: a line per tensor a key makes, per model output,
         and the key that loses the most."""
-        said = [f'key {k.rank.key} ({k.precision}): "{name}" moved {share:.3%} (at most '
+        said = [f'{k.title()}: "{name}" moved {share:.3%} (at most '
                 f"{k.scale[name]:.3g} of its scale)"
                 for k in self.keys for name, share in k.moved.items()]
+        said += [f'{e.title()}: "{name}" moved {share:.3%} (at most {e.scale[name]:.3g} of '
+                 "its scale)" for e in self.edges for name, share in e.moved.items()]
         for o in self.outputs if self.chained else ():
             if o.kind == "classes":
                 what = (f"top-1 agreement {np.mean(o.agree):.3f} ({int(sum(o.agree))} of "
@@ -129,9 +157,9 @@ class Agreement:
             else:
                 what = f"moved {max(o.moved):.3%} at most"
             said.append(f'output "{o.name}" ({o.kind}), the keys chained in ncnn: {what}')
-        worst = max(self.keys, key=lambda k: k.worst)
-        return said + [f"loses the most: key {worst.rank.key} ({worst.precision}), "
-                       f"{worst.worst:.3%} on {self.frames} frames"]
+        worst = max([*self.keys, *self.edges], key=lambda k: k.worst)
+        return said + [f"loses the most: {worst.title()}, {worst.worst:.3%} on {self.frames} "
+                       "frames"]
 
     def notes(self) -> list[str]:
         return [] if self.chained else [
@@ -154,7 +182,10 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     asked = Precision.of_output(out_dir)
     feeds = calibration_frames(plan, source, preprocess, frames, "--frames")
     checker = build_tools(ensure_ncnn()) / "ncnn_check"
-    keys = [KeyLoss(r, asked.computes(r)) for r in plan.ranks]
+    keys = [KeyLoss(rank=r, precision=asked.computes(r)) for r in plan.ranks]
+    wire = Wire.of_output(out_dir)
+    edges = [EdgeLoss(src=e.src, dst=d, wire=kind) for e, d, kind in wire.smaller(plan)]
+    arrive = wire.arrival(plan) if edges else None
     names = [t.name for t in plan.model_outputs]
     outputs = [OutputAgreement(n, "tensor") for n in names]
     whole = whole_session(plan, out_dir, None)
@@ -167,9 +198,12 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
                               [values[t.name] for t in k.rank.submodel_inputs])
             for t, g in zip(k.rank.submodel_outputs, got):
                 k.add(t.name, g, np.asarray(values[t.name], np.float32))
-        ncnn_values = ncnn_chain(plan, ncnn, checker, feed) if chained else None
+        for edge, (e, _, kind) in zip(edges, wire.smaller(plan)):
+            want = np.asarray(values[e.tensor], np.float32)
+            edge.add(e.tensor, through(want, kind), want)
+        ncnn_values = ncnn_chain(plan, ncnn, checker, feed, arrive) if chained else None
         chained = ncnn_values is not None
         if chained:
             for o, want in zip(outputs, whole.run(names, feed)):
                 judge(o.name, ncnn_values[o.name], want, o)
-    return Agreement(keys, outputs, len(feeds), chained)
+    return Agreement(keys, edges, outputs, len(feeds), chained)

@@ -26,18 +26,20 @@ from ..core.errors import AutodiceError, Problems
 from ..core.names import Escaped, cpp_comment, cpp_string, finalize
 from ..core.onnxio import read_model
 from ..core.outdir import claim, staged, tensor_files
-from ..core.plan import Plan, Rank, load_plan
+from ..core.plan import Plan, Rank, human_bytes, load_plan
 from ..frontend.check import chain_values, random_inputs
 from ..frontend.tables import hostfile, rankfile
 from .convert import convert_all
 from .calibrate import calibration_frames, quantize_ranks
 from .engine import ensure_ncnn
-from .fp16_range import Largest, past_fp16
+from .fp16_range import Largest, past_fp16, past_range
 from .precision import DEFAULT_KEEP_FP32, Precision, rank_fp16
 from .tools import build_tools
 from .verify import verify_conversions
+from .wire import WIRE_FILE, Wire
 
 DTYPE_ENUM = {"float32": "Float32", "int64": "Int64"}
+WIRE_ENUM = {"fp16": "Fp16", "int8": "Int8"}  # fp32, the default, is not written
 
 
 def _shape(shape) -> str:
@@ -49,8 +51,13 @@ def _ints(values) -> Escaped:
     return Escaped(", ".join(str(operator.index(v)) for v in values))
 
 
+def _wire(kind: str) -> Escaped | None:
+    return Escaped(f"Wire::{WIRE_ENUM[kind]}") if kind in WIRE_ENUM else None
+
+
 def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: Precision = Precision(),
-                 kept_fp32: Collection[int] = (), int8: Collection[int] = ()) -> dict:
+                 kept_fp32: Collection[int] = (), int8: Collection[int] = (),
+                 wire: Wire = Wire()) -> dict:
     """One rank's table for the template: every index resolved, every name escaped.
 
     Tensors are numbered per rank (the sub-model's inputs, then its outputs); ncnn blobs by their
@@ -68,6 +75,8 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: Precisio
     summary = ", ".join(layers) if len(layers) <= 4 else f"{layers[0]} ... {layers[-1]}"
     device = (f"cpu, {r.threads} thread{'s' if r.threads > 1 else ''}" if r.device == "cpu"
               else f"gpu {r.gpu_index}")
+    stage = r.turns()[0]
+    sent, received = wire.rank_bytes(plan, r.rank)
     return {
         "rank": r.rank, "key": cpp_string(r.key), "host": cpp_string(r.host),
         "key_note": cpp_comment(r.key), "host_note": cpp_comment(r.host),
@@ -94,16 +103,17 @@ def rank_context(plan: Plan, r: Rank, files: dict[str, str], precision: Precisio
         "inputs": [{"tensor": index[t], "blob": in_pos[t], "file": cpp_string(files[t])}
                    for t in r.inputs],
         "receives": [{"tensor": index[e.tensor], "blob": in_pos[e.tensor],
-                      "srcs": _ints(turns[e.src]), "edge": e.tag} for e in r.recv],
+                      "srcs": _ints(turns[e.src]), "edge": e.tag,
+                      "wire": _wire(wire.of(plan, e, stage))} for e in r.recv],
         "produces": [{"tensor": index[t.name], "blob": k}
                      for k, t in enumerate(r.submodel_outputs)],
         "steps": [{"wait": _ints(recv_index[t] for t in s.wait),
                    "extract": _ints(out_pos[t] for t in s.extract),
                    "note": cpp_comment(", ".join(s.wait)) if s.wait else None} for s in r.steps],
-        "sends": [{"tensor": index[e.tensor], "dsts": _ints(turns[d]), "edge": e.tag}
-                  for e in r.send for d in e.dst],
+        "sends": [{"tensor": index[e.tensor], "dsts": _ints(turns[d]), "edge": e.tag,
+                   "wire": _wire(wire.of(plan, e, d))} for e in r.send for d in e.dst],
         "outputs": [{"produce": out_pos[t], "file": cpp_string(files[t])} for t in r.outputs],
-        "bytes_sent": r.memory.send_bytes, "bytes_received": r.memory.recv_bytes,
+        "bytes_sent": sent, "bytes_received": received,
     }
 
 
@@ -117,11 +127,12 @@ def _env() -> jinja2.Environment:
 
 
 def render_program(plan: Plan, precision: Precision = Precision(),
-                   kept_fp32: Collection[int] = (), int8: Collection[int] = ()) -> str:
+                   kept_fp32: Collection[int] = (), int8: Collection[int] = (),
+                   wire: Wire = Wire()) -> str:
     """The generated C++ source for ``plan``: the plan as one table per rank (``int8``: those
-    with quantized layers)."""
+    with quantized layers; ``wire``: how cut tensors cross hosts)."""
     files = tensor_files(plan)
-    ranks = [rank_context(plan, r, files, precision, kept_fp32, int8) for r in plan.ranks]
+    ranks = [rank_context(plan, r, files, precision, kept_fp32, int8, wire) for r in plan.ranks]
     ctx = {"model": cpp_string(Path(plan.model).name), "model_note": cpp_comment(
         Path(plan.model).name), "ranks": ranks, "edges": len(plan.edges)}
     return _env().get_template("program.cpp.j2").render(ctx)
@@ -208,6 +219,27 @@ def verify_feeds(plan: Plan, source: str | Path | None = None, preprocess: str |
     return {t.name: np.asarray(frame, t.dtype).reshape(t.shape)}
 
 
+def wire_notes(plan: Plan, wire: Wire, values: dict[str, np.ndarray], console) -> Wire:
+    """``wire`` less the fp16 edges whose values pass fp16's range (they travel as fp32: gen
+    says which); one line per edge that travels in fewer bytes."""
+    kept = set()
+    for e, d, kind in wire.smaller(plan):
+        value = np.asarray(values.get(e.tensor, 0.0), np.float32)
+        finite = np.abs(value[np.isfinite(value)])
+        largest = float(finite.max()) if finite.size else 0.0
+        if kind == "fp16" and past_range(largest):
+            kept.add(e.tag)
+            console.print(f'edge "{e.tensor}" (rank {e.src} -> {d}): values up to {largest:.3g}, '
+                          "past fp16's range: it travels as fp32", soft_wrap=True, markup=False)
+    wire = Wire(wire.kind, frozenset(kept))
+    for e, d, kind in wire.smaller(plan):
+        src, dst = plan.ranks[e.src], plan.ranks[d]
+        console.print(f'edge "{e.tensor}" ({src.host} rank {e.src} -> {dst.host} rank {d}): '
+                      f"{human_bytes(e.nbytes)} -> {human_bytes(wire.nbytes(plan, e, d))} a "
+                      f"frame as {kind}", soft_wrap=True, markup=False)
+    return wire
+
+
 def int8_frames(plan: Plan, precision: Precision, calibration: str | Path | None,
                 preprocess: str | None, console) -> list[dict[str, np.ndarray]]:
     """The calibration frames the int8 ranks need (none without int8 ranks), read before
@@ -232,7 +264,7 @@ def int8_frames(plan: Plan, precision: Precision, calibration: str | Path | None
 def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
         verify: bool = True, console=None, verify_with: str | Path | None = None,
         preprocess: str | None = None, calibration: str | Path | None = None,
-        keep_fp32: tuple[str, ...] | None = None) -> Plan:
+        keep_fp32: tuple[str, ...] | None = None, wire: str | Wire = "fp32") -> Plan:
     """Convert the sub-models, check each conversion, write ``out_dir/packages/<host>/``.
 
     Args:
@@ -250,6 +282,8 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
             frames by ``preprocess``).
         keep_fp32: layers int8 ranks keep in fp32 (:func:`~.calibrate.keep_lists`; None:
             ``first,sensitive``).
+        wire: how float32 tensors that cross hosts travel (:mod:`.wire`): ``fp32``, ``fp16``
+            or ``int8``.
 
     Raises:
         AutodiceError: no plan, a sub-model pnnx cannot convert, or a conversion ncnn cannot
@@ -264,6 +298,8 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
     keep_fp32 = DEFAULT_KEEP_FP32 if keep_fp32 is None else tuple(keep_fp32)
     if not isinstance(precision, Precision):
         precision = Precision.parse(precision, plan)
+    if not isinstance(wire, Wire):
+        wire = Wire.parse(wire)
     int8_ranks = precision.int8_ranks(plan)
     frames = int8_frames(plan, precision, calibration, preprocess, console)
     check_submodels(plan, out_dir)
@@ -271,9 +307,10 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
     fp16_weights = [r.rank for r in plan.ranks if precision.fp16_weights(r)]
     fp16_ranks = [r for r in plan.ranks if rank_fp16(r, precision)]
     values = (chain_values(plan, out_dir, verify_feeds(plan, verify_with, preprocess))
-              if verify or fp16_ranks else {})
+              if verify or fp16_ranks or wire.kind == "fp16" else {})
     past = past_fp16(out_dir, values, fp16_ranks)
     kept_fp32 = fp16_notes(plan, precision, past, console)
+    wire = wire_notes(plan, wire, values, console)
     # Converted and checked aside, then renamed in: a failed gen leaves no half of ncnn/.
     with staged(out_dir / "ncnn", owned=True) as converting:
         convert_all(plan, out_dir, converting, fp16_weights, progress)
@@ -290,10 +327,11 @@ def gen(out_dir: str | Path, precision: str | Precision = "auto", progress=None,
                     int8.append(done.rank.rank)
         claim(out_dir, "ncnn/")
     ncnn_dir = out_dir / "ncnn"
-    program = render_program(plan, precision, kept_fp32, int8)
+    program = render_program(plan, precision, kept_fp32, int8, wire)
     runtime = resources.files("autodice.runtime_cpp")
     with staged(out_dir / "packages", owned=True) as tmp:
         (tmp / ".precision").write_text(f"{precision}\n")  # no host name starts with "."
+        (tmp / WIRE_FILE).write_text(wire.dumps())
         if int8_ranks:  # what a regenerated plan (recover.py) calibrates on
             (tmp / ".calibration").write_text(json.dumps(
                 {"source": str(calibration) if str(calibration) == "-" or "://" in

@@ -22,7 +22,7 @@ from ..core.errors import AutodiceError, JobError
 from ..core.outdir import claim, tensor_files
 from ..core.owned import spawn
 from ..core.plan import Plan, load_plan
-from ..frontend.check import RTOL, RTOL_FP16
+from ..frontend.check import RTOL, RTOL_FP16, RTOL_INT8
 from .engine import mpi_prefix
 from .failure import explain_failure, without_notices
 from .power import EnergyMeter, find_sensor
@@ -30,6 +30,7 @@ from .session import Session
 from .session.frames import open_npy
 from .session.job import job_log, own_folder
 from .session.results import write_json
+from .wire import Wire
 
 
 @dataclass(frozen=True)
@@ -133,15 +134,21 @@ def program_flags(frames: int, pipeline: bool = True, gpu_fallback: bool = False
             + (["--gpu-fallback", "cpu"] if gpu_fallback else []))
 
 
-def check_tolerance(stats: dict) -> tuple[float, str]:
+def check_tolerance(stats: dict, wire: Wire = Wire()) -> tuple[float, str]:
     """The relative tolerance a run's outputs are held to against onnxruntime, and why.
 
     The bound is fp16's (:data:`~autodice.frontend.check.RTOL_FP16`) whenever a rank computed
-    in fp16.
+    in fp16 or tensors crossed hosts as fp16; int8's, whenever a rank computed in int8 or
+    tensors crossed as int8: loose enough for what quantization moves, tight enough that a
+    wrong scale fails (``check OUT --frames`` measures what int8 loses).
     """
-    fp16 = [r["rank"] for r in stats["ranks"] if r.get("precision") == "fp16"]
-    if fp16:
-        return RTOL_FP16, f"fp16 on rank{'s' if len(fp16) > 1 else ''} {', '.join(map(str, fp16))}"
+    for precision, bound in (("int8", RTOL_INT8), ("fp16", RTOL_FP16)):
+        found = [str(r["rank"]) for r in stats["ranks"] if r.get("precision") == precision]
+        why = ([f"{precision} on rank{'s' if len(found) > 1 else ''} {', '.join(found)}"]
+               if found else []) + ([f"tensors cross hosts as {precision}"]
+                                    if wire.kind == precision else [])
+        if why:
+            return bound, "; ".join(why)
     return RTOL, "fp32 on every rank"
 
 

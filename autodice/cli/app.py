@@ -350,11 +350,13 @@ def stats_table(stats: dict) -> None:
     out.print(table)
 
 
-def report_run(diffs, rtol, stats) -> None:
-    """--check of a run: the tolerance is the user's, else what the ranks' precision allows."""
+def report_run(diffs, rtol, stats, output) -> None:
+    """--check of a run: the tolerance is the user's, else what the ranks' precision and
+    OUTPUT's wire format allow."""
     from ..backend.run import check_tolerance
+    from ..backend.wire import Wire
 
     if rtol is None:
-        rtol, why = check_tolerance(stats)
+        rtol, why = check_tolerance(stats, Wire.of_output(output))
         out.print(f"tolerance {rtol:g} ({why})")
     report(diffs, rtol)

@@ -33,6 +33,11 @@ from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, mo
               help="Layers int8 ranks keep in fp32: ncnn layer names as gen prints them, first "
                    "(the network's first layer, fed the picture), last, sensitive (those that "
                    "alone move their rank's output by more than 5 %, measured); '' for none.")
+@click.option("--wire", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32",
+              show_default=True,
+              help="How float32 tensors that cross hosts travel: fp16 (half the bytes) or int8 "
+                   "(8-bit steps between each frame's min and max: a quarter) where the link is "
+                   "the bottleneck; within a host they travel as fp32.")
 @click.option("--no-verify", "verify", flag_value=False, default=True,
               help="Skip loading and running each converted model in ncnn against onnxruntime.")
 @click.option("--verify-with", metavar="FRAME", default=None,
@@ -41,7 +46,8 @@ from .app import (EXIT_FRAMES_FAILED, INPUT_HELP, console, job_options, main, mo
 @click.option("--preprocess", default=None, metavar="RECIPE",
               help="How --verify-with's and --calibration's images become frames, as run "
                    "--preprocess.")
-def gen(output, precision, fp16, calibration, keep_fp32, verify, verify_with, preprocess):
+def gen(output, precision, fp16, calibration, keep_fp32, wire, verify, verify_with,
+        preprocess):
     """Convert OUTPUT's sub-models to ncnn, check each conversion, write a package per host."""
     from ..backend.gen import gen as run_gen
     from ..core.plan import load_plan
@@ -58,7 +64,8 @@ def gen(output, precision, fp16, calibration, keep_fp32, verify, verify_with, pr
         plan = run_gen(output, precision=precision, progress=lambda r: bar.advance(task),
                        verify=verify, console=console, verify_with=verify_with,
                        preprocess=preprocess, calibration=calibration,
-                       keep_fp32=tuple(n.strip() for n in keep_fp32.split(",") if n.strip()))
+                       keep_fp32=tuple(n.strip() for n in keep_fp32.split(",") if n.strip()),
+                       wire=wire)
     out.print(visible(f"wrote {output}/packages/ for {', '.join(plan.hosts())}"))
 
 
@@ -153,7 +160,7 @@ def run_repeated(output, plan, given, frames, results, no_pipeline, check, rtol,
         console.print(Text.assemble(("warning:", "yellow"), f" {visible(line)}"))
     if check:
         feeds = {n: np.load(p) for n, p in given.items()}
-        report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s)
+        report_run(compare_with_model(plan, Path(output), feeds, res.outputs), rtol, s, output)
     return res
 
 
@@ -300,7 +307,7 @@ def run_stream(output, plan, given, frames, results, preprocess, reading, fmt, w
         raise Stopped(getattr(signal, res.interrupted))
     if check:
         diffs = [OutputDiff(n, a, r) for n, (a, r) in res.worst.items()]
-        report_run(diffs, rtol, s)
+        report_run(diffs, rtol, s, output)
     if res.errors:
         sys.exit(EXIT_FRAMES_FAILED)
 

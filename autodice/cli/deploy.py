@@ -187,7 +187,8 @@ def deploy(output, inventory, run_job, inputs, frames, preprocess, task, conf, i
         stats_table(s)
         if check:
             feeds = {n: np.load(p) for n, p in given.items()}
-            report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s)
+            report_run(compare_with_model(plan, Path(output), feeds, res.run.outputs), rtol, s,
+                       output)
         if names is not None:
             show_top_k(plan, given, res.run.outputs, names, top, fmt)
 

@@ -206,10 +206,14 @@ def _links_table(links, inventory) -> None:
 @click.option("--int8", is_flag=True,
               help="Without --profile: profile with int8 times too, so keys may be int8 (a "
                    "point's mappings/<point>.precision is what gen --precision takes).")
+@click.option("--wire", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32",
+              show_default=True,
+              help="Price tensors that cross hosts as gen --wire sends them: fp16 (half the "
+                   "bytes) or int8 (a quarter).")
 @input_shape_option
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
         segments, measure_k, frames, rounds, inventory, pace, objectives, max_memory, min_fps,
-        hosts, parallel, int8, input_shapes):
+        hosts, parallel, int8, wire, input_shapes):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.table import Table
 
@@ -226,7 +230,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         raise AutodiceError(f"--max-memory {max_memory}: {e}") from None
     settings = Settings(pop, gens, seed, crossover, mutation, encoding, segments,
                         tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
-                        tuple(k.strip() for k in parallel.split(",") if k.strip()))
+                        tuple(k.strip() for k in parallel.split(",") if k.strip()), wire)
     settings.check()
     only_with("--measure", measure_k > 0, "pace", "inventory", "frames", "rounds")
     only_with("--encoding segment", encoding == "segment", "segments")

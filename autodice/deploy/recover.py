@@ -354,6 +354,7 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
     from ..backend.calibrate import KEYWORDS
     from ..backend.gen import gen
     from ..backend.precision import Precision
+    from ..backend.wire import Wire
     from ..frontend.split import split
 
     claim(out_dir, "recovery/")
@@ -372,5 +373,6 @@ def _split_gen(out_dir: Path, plan: Plan, mapping: dict, out: Path) -> None:
     # new plan keeps the rules (first, last, sensitive), measured anew.
     keep = [k for k in calibration.get("keep_fp32") or () if k in KEYWORDS] or None
     gen(out, precision=precision, calibration=calibration.get("source"),
-        preprocess=calibration.get("preprocess"), keep_fp32=keep)
+        preprocess=calibration.get("preprocess"), keep_fp32=keep,
+        wire=Wire.of_output(out_dir).kind)  # the edges that cross hosts now: as asked before
 

@@ -27,7 +27,8 @@ on frame i while rank k+1 works on frame i-1:
   one host use the profile's ``shm`` link; other pairs the profile's measured host pair, else the
   platform's fields (a message crosses both hosts' links: the slower ``bandwidth``, the two
   ``latency`` values added -- as the profiler writes host pairs). A tensor sent to two ranks is
-  two messages, as in the plan.
+  two messages, as in the plan. Between hosts, ``gen --wire fp16`` (int8) sends half (a quarter)
+  of the bytes; converting them is not counted (F16C: ~1 ms for 1.6 MB, bench/wire_bench.py).
 * **communication** ``m_r`` = the transfers r sends plus those it receives: MPI moves a message
   only while both ends are inside MPI calls, so a transfer occupies both.
 * **stage** ``s_r = c_r + m_r``. Each host's network interface is a stage too: its egress and its
@@ -89,6 +90,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend.wire import WIRE_SHARE
 from ..core.errors import AutodiceError
 from ..core.model import Graph
 from ..core.plan import Plan, load_plan
@@ -330,12 +332,13 @@ def report(timing: Timing, s: Scores, i: int, order: list[int], keys: list[str],
 
 
 def plan_cost(plan: Plan, timing: Timing, graph: Graph,
-              int8: frozenset[str] = frozenset()) -> Cost:
+              int8: frozenset[str] = frozenset(), wire: str = "fp32") -> Cost:
     """The predicted numbers of a split output, straight from its plan (``split``/``run`` can
-    print them), the CPU keys in ``int8`` quantized. Compute from the profile, transfers from
-    the plan's edges, memory from the plan's static memory table; ``graph`` (the model the plan
-    was made of: rewritten where layers are split across keys) gives the layer order for round
-    trips.
+    print them), the CPU keys in ``int8`` quantized, tensors that cross hosts in ``wire``'s
+    share of their bytes (``gen --wire``: :data:`~autodice.backend.wire.WIRE_SHARE`). Compute
+    from the profile, transfers from the plan's edges, memory from the plan's static memory
+    table; ``graph`` (the model the plan was made of: rewritten where layers are split across
+    keys) gives the layer order for round trips.
 
     A part of a split layer costs its share of the layer's profiled time (its channels or rows);
     the Slices and Concats that move data cost only their transfers. A stage with R copies takes
@@ -383,6 +386,11 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph,
             idx = [at[n] for n in r.layers]
             lg[0, idx] = r.rank
             d[0, idx] = full
+    on_wire = WIRE_SHARE[wire]
+
+    def transfer(a: str, b: str, nbytes: float) -> float:
+        return float(timing.transfer(a, b, nbytes * on_wire if a != b else nbytes))
+
     comm = np.zeros((1, R))
     H = len(hosts)
     nic = np.zeros((1, 2 * H))
@@ -394,7 +402,7 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph,
             for s_ in senders:
                 for q in receivers:
                     a, b = plan.ranks[s_].host, plan.ranks[q].host
-                    t = float(timing.transfer(a, b, e.nbytes)) * often
+                    t = transfer(a, b, e.nbytes) * often
                     comm[0, s_] += t
                     comm[0, q] += t
                     adjacency[0, s_, q] = 1
@@ -405,8 +413,7 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph,
     if has_round_trip(adjacency)[0]:
         src, dst, nbytes = layer_edges(graph)
         ra, rb = lg[0, src], lg[0, dst]
-        w = np.array([0.0 if x == y else float(timing.transfer(plan.ranks[x].host,
-                                                               plan.ranks[y].host, n))
+        w = np.array([0.0 if x == y else transfer(plan.ranks[x].host, plan.ranks[y].host, n)
                       for x, y, n in zip(ra, rb, nbytes)])[None, :]
         span = frame_spans(lg, d, src, dst, w, R)
         for r in plan.ranks:  # a copy waits as its stage's first rank does, every R-th frame
@@ -425,11 +432,12 @@ def plan_cost(plan: Plan, timing: Timing, graph: Graph,
 
 def predict(out_dir: str | Path, profile, power=None) -> Cost:
     """:func:`plan_cost` of the split in ``out_dir`` (its plan.json and platform.txt), its int8
-    keys (as gen made them) in int8."""
+    keys and its wire format as gen made them."""
     from ..backend.precision import Precision
+    from ..backend.wire import Wire
 
     out_dir = Path(out_dir)
     plan = load_plan(out_dir)
     graph = plan_graph(out_dir, plan)  # rewritten where layers are split across keys
     return plan_cost(plan, make_timing(out_dir / "platform.txt", profile, power), graph,
-                     Precision.of_output(out_dir).int8_keys(plan))
+                     Precision.of_output(out_dir).int8_keys(plan), Wire.of_output(out_dir).kind)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..core.errors import Problems
+from ..backend.wire import WIRE_SHARE
 from ..core.model import Graph
 from .cost import Cost, RankColumns, Scores, combine, report
 from .scoring import (
@@ -43,8 +44,8 @@ class CostModel:
         AutodiceError: the profile misses layers of the model.
     """
 
-    def __init__(self, graph: Graph, timing: Timing):
-        self.graph, self.timing = graph, timing
+    def __init__(self, graph: Graph, timing: Timing, wire: str = "fp32"):
+        self.graph, self.timing, self.wire = graph, timing, wire
         layer_nodes = [i for i in range(len(graph.nodes)) if i not in graph.followers]
         self.names = tuple(graph.names[i] for i in layer_nodes)
         self.n_layers = len(layer_nodes)
@@ -105,6 +106,7 @@ class CostModel:
         self.n_hosts = len(timing.platform.devices)
         host = self.cols.dev
         self.inter_host = host[:, None] != host[None, :]
+        self.sec_per_byte[self.inter_host] *= WIRE_SHARE[self.wire]  # gen --wire
 
     def _follower_ranks(self) -> dict[int, frozenset[int]]:
         """Where followers run, as node -> layer positions whose ranks run it: on the ranks of

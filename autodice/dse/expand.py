@@ -35,7 +35,8 @@ SPLITTABLE = frozenset({"Conv", "Gemm", "MatMul"})
 
 
 def expand(points: tuple[Point, ...], graph: Graph, platform: Platform, timing: Timing,
-           kinds: tuple[str, ...], budget: int = 6, steps: int = 3) -> list[Point]:
+           kinds: tuple[str, ...], budget: int = 6, steps: int = 3, wire: str = "fp32"
+           ) -> list[Point]:
     """Proposals grown from the ``budget`` fastest and leanest points in fp32, ``steps`` moves
     each (copies and split layers are priced from plans, which hold no precision).
 
@@ -52,7 +53,7 @@ def expand(points: tuple[Point, ...], graph: Graph, platform: Platform, timing: 
     for start in starts.values():
         current = start
         for _ in range(steps):
-            better = _best_move(current, graph, platform, timing, slots, kinds)
+            better = _best_move(current, graph, platform, timing, slots, kinds, wire)
             if better is None:
                 break
             grown.append(better)
@@ -61,7 +62,7 @@ def expand(points: tuple[Point, ...], graph: Graph, platform: Platform, timing: 
 
 
 def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
-               slots: tuple[Slot, ...], kinds: tuple[str, ...]) -> Point | None:
+               slots: tuple[Slot, ...], kinds: tuple[str, ...], wire: str) -> Point | None:
     """The move that gains most throughput (or memory on the fullest board), if any does."""
     by_key = {s.key: s for s in slots}  # every key of a point is a slot's
     idle = _idle(p.mapping, slots, by_key)
@@ -81,7 +82,7 @@ def _best_move(p: Point, graph: Graph, platform: Platform, timing: Timing,
             tries.append((f"spread:{key}", _share(p.mapping, big, key)))
     best = None
     for move, mapping in tries:
-        cost = _price(mapping, graph, platform, timing)
+        cost = _price(mapping, graph, platform, timing, wire)
         if cost is None:
             continue
         # Leaner at any speed: a board that cannot hold the weights cannot run the mapping at
@@ -111,14 +112,15 @@ def _score(c: Cost) -> float:
     return c.throughput / max(c.max_memory, 1) ** 0.25
 
 
-def _price(mapping: dict, graph: Graph, platform: Platform, timing: Timing) -> Cost | None:
+def _price(mapping: dict, graph: Graph, platform: Platform, timing: Timing,
+           wire: str) -> Cost | None:
     """The plan's cost of a proposal, or None if the passes refuse it (no rule for a split)."""
     try:
         done = partition_mapping(graph, mapping_from(mapping, "proposal"), platform,
                                  graph.path.parent)
     except AutodiceError:
         return None
-    return plan_cost(done.plan, timing, done.graph)
+    return plan_cost(done.plan, timing, done.graph, wire=wire)
 
 
 def _idle(mapping: dict, slots: tuple[Slot, ...], by_key: dict[str, Slot]) -> list[Slot]:

@@ -107,7 +107,8 @@ def write_front(front: Front, out: Path, model: str, platform: str) -> None:
         doc = {"model": model, "platform": platform,
                "settings": {"pop": s.pop, "gens": s.gens, "seed": s.seed, "crossover": s.crossover,
                             "mutation": s.mutation, "encoding": s.encoding,
-                            "segments": s.segments},
+                            "segments": s.segments, **({"wire": s.wire} if s.wire != "fp32"
+                                                        else {})},
                "evaluations": front.evaluations,
                "objectives": {"throughput_fps": "max", "energy_j": "min (largest per device, "
                               "per frame)", "memory_bytes": "min (largest per device)"},

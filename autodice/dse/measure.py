@@ -149,14 +149,16 @@ def measure(out: str | Path, model: str | Path, platform: str | Path, profile, k
     say = progress or (lambda done, total, what: None)
     (out / "measure").mkdir(exist_ok=True)
     points = []
+    wire = doc["settings"].get("wire", "fp32")  # as the search priced the points
     for step, point in enumerate(picked):
         name, precision = point["point"], point.get("precision")
         say(step, len(picked), f"{name}: split, gen, build")
         work = out / "measure" / name
         plan = split(model, out / "mappings" / f"{name}.json", platform, work, input_shapes)
         int8 = Precision.parse(precision or "auto").int8_keys(plan)
-        cost = plan_cost(plan, timing, plan_graph(work, plan, model), int8)  # split layers' parts
-        points.append(_Run(name, work, plan, cost, inventory, precision))
+        graph_of_plan = plan_graph(work, plan, model)  # split layers' parts
+        cost = plan_cost(plan, timing, graph_of_plan, int8, wire)
+        points.append(_Run(name, work, plan, cost, inventory, precision, wire))
     probes = _pace_runs(out, model, platform, timing, graph, points, inventory, say,
                         input_shapes) if pace else []
     every = points + probes
@@ -234,6 +236,7 @@ class _Run:
     cost: Cost  # the model's prediction
     inventory: str | Path | None
     precision: str | None = None  # gen --precision: int8 keys, calibrated on seeded frames
+    wire: str = "fp32"  # gen --wire, as the search priced the point
     fps: list[float] = field(default_factory=list)
     with_fill: list[float] = field(default_factory=list)
     peak: list[int] = field(default_factory=list)
@@ -250,9 +253,10 @@ class _Run:
         if self.precision:  # its speed is measured, not its accuracy: any frames calibrate
             batch = np.concatenate([np.load(p) for p in self.inputs.values()] * 4)
             np.save(self.work / "calibration.npy", batch)
-            gen(self.work, precision=self.precision, calibration=self.work / "calibration.npy")
+            gen(self.work, precision=self.precision, calibration=self.work / "calibration.npy",
+                wire=self.wire)
         else:
-            gen(self.work)
+            gen(self.work, wire=self.wire)
         if self.inventory is None:
             build(self.work)
 

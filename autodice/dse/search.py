@@ -99,7 +99,7 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path | None
     graph = load_model(model, input_shapes)
     front = explore(graph, timing, settings, progress)
     for p in front.points:
-        verify_point(graph, timing.platform, timing, p)
+        verify_point(graph, timing.platform, timing, p, settings.wire)
     if out is not None:
         write_front(front, Path(out), str(model), str(platform))
     return front
@@ -116,7 +116,7 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
     settings.check()
     from .problem import non_dominated, nsga2  # pymoo: loaded only when a search runs
 
-    cm = CostModel(graph, timing)
+    cm = CostModel(graph, timing, settings.wire)
     genes = Genes(cm, settings.encoding, settings.segments)
     start = time.perf_counter()
     X, F, G, evaluations = nsga2(genes, settings, progress)
@@ -153,7 +153,8 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
                   for k, (c, g) in enumerate(points))
     if settings.parallel:
         front = with_parallelism(front, graph, timing, settings)
-    notes = cm.notes + ((INT8_NOTE,) if any(p.precision for p in front) else ())
+    notes = (cm.notes + ((INT8_NOTE,) if any(p.precision for p in front) else ())
+             + ((WIRE_NOTE.format(wire=settings.wire),) if settings.wire != "fp32" else ()))
     return Front(front, references(cm), settings, evaluations, seconds, notes)
 
 
@@ -163,13 +164,18 @@ INT8_NOTE = ("int8 keys are chosen for their time and memory alone: the search d
              "somewhat high): read gen's lines, or check --frames, before you deploy")
 
 
+WIRE_NOTE = ("priced with tensors that cross hosts in {wire} (fewer bytes on the links): make "
+             "every point with gen OUT --wire {wire}")
+
+
 def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
                      settings: Settings) -> tuple[Point, ...]:
     """The front with stage copies and split layers proposed on top (:mod:`.expand`): the
     non-dominated points of both, under the same objectives and constraints."""
     from .expand import expand
 
-    grown = expand(front, graph, timing.platform, timing, settings.parallel)
+    grown = expand(front, graph, timing.platform, timing, settings.parallel,
+                   wire=settings.wire)
     everyone = [*front, *(p for p in grown if _meets(p.cost, settings))]
     F = np.array([[(-p.cost.throughput, p.cost.max_energy_j, p.cost.max_memory)[
         OBJECTIVES.index(o)] for o in settings.objectives] for p in everyone])
@@ -205,7 +211,8 @@ def references(cm: CostModel) -> tuple[Point, ...]:
     return tuple(out)
 
 
-def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point) -> None:
+def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point,
+                 wire: str = "fp32") -> None:
     """Run the split passes on ``point.mapping`` and hold its plan cost to the fast path's.
 
     Raises:
@@ -216,7 +223,7 @@ def verify_point(graph: Graph, platform: Platform, timing: Timing, point: Point)
         return
     mapping = mapping_from(point.mapping, f"mappings/{point.name}.json")
     plan = plan_mapping(graph, mapping, platform)
-    slow, fast = plan_cost(plan, timing, graph, frozenset(point.precision)), point.cost
+    slow, fast = plan_cost(plan, timing, graph, frozenset(point.precision), wire), point.cost
     same = (abs(slow.throughput - fast.throughput) <= 1e-6 * fast.throughput
             and slow.max_memory == fast.max_memory
             and abs(slow.max_energy_j - fast.max_energy_j) <= 1e-6 * max(fast.max_energy_j, 1e-12))

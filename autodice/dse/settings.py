@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import AutodiceError
+from ..backend.wire import WIRE_SHARE
 from .genes import ENCODINGS
 
 OBJECTIVES = ("throughput", "energy", "memory")
@@ -37,6 +38,7 @@ class Settings:
     max_memory: float | None = None
     min_fps: float | None = None
     parallel: tuple[str, ...] = ()  # also propose stage copies ("data") and split layers
+    wire: str = "fp32"  # how tensors that cross hosts are priced (gen --wire)
 
     def check(self) -> None:
         """Raises AutodiceError naming every bad setting at once, before any work starts."""
@@ -62,6 +64,8 @@ class Settings:
         if unknown or not self.objectives or len(set(self.objectives)) < len(self.objectives):
             bad.append(f"--objectives {','.join(self.objectives)}: some of "
                        f"{', '.join(OBJECTIVES)}, each once")
+        if self.wire not in WIRE_SHARE:
+            bad.append(f"--wire {self.wire}: one of {', '.join(WIRE_SHARE)}")
         if set(self.parallel) - {"data", "horizontal"}:
             bad.append(f"--parallel {','.join(self.parallel)}: some of data, horizontal")
         for name, v in (("--max-memory", self.max_memory), ("--min-fps", self.min_fps)):

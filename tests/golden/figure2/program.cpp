@@ -17,6 +17,7 @@ namespace {
 
 using autodice::Device;
 using autodice::DType;
+using autodice::Wire;
 using namespace std::string_literals;  // "..."s keeps every byte of a name, NUL included
 
 // ---- rank 0: edge01_arm123 (cpu, 3 threads, cores 1, 2, 3 of edge01)
@@ -38,7 +39,7 @@ const autodice::RankPlan kRank0 = {
     /*inputs (tensor, in<k>, file)=*/{
         {0, 0, "input.npy"s},
     },
-    /*receives (tensor, in<k>, from ranks, edge)=*/{
+    /*receives (tensor, in<k>, from ranks, edge[, wire format when not fp32])=*/{
         {1, 1, {2}, 1},
         {2, 2, {1}, 2},
     },
@@ -50,7 +51,7 @@ const autodice::RankPlan kRank0 = {
         { {}, {0} },
         { {0, 1}, {1} },  // needs Buff2, Buff3
     },
-    /*sends (tensor, to ranks, edge)=*/{
+    /*sends (tensor, to ranks, edge[, wire format when not fp32])=*/{
         {3, {1}, 0},
         {3, {2}, 0},
         {4, {2}, 3},
@@ -73,7 +74,7 @@ const autodice::RankPlan kRank1 = {
     },
     /*inputs (tensor, in<k>, file)=*/{
     },
-    /*receives (tensor, in<k>, from ranks, edge)=*/{
+    /*receives (tensor, in<k>, from ranks, edge[, wire format when not fp32])=*/{
         {0, 0, {0}, 0},
     },
     /*produces (tensor, out<k>)=*/{
@@ -82,7 +83,7 @@ const autodice::RankPlan kRank1 = {
     /*steps (wait for receives, then extract produces)=*/{
         { {0}, {0} },  // needs Buff1
     },
-    /*sends (tensor, to ranks, edge)=*/{
+    /*sends (tensor, to ranks, edge[, wire format when not fp32])=*/{
         {1, {0}, 2},
     },
     /*outputs (produce, file)=*/{
@@ -106,7 +107,7 @@ const autodice::RankPlan kRank2 = {
     },
     /*inputs (tensor, in<k>, file)=*/{
     },
-    /*receives (tensor, in<k>, from ranks, edge)=*/{
+    /*receives (tensor, in<k>, from ranks, edge[, wire format when not fp32])=*/{
         {0, 0, {0}, 0},
         {1, 1, {0}, 3},
     },
@@ -118,7 +119,7 @@ const autodice::RankPlan kRank2 = {
         { {0}, {0} },  // needs Buff1
         { {1}, {1} },  // needs Buff4
     },
-    /*sends (tensor, to ranks, edge)=*/{
+    /*sends (tensor, to ranks, edge[, wire format when not fp32])=*/{
         {2, {0}, 1},
     },
     /*outputs (produce, file)=*/{
