@@ -73,10 +73,11 @@ bench: $(STAMP) test-tools
 	$(BIN)/python bench/metrics_bench.py
 	$(BIN)/python bench/check_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/deploy_bench.py \
+	  && $(BIN)/python bench/wire_bench.py \
 	  && $(BIN)/python bench/costmodel_bench.py && $(BIN)/python bench/recovery_bench.py \
 	  && $(BIN)/python bench/boards_bench.py && $(BIN)/python bench/arm_bench.py --ncnn; \
-	else echo "note: deploy_bench.py, costmodel_bench.py, recovery_bench.py, boards_bench.py," \
-	  "arm_bench.py need root (emulated cluster): skipped"; fi
+	else echo "note: deploy_bench.py, wire_bench.py, costmodel_bench.py, recovery_bench.py," \
+	  "boards_bench.py, arm_bench.py need root (emulated cluster): skipped"; fi
 	$(BIN)/python bench/goals.py
 
 # ONNX's node conformance cases for CNN operators (tests/test_conformance.py, marked slow, no

@@ -335,11 +335,18 @@ def int8(d: dict) -> Iterator[Goal]:
                    r["bytes_ratio"] <= 0.3, "gen keeps its first and most sensitive layers fp32")
 
 
+def wire(d: dict) -> Iterator[Goal]:
+    fp16 = next(r for r in d["rows"] if r["wire"] == "fp16")
+    yield Goal("55", f"{d['model']} over a {d['rate']} link: --wire fp16 >= "
+               f"{d['goal_fp16_vs_fp32']}x fp32's frames/s", f"{fp16['vs_fp32']:.2f}x", d["met"],
+               f"the link allows {fp16['link_bound_fps']:.0f} frames/s in fp16")
+
+
 READERS: dict[str, Callable[[dict], Iterator[Goal]]] = {
     "split": split, "backend": backend, "parallel": parallel, "deploy": deploy, "dse": dse,
     "costmodel": costmodel, "session": session, "recovery": recovery, "arm": arm,
     "report": listed("57"), "metrics": listed("57"), "boards": listed("57"),
-    "check": listed("53"), "detect": detect, "video": video, "int8": int8}
+    "check": listed("53"), "detect": detect, "video": video, "int8": int8, "wire": wire}
 
 
 def main() -> int:
