@@ -19,6 +19,7 @@ from conftest import TEST_CLUSTER, board_missing
 from autodice.backend.gen import gen
 from autodice.core.errors import AutodiceError
 from autodice.core.mapping import mapping_json
+from autodice.core.plan import load_plan
 from autodice.deploy.deploy import deploy
 from autodice.deploy.emulated import cluster
 from autodice.deploy.emulated.state import inventory_toml
@@ -101,20 +102,24 @@ def _check_run(c, out: Path, inventory: Path, model: Path, x: np.ndarray, name: 
     return res.run.stats
 
 
-@pytest.mark.parametrize("first", ["edge01", "edge02"])
-def test_squeezenet_across_an_x86_host_and_an_arm64_board(emu, tmp_path, zoo_model, first):
-    """SqueezeNet in two halves; the input is read on ``first`` (both placements)."""
+@pytest.mark.parametrize("first, wire", [("edge01", "fp32"), ("edge02", "fp16")])
+def test_squeezenet_across_an_x86_host_and_an_arm64_board(emu, tmp_path, zoo_model, first,
+                                                          wire):
+    """SqueezeNet in two halves; the input is read on ``first`` (both placements). From the
+    board, the cut travels as fp16: packed by the portable code there, unpacked by F16C here."""
     model = zoo_model("squeezenet")
     nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]
     half = len(nodes) * 2 // 3
     second = "edge02" if first == "edge01" else "edge01"
     family = {"edge01": "x86", "edge02": "arm"}
     keys = {f"{first}_{family[first]}0": nodes[:half], f"{second}_{family[second]}0": nodes[half:]}
-    out = _job(tmp_path, model, keys, PLATFORM)
+    out = _job(tmp_path, model, keys, PLATFORM, wire=wire)
     x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
     stats = _check_run(emu, out, _inventory(emu, tmp_path), model, x, "data_0")
     arch = {"edge01": "x86_64", "edge02": "aarch64"}
     assert [r["arch"] for r in stats["ranks"]] == [arch[first], arch[second]]
+    cut = sum(e.nbytes for e in load_plan(out).edges)
+    assert stats["ranks"][0]["bytes_sent"] == 2 * cut * (0.5 if wire == "fp16" else 1)
     # Nothing changed: the redeploy compiles nothing and moves no file.
     again = deploy(out, tmp_path / "inventory.toml")
     assert not any(r.compiled or r.files for r in again.hosts.values())
@@ -126,7 +131,6 @@ def test_an_int8_key_on_the_arm64_board(emu, tmp_path, zoo_model):
     from autodice.backend.agreement import ncnn_chain
     from autodice.backend.engine import ensure_ncnn
     from autodice.backend.tools import build_tools
-    from autodice.core.plan import load_plan
 
     model = zoo_model("squeezenet")
     nodes = [n.name for n in onnx.load(model, load_external_data=False).graph.node]

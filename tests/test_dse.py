@@ -154,6 +154,31 @@ def test_segment_encoding(squeeze, tmp_path):
         split(model, path, d / "platform.txt", tmp_path / "split")
 
 
+def test_a_search_priced_with_fp16_cut_tensors(squeeze, squeeze_out, tmp_path):
+    # Every point's fast-path cost was held to its plan's, both with the wire's bytes (dse
+    # stops on an internal error otherwise); in fp32 the same mappings are no faster.
+    import autodice
+
+    model, d = squeeze
+    r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json", "-o",
+               tmp_path / "out", "--pop", 24, "--gens", 25, "--seed", 7, "--wire", "fp16")
+    assert r.exit_code == 0, r.output
+    assert "note: priced with tensors that cross hosts in fp16" in r.output
+    doc = json.loads((tmp_path / "out" / "pareto.json").read_text())
+    fp32 = json.loads((squeeze_out[1] / "pareto.json").read_text())
+    assert doc["settings"]["wire"] == "fp16" and "wire" not in fp32["settings"]
+    crossing = 0
+    for point in doc["points"]:
+        mapping = tmp_path / "out" / point["mapping"]
+        priced = {w: autodice.predict(model, d / "profile.json", mapping=mapping,
+                                      platform=d / "platform.txt", wire=w).throughput
+                  for w in ("fp16", "fp32")}
+        assert priced["fp16"] == pytest.approx(point["throughput_fps"], rel=1e-5)
+        assert priced["fp32"] <= priced["fp16"] * (1 + 1e-9)
+        crossing += priced["fp32"] < priced["fp16"] * 0.999
+    assert crossing  # some points cut between hosts, where fp16 is faster
+
+
 def test_profile_per_host(squeeze, tmp_path):
     model, d = squeeze
     r = invoke("dse", model, "-p", d / "platform.txt", "--profile", d / "profile.json",

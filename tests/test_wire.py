@@ -16,6 +16,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from graphs import conv_chain
+from onnx import TensorProto, helper, numpy_helper
 from test_cost import CHAIN_PLATFORM, CHAIN_PROFILE, chain_model, plan_of
 
 from autodice.backend.agreement import ncnn_chain
@@ -147,3 +148,35 @@ def test_the_search_prices_the_smaller_bytes(tmp_path, kind, comm_ms, span_ms):
               plan_cost(plan_of(graph, platform, mapping), timing, graph, wire=kind)):
         assert c.ranks[0].comm_s == pytest.approx(comm_ms / 1e3)
         assert c.ranks[0].span_s == pytest.approx(span_ms / 1e3)
+
+
+@pytest.mark.cpp
+def test_an_edge_past_fp16s_range_stays_fp32(tmp_path):
+    # A scales by 1e5 (values past fp16's 65504 / 4 of headroom), B scales back: the first cut
+    # keeps fp32, the second travels as fp16.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])
+    up, down = (numpy_helper.from_array(np.array(v, np.float32), n)
+                for v, n in ((1e5, "up"), (1e-5, "down")))
+    nodes = [helper.make_node("Mul", ["x", "up"], ["a"], name="A"),
+             helper.make_node("Mul", ["a", "down"], ["b"], name="B"),
+             helper.make_node("Relu", ["b"], ["y"], name="C")]
+    model = helper.make_model(helper.make_graph(nodes, "scales", [x], [y], [up, down]),
+                              opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, tmp_path / "model.onnx")
+    (tmp_path / "platform.txt").write_text("edge01, cpu, slots=0-1\nedge02, cpu, slots=0-1\n")
+    (tmp_path / "mapping.json").write_text(json.dumps(
+        {"edge01_cpu0": ["A"], "edge02_cpu0": ["B"], "edge01_cpu1": ["C"]}))
+    split(tmp_path / "model.onnx", tmp_path / "mapping.json", tmp_path / "platform.txt",
+          tmp_path / "out")
+    r = invoke("gen", tmp_path / "out", "--wire", "fp16")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].startswith('edge "a" (edge01 rank 0 -> edge02 rank 1): values up to ') \
+        and lines[0].endswith(
+        "past fp16's range: it travels as fp32"), r.output
+    assert lines[1] == 'edge "b" (edge02 rank 1 -> edge01 rank 2): 512 B -> 256 B a frame as fp16'
+    plan = load_plan(tmp_path / "out")
+    assert Wire.of_output(tmp_path / "out") == Wire("fp16", frozenset({plan.edges[0].tag}))
+    program = (tmp_path / "out" / "packages" / "edge01" / "program.cpp").read_text()
+    assert program.count("Wire::Fp16}") == 2

@@ -222,21 +222,27 @@ def verify_feeds(plan: Plan, source: str | Path | None = None, preprocess: str |
 def wire_notes(plan: Plan, wire: Wire, values: dict[str, np.ndarray], console) -> Wire:
     """``wire`` less the fp16 edges whose values pass fp16's range (they travel as fp32: gen
     says which); one line per edge that travels in fewer bytes."""
+    def edge(e, d) -> str:
+        return (f'edge "{e.tensor}" ({plan.ranks[e.src].host} rank {e.src} -> '
+                f"{plan.ranks[d].host} rank {d})")
+
     kept = set()
     for e, d, kind in wire.smaller(plan):
         value = np.asarray(values.get(e.tensor, 0.0), np.float32)
         finite = np.abs(value[np.isfinite(value)])
         largest = float(finite.max()) if finite.size else 0.0
-        if kind == "fp16" and past_range(largest):
+        if kind == "fp16" and e.tag not in kept and past_range(largest):
             kept.add(e.tag)
-            console.print(f'edge "{e.tensor}" (rank {e.src} -> {d}): values up to {largest:.3g}, '
-                          "past fp16's range: it travels as fp32", soft_wrap=True, markup=False)
+            console.print(f"{edge(e, d)}: values up to {largest:.3g}, past fp16's range: it "
+                          "travels as fp32", soft_wrap=True, markup=False)
     wire = Wire(wire.kind, frozenset(kept))
+    if wire.kind != "fp32" and not kept and not wire.smaller(plan):
+        console.print(f"--wire {wire.kind}: no float tensor crosses hosts in this plan: every "
+                      "tensor travels as fp32", soft_wrap=True, markup=False)
     for e, d, kind in wire.smaller(plan):
-        src, dst = plan.ranks[e.src], plan.ranks[d]
-        console.print(f'edge "{e.tensor}" ({src.host} rank {e.src} -> {dst.host} rank {d}): '
-                      f"{human_bytes(e.nbytes)} -> {human_bytes(wire.nbytes(plan, e, d))} a "
-                      f"frame as {kind}", soft_wrap=True, markup=False)
+        console.print(f"{edge(e, d)}: {human_bytes(e.nbytes)} -> "
+                      f"{human_bytes(wire.nbytes(plan, e, d))} a frame as {kind}",
+                      soft_wrap=True, markup=False)
     return wire
 
 

@@ -28,7 +28,8 @@ on frame i while rank k+1 works on frame i-1:
   platform's fields (a message crosses both hosts' links: the slower ``bandwidth``, the two
   ``latency`` values added -- as the profiler writes host pairs). A tensor sent to two ranks is
   two messages, as in the plan. Between hosts, ``gen --wire fp16`` (int8) sends half (a quarter)
-  of the bytes; converting them is not counted (F16C: ~1 ms for 1.6 MB, bench/wire_bench.py).
+  of the bytes; converting them is not counted (every rank on one machine, SqueezeNet ran at
+  0.96x and 0.98x fp32's frames/s: bench/wire_bench.py).
 * **communication** ``m_r`` = the transfers r sends plus those it receives: MPI moves a message
   only while both ends are inside MPI calls, so a transfer occupies both.
 * **stage** ``s_r = c_r + m_r``. Each host's network interface is a stage too: its egress and its
