@@ -313,7 +313,8 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
            max_memory: float | str | None = None, min_fps: float | None = None,
            hosts: Iterable[str] | None = None, parallel: Iterable[str] = (), pop: int = 100,
            gens: int = 400, seed: int = 0, encoding: str = "layer", out=None, progress=None,
-           input_shapes=None, wire: str = "fp32"):
+           input_shapes=None, wire: str = "fp32", min_agreement: float | None = None,
+           calibration=None, preprocess: str | None = None, agreement_frames: int = 50):
     """NSGA-II over mappings: the Pareto front of the chosen objectives under the constraints.
 
     Args:
@@ -328,6 +329,10 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
         input_shapes: ``{input: shape}`` for inputs of symbolic size.
         wire: price tensors that cross hosts as ``gen --wire`` sends them (``fp16``,
             ``int8``).
+        min_agreement: after the search, make each point with int8 keys (or a smaller wire)
+            as gen would and hold it to the whole model on ``agreement_frames`` frames of
+            ``calibration`` (made frames by ``preprocess``); points below it keep their mapping
+            in fp32 (:mod:`autodice.dse.accuracy`).
 
     Returns:
         :class:`~autodice.dse.front.Front`; its points sorted fastest first, each checked
@@ -335,6 +340,7 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
     """
     from .core.spec import parse_bytes
     from .dse.search import Settings, dse
+    from .dse.settings import Floor
 
     if isinstance(max_memory, str):
         try:
@@ -345,5 +351,11 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
                         objectives=tuple(objectives), max_memory=max_memory,
                         min_fps=min_fps, parallel=tuple(parallel), wire=wire)
     hosts = list(hosts) if hosts is not None else None
+    floor = None
+    if min_agreement is not None:
+        if calibration is None:
+            raise AutodiceError("min_agreement needs calibration: frames like those the model "
+                                "will see")
+        floor = Floor(min_agreement, calibration, preprocess, agreement_frames)
     return dse(model, platform, profile, out, settings, progress, hosts=hosts,
-               input_shapes=input_shapes)
+               input_shapes=input_shapes, floor=floor)

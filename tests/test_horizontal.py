@@ -422,7 +422,7 @@ def test_the_fullest_boards_largest_weights_are_spread_when_every_resource_is_in
     graph = load_model(tmp_path / "m.onnx")
     timing = make_timing(parse_platform(tmp_path / "platform.txt"), fixture_profile(graph))
     mapping = {"e1_x860": ["fc1"], "e2_x860": ["r", "fc2"]}  # every core in use
-    start = Point("p0", mapping, _price(mapping, graph, timing.platform, timing))
+    start = Point("p0", mapping, _price(mapping, graph, timing.platform, timing, "fp32"))
     grown = expand((start,), graph, timing.platform, timing, ("horizontal",), steps=1)
     assert [p.name for p in grown] == ["p0+spread:e2_x860"]
     assert grown[0].mapping == {"e1_x860": ["fc1"], "e2_x860": ["r", "fc2", "fc1"]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -95,3 +96,59 @@ def test_profile_times_every_layer_quantized(tmp_path):
     assert all(lc.int8_resident_bytes < lc.resident_bytes for lc in layers[1:])
     assert res.whole_ms["int8 1"] > 0
     assert profile_from_json(profile_to_json(res.profile)) == res.profile
+
+
+@pytest.mark.cpp
+def test_an_accuracy_floor_keeps_int8_where_it_agrees(tmp_path):
+    """Six seeded convolutions, int8 faster by the FIXTURE profile: every point has int8 keys.
+    Held to a floor of 1.0 none stays int8 (quantization moves some argmax); to 0.3 they all
+    do, each with its measured agreement (argmax masks' IoU: the output is 32 x 40 x 40)."""
+    model = tmp_path / "chain.onnx"
+    onnx.save(conv_chain(6, channels=32, side=40), model)
+    (tmp_path / "platform.txt").write_text(  # CPUs only: no GPU point beats the int8 ones
+        "edge01, arm, slots=0-3, power_idle=2.7W, power_cpu=1.1W, bandwidth=1gbit\n"
+        "edge03, x86, slots=0-1, power_idle=10W, power_cpu=4W, bandwidth=100MB/s\n")
+    save_profile(int8_fixture(load_model(model)), tmp_path / "profile.json")
+    np.save(tmp_path / "frames.npy",
+            np.random.default_rng(0).standard_normal((4, 32, 40, 40)).astype(np.float32))
+    fronts = {}
+    for floor in ("1.0", "0.3"):
+        r = CliRunner().invoke(main, [
+            "dse", str(model), "-p", str(tmp_path / "platform.txt"), "--profile",
+            str(tmp_path / "profile.json"), "-o", str(tmp_path / floor), "--pop", "24", "--gens",
+            "25", "--min-agreement", floor, "--calibration", str(tmp_path / "frames.npy"),
+            "--agreement-frames", "4"])
+        assert r.exit_code == 0, r.output
+        fronts[floor] = json.loads((tmp_path / floor / "pareto.json").read_text())
+        assert fronts[floor]["floor"] == {"min_agreement": float(floor), "frames": 4,
+                                          "source": str(tmp_path / "frames.npy"),
+                                          "preprocess": None}
+    strict, loose = fronts["1.0"], fronts["0.3"]
+    assert not any("precision" in p for p in strict["points"])
+    assert any(n.startswith("below it: ") and "mean IoU of" in n for n in strict["notes"])
+    assert all("precision" in p for p in loose["points"])
+    for p in loose["points"]:
+        assert 0.3 <= p["agreement"] < 1.0 and p["agreement_of"].startswith("mean IoU of ")
+    # Below the floor, a point keeps its mapping with every key fp32, priced from its plan.
+    kept = {p["point"]: p for p in strict["points"]}
+    for p in loose["points"]:
+        if p["point"] in kept:
+            assert kept[p["point"]]["mapping"] == p["mapping"]
+            assert kept[p["point"]]["throughput_fps"] <= p["throughput_fps"]
+
+
+def test_a_floor_needs_frames_and_a_share(zoo_model, tmp_path):
+    model = zoo_model("squeezenet")
+    base = ["dse", str(model), "-p", str(tmp_path / "platform.txt"), "--profile",
+            str(tmp_path / "profile.json"), "-o", str(tmp_path / "out")]
+    (tmp_path / "platform.txt").write_text(PLATFORM)
+    save_profile(int8_fixture(load_model(model)), tmp_path / "profile.json")
+    for args, said in [(["--min-agreement", "0.99"], "error: --min-agreement needs "
+                                                     "--calibration SOURCE"),
+                       (["--min-agreement", "1.5", "--calibration", "x.npy"],
+                        "error: --min-agreement 1.5: a share, above 0 and at most 1"),
+                       (["--calibration", "x.npy"], "error: --calibration: only with "
+                                                    "--min-agreement")]:
+        r = CliRunner().invoke(main, base + args)
+        assert r.exit_code == 2 and r.output.startswith(said), r.output
+        assert not (tmp_path / "out").exists()

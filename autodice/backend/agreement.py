@@ -112,23 +112,37 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([iou(a == k, b == k) for k in labels]))
 
 
-def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray],
-               arrive=None) -> dict[str, np.ndarray] | None:
-    """Every tensor with the keys chained in ncnn, each key run once its inputs are there (as
-    ``arrive`` hands them over, where given: :meth:`~.wire.Wire.arrival`); None where a key
-    needs another's later outputs (a ping-pong mapping: steps interleave)."""
-    values = dict(feeds)
+def chain_order(plan: Plan) -> list[Rank] | None:
+    """The keys in an order where each has its inputs once those before it ran whole; None
+    where a key needs another's later outputs (a ping-pong mapping: steps interleave)."""
+    known = {t.name for t in plan.model_inputs}
+    order: list[Rank] = []
     left = list(plan.ranks)
     while left:
-        ready = [r for r in left if all(t.name in values for t in r.submodel_inputs)]
+        ready = [r for r in left if all(t.name in known for t in r.submodel_inputs)]
         if not ready:
             return None
         for r in ready:
-            got = run_checker(checker, ncnn / f"{r.key}.ncnn",
-                              [arrive(r, t.name, values[t.name]) if arrive else values[t.name]
-                               for t in r.submodel_inputs])
-            values |= {t.name: g for t, g in zip(r.submodel_outputs, got)}
+            known |= {t.name for t in r.submodel_outputs}
+            order.append(r)
             left.remove(r)
+    return order
+
+
+def ncnn_chain(plan: Plan, ncnn: Path, checker: Path, feeds: dict[str, np.ndarray],
+               arrive=None) -> dict[str, np.ndarray] | None:
+    """Every tensor with the keys chained in ncnn (:func:`chain_order`), each fed its inputs
+    as ``arrive`` hands them over, where given (:meth:`~.wire.Wire.arrival`); None where the
+    keys cannot be chained."""
+    order = chain_order(plan)
+    if order is None:
+        return None
+    values = dict(feeds)
+    for r in order:
+        got = run_checker(checker, ncnn / f"{r.key}.ncnn",
+                          [arrive(r, t.name, values[t.name]) if arrive else values[t.name]
+                           for t in r.submodel_inputs])
+        values |= {t.name: g for t, g in zip(r.submodel_outputs, got)}
     return values
 
 
@@ -161,6 +175,24 @@ class Agreement:
         return said + [f"loses the most: {worst.title()}, {worst.worst:.3%} on {self.frames} "
                        "frames"]
 
+    def figure(self) -> tuple[float, str]:
+        """The one number an accuracy floor holds (``dse --min-agreement``), and what it is:
+        the least of the model's outputs end to end (a classifier's top-1 agreement, a mask's or
+        map's mean IoU, else 1 less the mean share the output moved); for keys that could not be
+        chained, 1 less the share the worst key or edge moved its tensors."""
+        if not self.chained or not self.outputs:
+            worst = max([*self.keys, *self.edges], key=lambda k: k.worst)
+            return 1.0 - worst.worst, f"1 - the share {worst.title()} moved"
+        found = []
+        for o in self.outputs:
+            if o.kind == "classes":
+                found.append((float(np.mean(o.agree)), f'top-1 agreement of "{o.name}"'))
+            elif o.kind in ("mask", "map"):
+                found.append((float(np.mean(o.agree)), f'mean IoU of "{o.name}"'))
+            else:
+                found.append((1.0 - float(np.mean(o.moved)), f'1 - the share "{o.name}" moved'))
+        return min(found)
+
     def notes(self) -> list[str]:
         return [] if self.chained else [
             "the keys take turns within a frame (a ping-pong mapping): each key was measured "
@@ -168,8 +200,9 @@ class Agreement:
 
 
 def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = None,
-              frames: int = 50) -> Agreement:
-    """Each key's loss and the model's agreement end to end on ``frames`` frames of ``source``.
+              frames: int = 50, per_key: bool = True) -> Agreement:
+    """Each key's loss and the model's agreement end to end on ``frames`` frames of ``source``
+    (``per_key`` False: end to end only, where the keys can be chained).
 
     Raises:
         AutodiceError: no gen output, or frames that cannot be made.
@@ -190,10 +223,11 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     outputs = [OutputAgreement(n, "tensor") for n in names]
     whole = whole_session(plan, out_dir, None)
     sessions: dict = {}
-    chained = True
+    chained = chain_order(plan) is not None
+    per_key = per_key or not chained  # nothing else to measure then
     for feed in feeds:
-        values = chain_values(plan, out_dir, feed, sessions)
-        for k in keys:
+        values = chain_values(plan, out_dir, feed, sessions) if per_key or edges else {}
+        for k in keys if per_key else ():
             got = run_checker(checker, ncnn / f"{k.rank.key}.ncnn",
                               [values[t.name] for t in k.rank.submodel_inputs])
             for t, g in zip(k.rank.submodel_outputs, got):
@@ -201,9 +235,8 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
         for edge, (e, _, kind) in zip(edges, wire.smaller(plan)):
             want = np.asarray(values[e.tensor], np.float32)
             edge.add(e.tensor, through(want, kind), want)
-        ncnn_values = ncnn_chain(plan, ncnn, checker, feed, arrive) if chained else None
-        chained = ncnn_values is not None
         if chained:
+            ncnn_values = ncnn_chain(plan, ncnn, checker, feed, arrive)
             for o, want in zip(outputs, whole.run(names, feed)):
                 judge(o.name, ncnn_values[o.name], want, o)
     return Agreement(keys, edges, outputs, len(feeds), chained)

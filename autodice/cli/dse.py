@@ -210,10 +210,23 @@ def _links_table(links, inventory) -> None:
               show_default=True,
               help="Price tensors that cross hosts as gen --wire sends them: fp16 (half the "
                    "bytes) or int8 (a quarter).")
+@click.option("--min-agreement", type=float, default=None, metavar="SHARE",
+              help="After the search, make every point with int8 keys (or a smaller --wire) as "
+                   "gen would and hold it to the whole model on --calibration's frames: top-1 "
+                   "agreement, mask IoU, else 1 - the share an output moved. Points below it "
+                   "keep their mapping in fp32 (e.g. 0.99).")
+@click.option("--calibration", metavar="SOURCE", default=None,
+              help="--min-agreement's frames, int8's calibration too: images, a batch .npy, a "
+                   "video.")
+@click.option("--preprocess", default=None, metavar="RECIPE",
+              help="How --calibration's images become frames, as run --preprocess.")
+@click.option("--agreement-frames", type=int, default=50, show_default=True,
+              help="Frames of --calibration each point is measured on.")
 @input_shape_option
 def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation, encoding,
         segments, measure_k, frames, rounds, inventory, pace, objectives, max_memory, min_fps,
-        hosts, parallel, int8, wire, input_shapes):
+        hosts, parallel, int8, wire, min_agreement, calibration, preprocess, agreement_frames,
+        input_shapes):
     """Search mappings of MODEL on the platform with NSGA-II: throughput, energy, memory."""
     from rich.table import Table
 
@@ -223,6 +236,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     from ..dse.measure import measure
     from ..dse.search import Settings, profile_arg
     from ..dse.search import dse as run_dse
+    from ..dse.settings import Floor
 
     try:
         cap = parse_bytes(max_memory) if max_memory else None
@@ -232,6 +246,15 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
                         tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
                         tuple(k.strip() for k in parallel.split(",") if k.strip()), wire)
     settings.check()
+    floor = None
+    if min_agreement is not None:
+        if calibration is None:
+            raise AutodiceError("--min-agreement needs --calibration SOURCE: frames like those "
+                                "the model will see")
+        floor = Floor(min_agreement, calibration, preprocess, agreement_frames)
+        floor.check()
+    only_with("--min-agreement", min_agreement is not None, "calibration", "preprocess",
+              "agreement_frames")
     only_with("--measure", measure_k > 0, "pace", "inventory", "frames", "rounds")
     only_with("--encoding segment", encoding == "segment", "segments")
     if measure_k < 0 or frames < 1 or rounds < 1:
@@ -248,14 +271,22 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
     profile = profile_arg(profiles, model, platform, shapes, int8)
     with progress() as bar:
         task = bar.add_task(f"NSGA-II, population {pop}", total=gens)
+        held = bar.add_task("accuracy floor", total=None, visible=False)
+
+        def floor_progress(done: int, total: int, what: str) -> None:
+            bar.update(held, visible=True, completed=done, total=total,
+                       description=f"accuracy floor: {what}")
+
         front = run_dse(model, platform, profile, output, settings,
                         progress=lambda g, n: bar.update(task, completed=g),
-                        hosts=hosts.split(",") if hosts else None, input_shapes=shapes)
+                        hosts=hosts.split(",") if hosts else None, input_shapes=shapes,
+                        floor=floor, floor_progress=floor_progress)
     table = Table(title=f"{len(front.points)} Pareto points, {front.evaluations} mappings scored "
                         f"in {front.seconds:.1f} s -> {output}")
     quantized = any(p.precision for p in front.points)
     for col in ("mapping", "energy mJ/frame", "throughput frames/s", "memory MB", "#devices",
-                "#cores", "#GPUs", *(["#int8 keys"] if quantized else [])):
+                "#cores", "#GPUs", *(["#int8 keys"] if quantized else []),
+                *(["agreement"] if floor else [])):
         table.add_column(col, justify="left" if col == "mapping" else "right")
     shown = table_rows(front)
     for p in (*front.references, *shown):
@@ -263,6 +294,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
         table.add_row(p.name, f"{c.max_energy_j * 1e3:.1f}", f"{c.throughput:.2f}",
                       f"{c.max_memory / 1e6:.1f}", str(p.devices), str(c.cores), str(c.gpus),
                       *([str(len(p.precision))] if quantized else []),
+                      *([f"{p.agreement[0]:.3f}" if p.agreement else ""] if floor else []),
                       style="dim" if p in front.references else None)
     out.print(table)
     if len(shown) < len(front.points):

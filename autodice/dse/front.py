@@ -25,7 +25,7 @@ from .cost import Cost
 from .profile import six_digits
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from .settings import Floor, Settings
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Point:
     cost: Cost
     proposed: bool = False  # grown on top of the search (copies, split layers): see expand
     precision: dict[str, str] = field(default_factory=dict)  # int8 keys: KEY -> "int8"
+    # measured against the whole model (dse --min-agreement): the figure, and what it is
+    agreement: tuple[float, str] | None = None
 
     @property
     def gen_precision(self) -> str | None:
@@ -58,6 +60,7 @@ class Front:
     evaluations: int
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    floor: Floor | None = None  # what the points' accuracy was held to (dse --min-agreement)
 
 
 def point_row(p: Point) -> dict:
@@ -74,6 +77,8 @@ def point_json(p: Point, mapping_file: str | None) -> dict:
     c = p.cost
     return {**point_row(p), "mapping": mapping_file,
             **({"precision": p.gen_precision} if p.precision else {}),
+            **({"agreement": six_digits(p.agreement[0]), "agreement_of": p.agreement[1]}
+               if p.agreement else {}),
             "devices_detail": [{"host": d.host, "memory_bytes": d.memory, "ram_bytes": d.ram,
                                 "gpu_mem_bytes": d.gpu_mem, "energy_j": six_digits(d.energy_j)}
                                for d in c.devices],
@@ -115,7 +120,11 @@ def write_front(front: Front, out: Path, model: str, platform: str) -> None:
                "points": [point_json(p, f"mappings/{p.name}.json") for p in front.points],
                "references": [{**point_json(p, None), "mapping_keys": list(p.mapping)}
                               for p in front.references],
-               "notes": list(front.notes)}
+               "notes": list(front.notes),
+               **({"floor": {"min_agreement": front.floor.min_agreement,
+                             "source": str(front.floor.source),
+                             "preprocess": front.floor.preprocess,
+                             "frames": front.floor.frames}} if front.floor else {})}
         (tmp / "pareto.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         (tmp / "report.html").write_text(front_page(doc, {p.name: p.mapping for p in front.points}),
                                          encoding="utf-8")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from .cost_model import CostModel
 from .front import Front, Point, write_front
 from .genes import Genes
 from .profile import load_profile, model_sha256, six_digits
-from .settings import OBJECTIVES, Settings
+from .settings import OBJECTIVES, Floor, Settings
 from .timing import Timing, make_timing
 
 
@@ -80,18 +81,23 @@ def note_other_files(timing: Timing, model: str | Path) -> None:
 
 def dse(model: str | Path, platform: str | Path, profile, out: str | Path | None,
         settings: Settings = Settings(), progress=None, power=None, hosts=None,
-        input_shapes: dict[str, tuple[int, ...]] | None = None) -> Front:
-    """Search, verify every front point with the split passes, write ``out`` (None: nothing
-    is written: ``autodice.search`` without ``out``).
+        input_shapes: dict[str, tuple[int, ...]] | None = None, floor: Floor | None = None,
+        floor_progress=None) -> Front:
+    """Search, verify every front point with the split passes, hold it to ``floor`` where
+    given, write ``out`` (None: nothing is written: ``autodice.search`` without ``out``).
 
     Args:
         profile: a profile.json path or Profile, or ``{host: ...}`` (key None: the default).
         hosts: the boards the search may use (default: all of the platform's).
         input_shapes: static shapes for inputs of symbolic size (``split --input-shape``).
+        floor: the accuracy every point with int8 keys or a smaller wire must reach, measured
+            after the search (:mod:`.accuracy`); ``floor_progress(done, total, what)`` follows it.
     Raises:
         AutodiceError: bad inputs (all listed); ``out`` is untouched then.
     """
     settings.check()
+    if floor is not None:
+        floor.check()
     if out is not None:
         check_replaceable(Path(out))  # before the search, not after it
     timing = search_timing(platform, hosts, profile, power)
@@ -100,6 +106,17 @@ def dse(model: str | Path, platform: str | Path, profile, out: str | Path | None
     front = explore(graph, timing, settings, progress)
     for p in front.points:
         verify_point(graph, timing.platform, timing, p, settings.wire)
+    if floor is not None:
+        from .accuracy import hold_floor
+
+        points, notes = hold_floor(front.points, Path(model), Path(platform), timing, settings,
+                                   floor, floor_progress, input_shapes)
+        if not points:
+            raise AutodiceError(f"no point of the front reaches --min-agreement "
+                                f"{floor.min_agreement:g}: {'; '.join(notes)}")
+        front = replace(front, points=non_dominated_points(points, settings),
+                        notes=tuple(n for n in front.notes if n != INT8_NOTE) + notes,
+                        floor=floor)  # the floor's notes say what int8 costs
     if out is not None:
         write_front(front, Path(out), str(model), str(platform))
     return front
@@ -158,10 +175,11 @@ def explore(graph: Graph, timing: Timing, settings: Settings = Settings(),
     return Front(front, references(cm), settings, evaluations, seconds, notes)
 
 
-INT8_NOTE = ("int8 keys are chosen for their time and memory alone: the search does not hold "
-             "their accuracy; gen measures each int8 key's error against fp32 and keeps its "
-             "most sensitive layers fp32, which the profile timed in int8 (a key's gain is "
-             "somewhat high): read gen's lines, or check --frames, before you deploy")
+INT8_NOTE = ("int8 keys are chosen for their time and memory alone: without --min-agreement "
+             "the search does not hold their accuracy; gen measures each int8 key's error "
+             "against fp32 and keeps its most sensitive layers fp32, which the profile timed in "
+             "int8 (a key's gain is somewhat high): read gen's lines, or check --frames, before "
+             "you deploy")
 
 
 WIRE_NOTE = ("priced with tensors that cross hosts in {wire} (fewer bytes on the links): make "
@@ -176,12 +194,17 @@ def with_parallelism(front: tuple[Point, ...], graph: Graph, timing: Timing,
 
     grown = expand(front, graph, timing.platform, timing, settings.parallel,
                    wire=settings.wire)
-    everyone = [*front, *(p for p in grown if _meets(p.cost, settings))]
+    return non_dominated_points([*front, *(p for p in grown if _meets(p.cost, settings))],
+                                settings)
+
+
+def non_dominated_points(points, settings: Settings) -> tuple[Point, ...]:
+    """The points no other beats on every objective of ``settings``, fastest first."""
     F = np.array([[(-p.cost.throughput, p.cost.max_energy_j, p.cost.max_memory)[
-        OBJECTIVES.index(o)] for o in settings.objectives] for p in everyone])
+        OBJECTIVES.index(o)] for o in settings.objectives] for p in points])
     dominated = [any((F[j] <= F[i]).all() and (F[j] < F[i]).any() for j in range(len(F)))
                  for i in range(len(F))]
-    kept = [p for p, d in zip(everyone, dominated) if not d]
+    kept = [p for p, d in zip(points, dominated) if not d]
     return tuple(sorted(kept, key=lambda p: (-p.cost.throughput, p.cost.max_memory, p.name)))
 
 

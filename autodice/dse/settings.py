@@ -7,6 +7,7 @@ record and read them while :mod:`.search` drives both: here, all three import th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.errors import AutodiceError
 from ..backend.wire import WIRE_SHARE
@@ -71,5 +72,27 @@ class Settings:
         for name, v in (("--max-memory", self.max_memory), ("--min-fps", self.min_fps)):
             if v is not None and not 0 < v < float("inf"):
                 bad.append(f"{name} {v:g}: must be a finite number above 0")
+        if bad:
+            raise AutodiceError(*bad)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """An accuracy floor for the front (``dse --min-agreement``): each point that may lose
+    accuracy is made as gen makes it and must agree with the whole model at least
+    ``min_agreement`` on ``frames`` frames of ``source`` (images made frames by ``preprocess``):
+    :mod:`.accuracy`."""
+    min_agreement: float
+    source: str | Path
+    preprocess: str | None = None
+    frames: int = 50
+
+    def check(self) -> None:
+        """Raises AutodiceError naming every bad value, before the search starts."""
+        bad = []
+        if not 0 < self.min_agreement <= 1:
+            bad.append(f"--min-agreement {self.min_agreement:g}: a share, above 0 and at most 1")
+        if self.frames < 1:
+            bad.append(f"--agreement-frames {self.frames}: needs at least 1")
         if bad:
             raise AutodiceError(*bad)
