@@ -351,11 +351,6 @@ def search(model, platform, profile, *, objectives: Iterable[str] = ("throughput
                         objectives=tuple(objectives), max_memory=max_memory,
                         min_fps=min_fps, parallel=tuple(parallel), wire=wire)
     hosts = list(hosts) if hosts is not None else None
-    floor = None
-    if min_agreement is not None:
-        if calibration is None:
-            raise AutodiceError("min_agreement needs calibration: frames like those the model "
-                                "will see")
-        floor = Floor(min_agreement, calibration, preprocess, agreement_frames)
+    floor = Floor.asked(min_agreement, calibration, preprocess, agreement_frames)
     return dse(model, platform, profile, out, settings, progress, hosts=hosts,
                input_shapes=input_shapes, floor=floor)

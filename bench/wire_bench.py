@@ -93,8 +93,9 @@ def main() -> None:
     work = ROOT / "build" / "bench" / "wire"
     shutil.rmtree(work, ignore_errors=True)
     model = zoo.cached(args.model)
-    x = np.random.default_rng(0).standard_normal(load_model(model).types[
-        load_model(model).inputs[0]].shape).astype(np.float32)
+    graph = load_model(model)
+    x = np.random.default_rng(0).standard_normal(graph.types[graph.inputs[0]].shape
+                                                 ).astype(np.float32)
     work.mkdir(parents=True)
     np.save(work / "x.npy", x)
     deployed: dict[str, list[float]] = {k: [] for k in WIRES}

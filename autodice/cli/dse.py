@@ -246,13 +246,7 @@ def dse(model, platform, profiles, output, pop, gens, seed, crossover, mutation,
                         tuple(o.strip() for o in objectives.split(",")), cap, min_fps,
                         tuple(k.strip() for k in parallel.split(",") if k.strip()), wire)
     settings.check()
-    floor = None
-    if min_agreement is not None:
-        if calibration is None:
-            raise AutodiceError("--min-agreement needs --calibration SOURCE: frames like those "
-                                "the model will see")
-        floor = Floor(min_agreement, calibration, preprocess, agreement_frames)
-        floor.check()
+    floor = Floor.asked(min_agreement, calibration, preprocess, agreement_frames)
     only_with("--min-agreement", min_agreement is not None, "calibration", "preprocess",
               "agreement_frames")
     only_with("--measure", measure_k > 0, "pace", "inventory", "frames", "rounds")

@@ -87,6 +87,23 @@ class Floor:
     preprocess: str | None = None
     frames: int = 50
 
+    @classmethod
+    def asked(cls, min_agreement: float | None, source, preprocess: str | None = None,
+              frames: int = 50) -> Floor | None:
+        """The floor asked for (None: none), checked.
+
+        Raises:
+            AutodiceError: a floor without frames, or a bad value.
+        """
+        if min_agreement is None:
+            return None
+        if source is None:
+            raise AutodiceError("--min-agreement needs --calibration SOURCE: frames like those "
+                                "the model will see")
+        floor = cls(min_agreement, source, preprocess, frames)
+        floor.check()
+        return floor
+
     def check(self) -> None:
         """Raises AutodiceError naming every bad value, before the search starts."""
         bad = []
