@@ -7,6 +7,7 @@ boxes equal to onnxruntime's on the same frames."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -294,3 +295,79 @@ def test_a_live_stream_that_is_lost_for_good_ends_the_run_keeping_what_came(dete
     records = json.loads((tmp_path / "r" / "frames.json").read_text())
     assert lines and len(lines) == len(records)
     assert [json.loads(ln)["source"] for ln in lines] == [r["frame"] for r in records]
+
+
+RTSP_PACKAGES = ("gir1.2-gst-rtsp-server-1.0", "gstreamer1.0-plugins-base",
+                 "gstreamer1.0-plugins-good")  # the server, videotestsrc, jpegenc + rtpjpegpay
+
+
+@pytest.fixture
+def camera():
+    """camera(seconds=None) -> the rtsp:// URL of a live camera on loopback (tests/rtsp_server.py,
+    GStreamer's RTSP server; its Debian packages installed where missing and apt-get can), gone
+    after ``seconds``."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).with_name("rtsp_server.py")
+    probe = ["/usr/bin/python3", "-c", "import gi; gi.require_version('GstRtspServer', '1.0')"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        if not shutil.which("apt-get") or os.geteuid() != 0:
+            pytest.skip(f"no GStreamer RTSP server ({' '.join(RTSP_PACKAGES)}) and no apt-get")
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                        *RTSP_PACKAGES], check=True, capture_output=True,
+                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    servers = []
+
+    def start(seconds: float | None = None) -> str:
+        proc = subprocess.Popen(["/usr/bin/python3", str(script),
+                                 *([str(seconds)] if seconds else [])],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        servers.append(proc)
+        line = proc.stdout.readline().strip()
+        assert line.startswith("serving rtsp://127.0.0.1:"), line
+        return line.split()[1]
+
+    yield start
+    for proc in servers:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_camera_over_rtsp_is_read_live(detector, camera, tmp_path):
+    """``run --input rtsp://... --frames 30`` from a camera on loopback: 30 of its newest
+    frames, a line of boxes each; the ones the pipeline could not take (while it started, too)
+    counted as dropped."""
+    url = camera()
+    said = CliRunner().invoke(main, ["run", str(detector / "out"), "--input", url, "--frames",
+                                     "30", "--task", "detect", "--conf", "0.3", "--results",
+                                     str(tmp_path / "r")])
+    assert said.exit_code == 0, said.output
+    records = json.loads((tmp_path / "r" / "frames.json").read_text())
+    lines = (tmp_path / "r" / "detections.jsonl").read_text().splitlines()
+    taken = [int(r["frame"]) for r in records]
+    assert len(taken) == 30 and taken == sorted(set(taken)) and len(lines) == 30
+    stats = json.loads((tmp_path / "r" / "stats.json").read_text())
+    assert stats["frames_dropped"] == taken[-1] + 1 - 30  # the camera's frames not taken
+
+
+def test_a_camera_that_goes_away_ends_the_run_keeping_what_came(detector, camera, tmp_path,
+                                                                monkeypatch):
+    """The RTSP server stops: a reconnect attempt, one error line naming the camera, exit 4,
+    and a line of boxes for every frame delivered before."""
+    from autodice.backend.session import video
+
+    monkeypatch.setattr(video, "RECONNECT_S", (0.05,))
+    url = camera(seconds=10)
+    said = CliRunner().invoke(main, ["run", str(detector / "out"), "--input", url, "--task",
+                                     "detect", "--conf", "0.3", "--results",
+                                     str(tmp_path / "r")])
+    assert said.exit_code == 4, said.output
+    errors = [ln for ln in said.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {url}: lost ("), errors
+    assert errors[0].endswith("and not back after 1 attempt over 0.05 s; the frames before it "
+                              "were delivered"), errors
+    assert "reconnecting in 0.05 s (attempt 1 of 1)" in said.stderr
+    lines = (tmp_path / "r" / "detections.jsonl").read_text().splitlines()
+    assert lines and len(lines) == len(json.loads((tmp_path / "r" / "frames.json").read_text()))

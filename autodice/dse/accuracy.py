@@ -98,7 +98,12 @@ def hold_floor(points: tuple[Point, ...], model: Path, platform: Path, timing: T
                                                      wire=settings.wire)))
     say(len(todo), len(todo), "done")
     done = {p.name: p for p in kept}
-    result = tuple(done.get(p.name, p) for p in points if p.name not in dropped)
+    result, seen = [], set()
+    for p in (done.get(p.name, p) for p in points if p.name not in dropped):
+        same = (mapping_json(p.mapping), p.gen_precision)  # a twin may be a point already
+        if same not in seen:
+            seen.add(same)
+            result.append(p)
     notes = (f"--min-agreement {floor.min_agreement:g} on {floor.frames} frames of "
              f"{floor.source}: {len(todo)} points measured",)
     if fell:
@@ -107,4 +112,4 @@ def hold_floor(points: tuple[Point, ...], model: Path, platform: Path, timing: T
                      if dropped else "")
                   + ("; the rest keep their mappings with every key fp32"
                      if len(dropped) < len(fell) else ""),)
-    return result, notes
+    return tuple(result), notes
