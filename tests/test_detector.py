@@ -306,6 +306,7 @@ def camera():
     """camera(seconds=None) -> the rtsp:// URL of a live camera on loopback (tests/rtsp_server.py,
     GStreamer's RTSP server; its Debian packages installed where missing and apt-get can), gone
     after ``seconds``."""
+    import fcntl
     import shutil
     import subprocess
     from pathlib import Path
@@ -315,9 +316,14 @@ def camera():
     if subprocess.run(probe, capture_output=True).returncode != 0:
         if not shutil.which("apt-get") or os.geteuid() != 0:
             pytest.skip(f"no GStreamer RTSP server ({' '.join(RTSP_PACKAGES)}) and no apt-get")
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                        *RTSP_PACKAGES], check=True, capture_output=True,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        with open("/tmp/autodice-tests-apt.lock", "w") as lock:  # one worker installs
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if subprocess.run(probe, capture_output=True).returncode != 0:
+                for cmd in (["apt-get", "update", "-q"],
+                            ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                             *RTSP_PACKAGES]):
+                    subprocess.run(cmd, check=True, capture_output=True, env=env)
     servers = []
 
     def start(seconds: float | None = None) -> str:
