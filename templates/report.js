@@ -92,14 +92,20 @@ function selectPoint(front, k) {
   const p = front.points[k];
   const text = JSON.stringify(p.mapping, null, 2) + "\n";
   document.getElementById("point-name").textContent = p.name + ": " + p.fps.toFixed(1) +
-    " frames/s, " + p.memory_mb.toFixed(1) + " MB, " + p.energy_mj.toFixed(2) + " mJ/frame";
+    " frames/s, " + p.memory_mb.toFixed(1) + " MB, " + p.energy_mj.toFixed(2) + " mJ/frame" +
+    (p.agreement == null ? "" : ", agreement " + p.agreement.toFixed(3));
+  // What makes it as the search priced it: its int8 keys, the wire between hosts.
+  document.getElementById("point-gen").textContent = ["autodice gen OUT",
+    ...(p.precision ? ["--precision " + p.precision, "--calibration FRAMES"] : []),
+    ...(front.wire !== "fp32" ? ["--wire " + front.wire] : [])].join(" ");
   document.getElementById("point-mapping").textContent = text;
   const save = document.getElementById("point-save");
   save.href = "data:application/json;charset=utf-8," + encodeURIComponent(text);
   save.download = p.name + ".json";
   document.body.dataset.point = p.name;
   Plotly.restyle("front", {x: [[p.fps]], y: [[p.memory_mb]]}, [1]);
-  const rows = p.ranks.map((r) => ({label: r.key, compute: r.compute_ms, comm: r.comm_ms}));
+  const rows = p.ranks.map((r) => ({label: r.key + (r.int8 ? " (int8)" : ""),
+    compute: r.compute_ms, comm: r.comm_ms}));
   stackedBars("point-ranks", rows, {compute: "compute (predicted)", comm: "transfer (predicted)"},
     p.name + ": each rank per frame");
 }
@@ -108,7 +114,10 @@ function drawFront(front) {
   const pts = front.points, hover = (p) => "<b>" + esc(p.name) + "</b><br>" +
     p.fps.toFixed(1) + " frames/s<br>" + p.memory_mb.toFixed(1) + " MB (largest device)<br>" +
     p.energy_mj.toFixed(2) + " mJ/frame (largest device)<br>" + p.devices + " devices, " +
-    "bottleneck " + esc(p.bottleneck);
+    "bottleneck " + esc(p.bottleneck) +
+    (p.precision ? "<br>int8 keys: " + p.ranks.filter((r) => r.int8).length : "") +
+    (p.agreement == null ? "" : "<br>agreement " + p.agreement.toFixed(3) + " (" +
+      esc(p.agreement_of) + ")");
   const traces = [{type: "scatter", mode: "markers", name: "front", x: pts.map((p) => p.fps),
     y: pts.map((p) => p.memory_mb), text: pts.map(hover), hoverinfo: "text",
     marker: {size: 11, color: pts.map((p) => p.energy_mj), colorscale: "Viridis",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from graphs import conv_chain
 from test_cost import fixture_profile
 from test_dse import PLATFORM
+from test_report import CHROMIUM, browse
 
 from autodice.backend.precision import Precision
 from autodice.cli import main
@@ -135,6 +137,14 @@ def test_an_accuracy_floor_keeps_int8_where_it_agrees(tmp_path):
         if p["point"] in kept:
             assert kept[p["point"]]["mapping"] == p["mapping"]
             assert kept[p["point"]]["throughput_fps"] <= p["throughput_fps"]
+    if CHROMIUM:  # the page says how to make a point, and what it agrees
+        first = loose["points"][0]
+        dom = browse(Path(f"{tmp_path / '0.3' / 'report.html'}#point={first['point']}"),
+                     tmp_path)
+        assert dom.text["point-gen"] == (f"autodice gen OUT --precision {first['precision']} "
+                                         "--calibration FRAMES")
+        assert f"agreement {first['agreement']:.3f}" in dom.text["point-name"]
+        assert "(int8)" in dom.text["point-ranks"]
 
 
 def test_a_floor_needs_frames_and_a_share(zoo_model, tmp_path):

@@ -39,8 +39,11 @@ def _point(p: dict, mapping: dict | None) -> dict:
     return {"name": p["point"], "fps": p["throughput_fps"], "energy_mj": p["energy_j"] * 1e3,
             "memory_mb": p["memory_bytes"] / 1e6, "devices": p["devices"],
             "bottleneck": p["bottleneck"], "mapping": mapping,
+            "precision": p.get("precision"),  # gen --precision for its int8 keys
+            "agreement": p.get("agreement"), "agreement_of": p.get("agreement_of"),
             "ranks": [{"key": r["key"], "compute_ms": r["compute_s"] * 1e3,
-                       "comm_ms": r["comm_s"] * 1e3} for r in p["ranks_detail"]]}
+                       "comm_ms": r["comm_s"] * 1e3, "int8": r.get("precision") == "int8"}
+                      for r in p["ranks_detail"]]}
 
 
 def front_section(doc: dict, mappings: dict[str, dict]) -> dict:
@@ -50,6 +53,7 @@ def front_section(doc: dict, mappings: dict[str, dict]) -> dict:
     return {"points": [_point(p, mappings[p["point"]]) for p in doc["points"]],
             "references": [_point(p, None) for p in doc["references"]],
             "model": doc["model"], "platform": doc["platform"],
+            "wire": s.get("wire", "fp32"),
             "settings": f"{s.get('encoding')} encoding, pop {s.get('pop')}, {s.get('gens')} "
                         f"generations, seed {s.get('seed')}"}
 
