@@ -120,6 +120,28 @@ def test_a_run_computes_what_the_wire_rounds_to(there_and_back, kind):
 
 
 @pytest.mark.cpp
+def test_a_session_streams_through_the_smaller_wire(there_and_back):
+    """Frames streamed by a session travel between its ranks as int8 too: each result is what
+    a run of the same frame computes (the same program, the same rounding)."""
+    import autodice
+
+    out = there_and_back / "out"
+    assert invoke("gen", out, "--wire", "int8").exit_code == 0
+    build(out)
+    frames = np.load(there_and_back / "frames.npy")[:3, None]
+    with autodice.open(out) as s:
+        streamed = list(s.map(frames))
+        rate = s.stats()
+    assert rate["frames"] == 3
+    for k, frame in enumerate(frames):
+        np.save(there_and_back / "one.npy", frame)
+        res = run(out, {"input": there_and_back / "one.npy"}, frames=1,
+                  results=there_and_back / f"r{k}")
+        assert np.array_equal(np.asarray(streamed[k]).reshape(-1),
+                              res.outputs[load_plan(out).model_outputs[0].name].reshape(-1))
+
+
+@pytest.mark.cpp
 def test_check_says_what_each_edge_loses(there_and_back):
     out = there_and_back / "out"
     assert invoke("gen", out, "--wire", "int8").exit_code == 0
