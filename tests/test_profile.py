@@ -83,10 +83,12 @@ def test_squeezenet_profile_is_complete_consistent_and_cached(zoo_model, tmp_pat
             conv_ms = by_name[conv.name or conv.output[0]].cpu_ms[1]
             assert by_name[graph.names[i]].cpu_ms[1] < conv_ms / 5
     # The layers add up to the whole model timed in the same process (the machine is shared,
-    # so medians of five runs wander: 1.46 was seen once; a double count would be 2 or more).
+    # so medians of five runs wander: 1.46 was seen once, and 0.57 on 2 threads while two
+    # test workers profiled and built beside it; a double count would be 2 or more, a layer
+    # left out of a model this even far less).
     for t in p.threads:
         total = sum(lc.cpu_ms[t] for lc in p.layers)
-        assert 0.6 < total / run.whole_ms[t] < 1.7, (t, total, run.whole_ms[t])
+        assert 0.5 < total / run.whole_ms[t] < 1.7, (t, total, run.whole_ms[t])
 
     assert sorted(p.links) == ["shm"]  # the platform's link fields stay in the platform
     assert p.links["shm"].bandwidth > 1e8 and 0 < p.links["shm"].latency < 1e-2

@@ -40,7 +40,8 @@ sends.
 ``little``: a board with big and little cores (an RK3588's 4 Cortex-A76 + 4 Cortex-A55) is timed
 on each kind, the profiler pinned to its cores: ``cpu_ms`` on the big ones, and each layer's
 ``little_ms`` (thread count -> ms, at ``little.threads``) on the little ones.
-``int8_ms`` and ``int8_resident_bytes`` (``profile --int8``): the same layer quantized as
+``int8_ms``, ``int8_resident_bytes`` and ``int8_loaded_bytes`` (``profile --int8``; the
+last absent from earlier profiles: the fp32 figure stands in): the same layer quantized as
 ``gen --precision int8`` quantizes it (every convolution and fully connected layer int8, on the
 big cores): what the search's int8 keys cost. Absent: no key is offered in int8.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
@@ -48,9 +49,10 @@ joined by ``-``), measured on a cluster or taken from the platform's ``bandwidth
 fields. ``corun`` is how much longer the whole model
 takes on one core while all ``cores`` cores of the profiled machine run it at once (shared caches
 and memory bandwidth): the cost model's contention between ranks on one board.
-``resident_bytes`` is the heap a layer's weights take in ncnn once repacked (light mode drops
+``resident_bytes`` is the memory a layer's weights take in ncnn once repacked (light mode drops
 the file's copy): a 3x3 convolution's Winograd weights take several times its ONNX bytes, an
-InnerProduct's the same. ``loaded_bytes`` is the most it holds beyond that while it loads: the
+InnerProduct's the same. Of its large blocks only the pages written count: ncnn's x86 int8
+Winograd kernel leaves about half of its block untouched, and so never resident. ``loaded_bytes`` is the most it holds beyond that while it loads: the
 file's copy, and the scratch of repacking (a Winograd kernel before packing: as large again).
 ``workspace_bytes`` is what the layer's forward allocates beyond its output and frees again
 (im2col and Winograd tiles, padded copies). Absent (profiles of older autodice, hand-written
@@ -89,6 +91,7 @@ class LayerCost:
     little_ms: dict[int, float] | None = None  # threads -> median ms on the little cores
     int8_ms: dict[int, float] | None = None  # threads -> median ms, quantized (profile --int8)
     int8_resident_bytes: int | None = None  # resident_bytes, quantized
+    int8_loaded_bytes: int | None = None  # loaded_bytes, quantized (None: loaded_bytes's)
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,9 @@ def profile_to_json(p: Profile) -> dict:
                        {"little_ms": {str(t): ms for t, ms in sorted(lc.little_ms.items())}}),
                     **({} if lc.int8_ms is None else
                        {"int8_ms": {str(t): ms for t, ms in sorted(lc.int8_ms.items())},
-                        "int8_resident_bytes": lc.int8_resident_bytes})}
+                        "int8_resident_bytes": lc.int8_resident_bytes,
+                        **({} if lc.int8_loaded_bytes is None else
+                           {"int8_loaded_bytes": lc.int8_loaded_bytes})})}
                    for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
@@ -270,7 +275,9 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                    None if x.get("int8_ms") is None else
                                    {int(t): float(ms) for t, ms in x["int8_ms"].items()},
                                    None if x.get("int8_resident_bytes") is None else
-                                   int(x["int8_resident_bytes"]))
+                                   int(x["int8_resident_bytes"]),
+                                   None if x.get("int8_loaded_bytes") is None else
+                                   int(x["int8_loaded_bytes"]))
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
                    for k, v in d.get("links", {}).items()},
@@ -329,7 +336,8 @@ def check_profile(p: Profile, where: str) -> list[str]:
         int8 = p.layers[0].int8_ms is not None
         if (lc.int8_ms is None) == int8 or (int8 and (
                 set(lc.int8_ms) != set(p.threads) or not all(map(time, lc.int8_ms.values()))
-                or not (lc.int8_resident_bytes or 0) >= 0)):
+                or not (lc.int8_resident_bytes or 0) >= 0
+                or not (lc.int8_loaded_bytes or 0) >= 0)):
             problems.add(f'{where}: layer "{lc.name}": int8_ms {lc.int8_ms}: times of 0 or more '
                          f"at the profile's threads {list(p.threads)} (and int8_resident_bytes), "
                          "on every layer or none",

@@ -70,8 +70,8 @@ if TYPE_CHECKING:
     from .remote_tools import OnHost
 
 # 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings; 5: layer bytes;
-# 6: GPU layer times summed to the whole model's
-CACHE_VERSION = 6
+# 6: GPU layer times summed to the whole model's; 7: int8 loaded bytes
+CACHE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
     cpu_ms = attribute_times(graph, raw, groups, threads)
     little_ms = attribute_times(graph, raw_little, groups, kinds.threads) if kinds else None
     int8_ms = attribute_times(graph, raw_int8, groups, threads) if int8 else None
-    int8_resident = attribute_bytes(graph, raw_int8, groups)["resident"] if int8 else None
+    int8_held = attribute_bytes(graph, raw_int8, groups) if int8 else None
     held = attribute_bytes(graph, raw, groups)
     # What the rank held beyond what the cost model counts for a rank with the whole model (its
     # layers' weights and workspace, activations): MPI, ncnn's code, the runtime.
@@ -329,7 +329,8 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
                                {t: six_digits(little_ms[t][i]) for t in kinds.threads}
                                if kinds else None,
                                {t: six_digits(int8_ms[t][i]) for t in threads} if int8 else None,
-                               round(int8_resident[i]) if int8 else None)
+                               round(int8_held["resident"][i]) if int8 else None,
+                               round(int8_held["loaded"][i]) if int8 else None)
                      for i in mappable), gpu=copies, little=kinds)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}

@@ -239,8 +239,8 @@ class Timing:
     def memory_bytes(self, host: str, names, onnx_bytes,
                      int8: bool = False) -> tuple[np.ndarray, ...]:
         """(loaded, resident, workspace) heap bytes of each layer in ncnn on ``host``
-        (:mod:`autodice.dse.profile`; resident quantized with ``int8``, where the profile
-        measured it). Where the profile did not measure them (an older autodice's: its
+        (:mod:`autodice.dse.profile`; loaded and resident quantized with ``int8``, where the
+        profile measured them). Where the profile did not measure them (an older autodice's: its
         ``runtime_bytes`` holds the repacking and workspace), the layer's ONNX weight bytes
         ``onnx_bytes`` stay as they are: resident, and nothing more."""
         layers = self._layers[id(self.profiles[host])]
@@ -252,6 +252,8 @@ class Timing:
         if int8:
             resident = np.array([lc.resident_bytes if lc.int8_resident_bytes is None
                                  else lc.int8_resident_bytes for lc in got], dtype=float)
+            loaded = np.array([lc.loaded_bytes or 0 if lc.int8_loaded_bytes is None
+                               else lc.int8_loaded_bytes for lc in got], dtype=float)
         return (np.where(measured, loaded, 0.0), np.where(measured, resident, onnx),
                 np.where(measured, workspace, 0.0))
 
