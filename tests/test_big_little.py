@@ -121,6 +121,29 @@ def test_balance_times_each_key_on_its_kind_of_core(chain):
     assert (alone("d1_arm01", "B"), alone("d1_arm23", "B")) == pytest.approx((0.006, 0.012))
 
 
+def test_little_cores_get_int8_twins_at_their_own_int8_times(chain, tmp_path):
+    """int8 at 60 % of the time on the big cores, 40 % on the little ones (where int8 pays most:
+    in-order cores): both kinds of core offer int8 keys, each at its own int8 times."""
+    quantized = replace(LITTLE, layers=tuple(
+        replace(lc, int8_ms={t: 0.6 * ms for t, ms in lc.cpu_ms.items()},
+                int8_resident_bytes=lc.resident_bytes,
+                little_int8_ms={t: 0.4 * ms for t, ms in lc.little_ms.items()})
+        for lc in LITTLE.layers))
+    save_profile(quantized, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == quantized
+    timing = Timing(parse_platform_text(PLATFORM), quantized)
+    twins = [s for s in candidate_slots(timing, ["A", "B", "C"]) if s.int8]
+    assert {s.little for s in twins} == {False, True}
+    little = timing.seconds("d1", ["B"], 2, little=True, int8=True)
+    assert little == pytest.approx(timing.seconds("d1", ["B"], 2, little=True) * 0.4)
+    assert timing.seconds("d1", ["B"], 2, int8=True) == pytest.approx(
+        timing.seconds("d1", ["B"], 2) * 0.6)
+    doc = profile_to_json(quantized)
+    doc["layers"][0]["little_int8_ms"] = {"3": 1.0}
+    with pytest.raises(AutodiceError, match='layer "A": little_int8_ms'):
+        profile_from_json(doc, "p.json")
+
+
 @pytest.mark.cpp
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to call one little")
 def test_profile_times_every_layer_pinned_to_each_kind_of_core(fig2, tmp_path):
@@ -131,12 +154,14 @@ def test_profile_times_every_layer_pinned_to_each_kind_of_core(fig2, tmp_path):
     r = CliRunner().invoke(main, ["profile", str(fig2 / "model.onnx"), "-p",
                                   str(fig2 / "platform.txt"), "-o", str(out), "--little",
                                   str(cores[-1]), "--threads", "1", "--warmup", "1", "--runs",
-                                  "3", "--no-cache"])
+                                  "3", "--no-cache", "--int8"])
     assert r.exit_code == 0, r.output
     p = load_profile(out)
     assert p.little == LittleCores(cores[-1:], cores[:-1], (1,)) and p.threads == (1,)
     assert all(lc.little_ms[1] > 0 and lc.cpu_ms[1] > 0 for lc in p.layers)
+    assert all(lc.little_int8_ms[1] > 0 and lc.int8_ms[1] > 0 for lc in p.layers)  # both kinds
     assert f"little cores {cores[-1]}: the whole model" in r.output
+    assert "int8 on the little cores: the whole model" in r.output
     assert "a big core's time" in r.output
     every = format_cores(cores)
     r = CliRunner().invoke(main, ["profile", str(fig2 / "model.onnx"), "-p",

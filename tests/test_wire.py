@@ -3,10 +3,11 @@
 A chain of seeded convolutions over two hosts, there and back (edge01 -> edge02 -> edge01), run
 here under mpirun: the program's tables say which messages are smaller and ``stats.json`` counts
 their bytes; a run's outputs are what the same ncnn models chained here compute with the wire's
-rounding done in numpy (:func:`autodice.backend.wire.through`), within a millionth of what the
-wire moves them, and a session's are a run's, to the bit; ``check --frames`` says what each edge loses; both of the search's cost paths price the
-smaller bytes alike. The rounding itself is checked bit by bit in the runtime's own tests
-(runtime_cpp/tests), and an aarch64 board sends fp16 to an x86 host in tests/test_arm.py.
+rounding done in numpy (:func:`autodice.backend.wire.through`), within a millionth of what the wire
+moves them, and a session's are a run's, to the bit; ``check --frames`` says what each edge loses;
+both of the search's cost paths price the smaller bytes alike. The rounding itself is checked bit
+by bit in the runtime's own tests (runtime_cpp/tests), and an aarch64 board sends fp16 to an x86
+host in tests/test_arm.py.
 """
 
 from __future__ import annotations

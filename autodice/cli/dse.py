@@ -137,6 +137,12 @@ def profile(model, platform, output, threads, input_shapes, runs, warmup, no_cac
         times = ", ".join(f"{res.whole_ms[f'int8 {t}']:.3f} ms on {t} thr" for t in ts)
         ratio = res.whole_ms["int8 1"] / res.whole_ms[1]
         out.print(f"int8: the whole model {times}; on 1 thr x{ratio:.2f} its fp32 time")
+        if p.little:
+            times = ", ".join(f"{res.whole_ms[f'little int8 {t}']:.3f} ms on {t} thr"
+                              for t in p.little.threads)
+            ratio = res.whole_ms["little int8 1"] / res.whole_ms["little 1"]
+            out.print(f"int8 on the little cores: the whole model {times}; on 1 thr "
+                      f"x{ratio:.2f} its fp32 time there")
     if p.corun:
         out.print(f"co-run: the whole model on 1 thread takes {p.corun.slowdown:.2f}x as long "
                   f"while all {p.corun.cores} cores run it")

@@ -41,7 +41,8 @@ sends.
 on each kind, the profiler pinned to its cores: ``cpu_ms`` on the big ones, and each layer's
 ``little_ms`` (thread count -> ms, at ``little.threads``) on the little ones.
 ``int8_ms``, ``int8_resident_bytes`` and ``int8_loaded_bytes`` (``profile --int8``; the
-last absent from earlier profiles: the fp32 figure stands in): the same layer quantized as
+last absent from earlier profiles: the fp32 figure stands in), and on a board with little cores
+``little_int8_ms``: the same layer quantized as
 ``gen --precision int8`` quantizes it (every convolution and fully connected layer int8, on the
 big cores): what the search's int8 keys cost. Absent: no key is offered in int8.
 ``links`` always has ``shm`` (ranks on one host); other entries are host pairs (sorted names
@@ -52,8 +53,9 @@ and memory bandwidth): the cost model's contention between ranks on one board.
 ``resident_bytes`` is the memory a layer's weights take in ncnn once repacked (light mode drops
 the file's copy): a 3x3 convolution's Winograd weights take several times its ONNX bytes, an
 InnerProduct's the same. Of its large blocks only the pages written count: ncnn's x86 int8
-Winograd kernel leaves about half of its block untouched, and so never resident. ``loaded_bytes`` is the most it holds beyond that while it loads: the
-file's copy, and the scratch of repacking (a Winograd kernel before packing: as large again).
+Winograd kernel leaves about half of its block untouched, and so never resident.
+``loaded_bytes`` is the most it holds beyond that while it loads: the file's copy, and the
+scratch of repacking (a Winograd kernel before packing: as large again).
 ``workspace_bytes`` is what the layer's forward allocates beyond its output and frees again
 (im2col and Winograd tiles, padded copies). Absent (profiles of older autodice, hand-written
 ones): the layer's ONNX weight bytes resident, nothing more.
@@ -92,6 +94,7 @@ class LayerCost:
     int8_ms: dict[int, float] | None = None  # threads -> median ms, quantized (profile --int8)
     int8_resident_bytes: int | None = None  # resident_bytes, quantized
     int8_loaded_bytes: int | None = None  # loaded_bytes, quantized (None: loaded_bytes's)
+    little_int8_ms: dict[int, float] | None = None  # little_ms, quantized
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,10 @@ def profile_to_json(p: Profile) -> dict:
                        {"int8_ms": {str(t): ms for t, ms in sorted(lc.int8_ms.items())},
                         "int8_resident_bytes": lc.int8_resident_bytes,
                         **({} if lc.int8_loaded_bytes is None else
-                           {"int8_loaded_bytes": lc.int8_loaded_bytes})})}
+                           {"int8_loaded_bytes": lc.int8_loaded_bytes}),
+                        **({} if lc.little_int8_ms is None else
+                           {"little_int8_ms": {str(t): ms for t, ms in
+                                               sorted(lc.little_int8_ms.items())}})})}
                    for lc in p.layers],
         "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency}
                   for k, v in sorted(p.links.items())},
@@ -277,7 +283,10 @@ def profile_from_json(d: dict, where: str = "profile.json") -> Profile:
                                    None if x.get("int8_resident_bytes") is None else
                                    int(x["int8_resident_bytes"]),
                                    None if x.get("int8_loaded_bytes") is None else
-                                   int(x["int8_loaded_bytes"]))
+                                   int(x["int8_loaded_bytes"]),
+                                   None if x.get("little_int8_ms") is None else
+                                   {int(t): float(ms) for t, ms in
+                                    x["little_int8_ms"].items()})
                          for x in d["layers"]),
             links={k: Link(float(v["bandwidth"]), float(v["latency"]))
                    for k, v in d.get("links", {}).items()},
@@ -342,6 +351,12 @@ def check_profile(p: Profile, where: str) -> list[str]:
                          f"at the profile's threads {list(p.threads)} (and int8_resident_bytes), "
                          "on every layer or none",
                          f"{where}: and {{n}} more layers with impossible int8 times")
+        if lc.little_int8_ms is not None and (not int8 or set(lc.little_int8_ms) != set(
+                little) or not all(map(time, lc.little_int8_ms.values()))):
+            problems.add(f'{where}: layer "{lc.name}": little_int8_ms {lc.little_int8_ms}: '
+                         f"times of 0 or more at the little cores' threads {list(little)}, "
+                         "with int8_ms",
+                         f"{where}: and {{n}} more layers with impossible little int8 times")
         if lc.gpu_ms is not None and not time(lc.gpu_ms):
             problems.add(f'{where}: layer "{lc.name}": gpu_ms is {lc.gpu_ms}; times are numbers '
                          "of 0 or more", f"{where}: and {{n}} more layers with impossible times")

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from .remote_tools import OnHost
 
 # 2: co-run slowdown, runtime_bytes; 3: robust link fit; 4: GPU timings; 5: layer bytes;
-# 6: GPU layer times summed to the whole model's; 7: int8 loaded bytes
+# 6: GPU layer times summed to the whole model's; 7: int8 loaded bytes, little cores in int8
 CACHE_VERSION = 7
 
 
@@ -281,7 +281,8 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
                            str(graph.path), gpu, gpu_fp32, kinds and kinds.big_cores)
         if int8:
             progress.update(step, description="timing layers in int8")
-            raw_int8 = run_profiler(m, quantized(param, feeds), feeds, threads, warmup, runs,
+            param_int8 = quantized(param, feeds)
+            raw_int8 = run_profiler(m, param_int8, feeds, threads, warmup, runs,
                                     lambda d, n: progress.update(timing, completed=d, total=n),
                                     str(graph.path), cores=kinds and kinds.big_cores)
             if [x["name"] for x in raw_int8["layers"]] != [x["name"] for x in raw["layers"]]:
@@ -293,6 +294,11 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
             raw_little = run_profiler(m, param, feeds, kinds.threads, warmup, runs,
                                       lambda d, n: progress.update(timing, completed=d, total=n),
                                       str(graph.path), cores=kinds.cores)
+            if int8:  # where int8 pays most: the little cores
+                raw_little_int8 = run_profiler(
+                    m, param_int8, feeds, kinds.threads, warmup, runs,
+                    lambda d, n: progress.update(timing, completed=d, total=n),
+                    str(graph.path), cores=kinds.cores)
         progress.update(step, advance=1, description="measuring shared-memory transfers")
         shm = measure_shm(m)
         progress.update(step, advance=1, description="timing the model with every core busy")
@@ -305,6 +311,8 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
     little_ms = attribute_times(graph, raw_little, groups, kinds.threads) if kinds else None
     int8_ms = attribute_times(graph, raw_int8, groups, threads) if int8 else None
     int8_held = attribute_bytes(graph, raw_int8, groups) if int8 else None
+    little_int8_ms = (attribute_times(graph, raw_little_int8, groups, kinds.threads)
+                      if int8 and kinds else None)
     held = attribute_bytes(graph, raw, groups)
     # What the rank held beyond what the cost model counts for a rank with the whole model (its
     # layers' weights and workspace, activations): MPI, ncnn's code, the runtime.
@@ -330,7 +338,9 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
                                if kinds else None,
                                {t: six_digits(int8_ms[t][i]) for t in threads} if int8 else None,
                                round(int8_held["resident"][i]) if int8 else None,
-                               round(int8_held["loaded"][i]) if int8 else None)
+                               round(int8_held["loaded"][i]) if int8 else None,
+                               {t: six_digits(little_int8_ms[t][i]) for t in kinds.threads}
+                               if little_int8_ms else None)
                      for i in mappable), gpu=copies, little=kinds)
     whole = {str(t): six_digits(np.median(raw["runs"][str(t)]["whole_ms"]))
              for t in (*threads, *(["gpu"] if copies else []))}
@@ -338,6 +348,9 @@ def measure_model(graph: Graph, digest: str, ncnn: Path | None, threads: tuple[i
               for t in (kinds.threads if kinds else ())}
     whole |= {f"int8 {t}": six_digits(np.median(raw_int8["runs"][str(t)]["whole_ms"]))
               for t in (threads if int8 else ())}
+    whole |= {f"little int8 {t}": six_digits(np.median(
+        raw_little_int8["runs"][str(t)]["whole_ms"])) for t in (kinds.threads if little_int8_ms
+                                                                  else ())}
     return {"profile": profile_to_json(profile), "whole_ms": whole, "shm": shm,
             "ncnn_layers": len(raw["layers"]), "unmatched": [graph.names[i] for i in unmatched]}
 

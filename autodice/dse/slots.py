@@ -4,8 +4,9 @@ Per device: one core, all cores, all but the first (so a device whose first core
 can run a second on the rest), and the GPU where the profile timed it. These are the columns of
 :class:`~autodice.dse.cost_model.CostModel` and the alphabet of the search's genes.
 
-Where the profile timed layers quantized (``profile --int8``), each of a CPU's big-core slots
-has an int8 twin: the same key and cores, its layers at their int8 times and bytes. The twins
+Where the profile timed layers quantized (``profile --int8``), each CPU slot has an int8 twin
+(a board's little cores too, where the profile timed them quantized): the same key and cores,
+its layers at their int8 times and bytes. The twins
 come after every other slot; the genes choose between a slot and its twin per group of cores
 (:mod:`autodice.dse.genes`), so one key is never both.
 
@@ -65,5 +66,5 @@ def candidate_slots(timing: Timing, names) -> tuple[Slot, ...]:
         if dev.gpu is not None and timing.has_gpu_timings(host, names):
             slots.append(Slot(f"{host}_gpu", host, d, "gpu", (), 1, True, first))
     twins = [replace(s, int8=True) for s in slots
-             if not s.gpu and not s.little and timing.has_int8_timings(s.host, names)]
+             if not s.gpu and timing.has_int8_timings(s.host, names, s.little)]
     return tuple(slots + twins)

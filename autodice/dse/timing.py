@@ -185,9 +185,12 @@ class Timing:
         layers = self._layers[id(self.profiles[host])]
         return all(n in layers and layers[n].gpu_ms is not None for n in names)
 
-    def has_int8_timings(self, host: str, names) -> bool:
+    def has_int8_timings(self, host: str, names, little: bool = False) -> bool:
+        """Whether the profile of ``host`` timed ``names`` in int8 (on its little cores with
+        ``little``)."""
         layers = self._layers[id(self.profiles[host])]
-        return all(n in layers and layers[n].int8_ms is not None for n in names)
+        field = "little_int8_ms" if little else "int8_ms"
+        return all(n in layers and getattr(layers[n], field) is not None for n in names)
 
     def missing_layers(self, host: str, names) -> list[str]:
         layers = self._layers[id(self.profiles[host])]
@@ -213,7 +216,6 @@ class Timing:
             raise AutodiceError(f"profile of {p.model} (host {host}): {len(missing)} layers are "
                                 f"not in it, e.g. \"{missing[0]}\"; profile this model")
         little = little and p.little is not None
-        int8 = int8 and not little
         fits = self._fits[id(p), little]
         out = np.empty(len(names))
         for k, name in enumerate(names):
@@ -224,8 +226,9 @@ class Timing:
                                         f"timing; profile on a board with the GPU")
                 out[k] = lc.gpu_ms / 1e3
                 continue
-            times = (lc.little_ms if little else
-                     lc.int8_ms if int8 and lc.int8_ms is not None else lc.cpu_ms)
+            quantized = lc.little_int8_ms if little else lc.int8_ms
+            times = (quantized if int8 and quantized is not None else
+                     lc.little_ms if little else lc.cpu_ms)
             ms = times.get(threads)
             if ms is None:
                 m = max(n for n in times if n <= threads)
