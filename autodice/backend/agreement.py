@@ -217,7 +217,8 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
     checker = build_tools(ensure_ncnn()) / "ncnn_check"
     keys = [KeyLoss(rank=r, precision=asked.computes(r)) for r in plan.ranks]
     wire = Wire.of_output(out_dir)
-    edges = [EdgeLoss(src=e.src, dst=d, wire=kind) for e, d, kind in wire.smaller(plan)]
+    crossing = wire.smaller(plan)  # (edge, destination, format), read once
+    edges = [EdgeLoss(src=e.src, dst=d, wire=kind) for e, d, kind in crossing]
     arrive = wire.arrival(plan) if edges else None
     names = [t.name for t in plan.model_outputs]
     outputs = [OutputAgreement(n, "tensor") for n in names]
@@ -232,7 +233,7 @@ def agreement(out_dir: str | Path, source: str | Path, preprocess: str | None = 
                               [values[t.name] for t in k.rank.submodel_inputs])
             for t, g in zip(k.rank.submodel_outputs, got):
                 k.add(t.name, g, np.asarray(values[t.name], np.float32))
-        for edge, (e, _, kind) in zip(edges, wire.smaller(plan)):
+        for edge, (e, _, kind) in zip(edges, crossing):
             want = np.asarray(values[e.tensor], np.float32)
             edge.add(e.tensor, through(want, kind), want)
         if chained:

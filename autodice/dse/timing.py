@@ -255,7 +255,7 @@ class Timing:
         if int8:
             resident = np.array([lc.resident_bytes if lc.int8_resident_bytes is None
                                  else lc.int8_resident_bytes for lc in got], dtype=float)
-            loaded = np.array([lc.loaded_bytes or 0 if lc.int8_loaded_bytes is None
+            loaded = np.array([(lc.loaded_bytes or 0) if lc.int8_loaded_bytes is None
                                else lc.int8_loaded_bytes for lc in got], dtype=float)
         return (np.where(measured, loaded, 0.0), np.where(measured, resident, onnx),
                 np.where(measured, workspace, 0.0))
