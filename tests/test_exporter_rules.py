@@ -183,6 +183,44 @@ def test_layer_normalization_by_reductions(tmp_path, shape, axis, opset, bias):
           rewritten=not (shape[0] == 1 and axis == len(shape) - 1))
 
 
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 6), min_size=2, max_size=5).map(tuple),
+       eps=st.sampled_from([1e-5, 1e-3, 0.1]), opset=st.sampled_from([9, 15]))
+def test_batch_normalization_off_the_batch_by_scale_and_shift(tmp_path, shape, eps, opset):
+    """LeViT's tokens flattened to N x C: BatchNormalization there is x * scale + shift per
+    channel; on a batch of one (pnnx's own BatchNorm) it is left alone."""
+    rng = np.random.default_rng(4)
+    c = shape[1]
+    w = {"gamma": rng.standard_normal(c), "beta": rng.standard_normal(c),
+         "mean": rng.standard_normal(c), "var": 0.1 + rng.random(c)}
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    node = helper.make_node("BatchNormalization", ["x", *w], ["y"], name="n", epsilon=eps)
+    check(tmp_path, model_of(node, shape, w, opset), shape, exact=False,
+          rewritten=shape[0] != 1)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), data=st.data(),
+       keep=st.integers(0, 1), opset=st.sampled_from([13, 17, 18]))
+def test_reduce_sum_over_constant_axes_by_mean(tmp_path, shape, data, keep, opset):
+    axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1,
+                              max_size=len(shape), unique_by=lambda a: a % len(shape)))
+    w = {"axes": np.array(axes, np.int64)}
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="n", keepdims=keep)
+    check(tmp_path, model_of(node, shape, w, opset), shape, exact=False)
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(1, 6), min_size=3, max_size=4).map(tuple),
+       eps=st.sampled_from([1e-5, 0.1]))
+def test_instance_normalization_of_3d_on_a_4d_view(tmp_path, shape, eps):
+    """torch's GroupNorm as exported (MobileViT-v2): InstanceNormalization of N x C x L."""
+    rng = np.random.default_rng(5)
+    w = {k: rng.standard_normal(shape[1]).astype(np.float32) for k in ("scale", "bias")}
+    node = helper.make_node("InstanceNormalization", ["x", *w], ["y"], name="n", epsilon=eps)
+    check(tmp_path, model_of(node, shape, w), shape, exact=False, rewritten=len(shape) == 3)
+
+
 def space_to_depth(x: np.ndarray, b: int, crd: bool) -> np.ndarray:
     """The spec's SpaceToDepth, element by element (onnxruntime reads opset 26 at most, and the
     CRD mode came with 28)."""

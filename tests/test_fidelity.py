@@ -5,14 +5,15 @@ Two parts:
 
 * Drawn with onnx.helper (no torch), CI runs them: a small ConvNeXt spelled as torch's dynamo
   exporter spells it, and ShuffleNet's channel shuffle cut at its 5-D tensors.
-* The suite (marked ``slow``): eight torchvision CNNs, each exported by the dynamo exporter
+* The suite (marked ``slow``): thirteen torchvision CNNs and fifteen timm edge backbones
+  (mobile CNNs, hybrids, ViTs, re-parameterizable nets), each exported by the dynamo exporter
   (opset 18) and the TorchScript one (opset 17), each split under three seeded mappings (2, 3
   and 4 keys; contiguous, or interleaved runs of layers) and put through split -> gen (every
-  conversion checked in ncnn) -> build -> run under mpirun. It needs torch and torchvision (the
-  ``fidelity`` extra) and skips without them; ``AUTODICE_TORCH_PYTHON=/path/to/python`` exports
-  with another Python that has them instead. Exports are cached under
-  ``~/.cache/autodice/fidelity``, keyed by the torch, torchvision and onnx versions and the
-  export script.
+  conversion checked in ncnn) -> build -> run under mpirun. It needs torch, torchvision and
+  timm (the ``fidelity`` extra) and skips without them; ``AUTODICE_TORCH_PYTHON=/path/to/python``
+  exports with another Python that has them instead. Exports are cached under
+  ``~/.cache/autodice/fidelity``, keyed by the torch, torchvision, onnx and timm versions and
+  the export script.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from fidelity_export import MODELS, OPSETS
-from graphs import channel_shuffle, convnext_dynamo, window_attention
+from fidelity_export import MODELS, OPSETS, TIMM_MODELS
+from graphs import channel_shuffle, convnext_dynamo, levit_tokens, window_attention
 from onnx import TensorProto, helper, numpy_helper
 
 from autodice.backend.build import build
 from autodice.backend.engine import cache_root
 from autodice.backend.gen import gen
+from autodice.backend.model_check import check_model
 from autodice.backend.run import run
 from autodice.core.errors import AutodiceError
 from autodice.core.model import load_model
@@ -191,6 +193,20 @@ def test_a_channel_shuffle_cut_at_both_5d_tensors_runs_like_onnxruntime(tmp_path
     run_distributed(tmp_path / "shuffle.onnx", mapping, tmp_path, x)
 
 
+@pytest.mark.cpp
+@pytest.mark.parametrize("mapping", [
+    {"edge01_x860": ["embed", "tokens", "rows", "linear", "flat"], "edge01_x861": ["bn"],
+     "edge01_x862": ["back", "proj"]},
+    {"edge01_x860": ["embed", "tokens", "rows", "linear", "flat", "bn", "back", "proj"]}],
+    ids=["bn alone", "whole"])
+def test_a_batch_norm_over_flattened_tokens_runs_like_onnxruntime(tmp_path, mapping):
+    """LeViT's BatchNorm reads 16 tokens x 12 channels: ncnn's BatchNorm would scale each token
+    by another channel's statistics. Alone on a rank, and inside one."""
+    onnx.save(levit_tokens(), tmp_path / "levit.onnx")
+    x = np.random.default_rng(0).standard_normal((1, 8, 4, 4)).astype(np.float32)
+    run_distributed(tmp_path / "levit.onnx", mapping, tmp_path, x)
+
+
 # Window attention cut where the rewrites to at most four axes meet the wire: at the 6-D
 # partition, at the 5-D heads before and after their split, at the masked 5-D scores.
 WINDOW_MAPPINGS = {
@@ -276,33 +292,49 @@ def test_a_6d_tensor_read_by_an_op_without_a_rewrite_is_named(tmp_path):
         gen(tmp_path / "out")
 
 
-CASES = [pytest.param(m, e, seed, id=f"{m}-{e}-m{seed}")
-         for m in MODELS for e in OPSETS for seed in range(3)]
+# Cuts that still fail, each named at gen ("ncnn computes "add_5" ... with 7451328 elements,
+# onnxruntime 37824"): a token tensor at a sub-model's edge, whose axes pnnx reads otherwise than
+# the model does: a leading axis longer than one made ncnn's batch (MobileViT's 4x256x96 patch
+# tokens, LeViT's 196x128 flattened ones), or DeiT's and EdgeNeXt's 1x197x192 tokens broadcast
+# by the token count. Whole, on one key, all run (test_timm_backbones_run_whole_in_ncnn).
+TOKENS_AT_THE_EDGE = pytest.mark.xfail(
+    strict=True, reason="pnnx reads a token tensor at a sub-model's edge with other axes")
+KNOWN = {*((m, e, seed) for e in OPSETS for m, seeds in (
+    ("levit_128s", (0, 1, 2)), ("mobilevit_xs", (0, 1)), ("edgenext_xx_small", (1, 2)))
+    for seed in seeds),
+    ("deit_tiny_patch16_224", "dynamo", 2), ("deit_tiny_patch16_224", "torchscript", 1),
+    ("deit_tiny_patch16_224", "torchscript", 2)}
+CASES = [pytest.param(m, e, seed, id=f"{m}-{e}-m{seed}",
+                      marks=[TOKENS_AT_THE_EDGE] if (m, e, seed) in KNOWN else [])
+         for m in (*MODELS, *TIMM_MODELS) for e in OPSETS for seed in range(3)]
 
 
 @pytest.fixture(scope="session")
 def torch_python() -> str:
-    """A Python with torch and torchvision: ``$AUTODICE_TORCH_PYTHON``, else this one."""
+    """A Python with torch, torchvision and timm: ``$AUTODICE_TORCH_PYTHON``, else this one."""
     python = os.environ.get("AUTODICE_TORCH_PYTHON")
     if python:
         return python
     why = "the fidelity suite exports with torch: make fidelity, or pip install -e '.[fidelity]'"
     pytest.importorskip("torch", reason=why)
     pytest.importorskip("torchvision", reason=why)
+    pytest.importorskip("timm", reason=why)
     return sys.executable
 
 
 @pytest.fixture(scope="session")
 def exported(torch_python):
     """exported(model, exporter) -> the model's ONNX export, made once and cached by the torch,
-    torchvision and onnx versions and the export script."""
+    torchvision, onnx and timm versions and the export script."""
     said = subprocess.run([torch_python, str(EXPORT), "--versions"], capture_output=True,
                           text=True)
     if said.returncode != 0:
-        pytest.fail(f"{torch_python} cannot import torch and torchvision: {said.stderr[-300:]}")
-    torch_v, vision_v, onnx_v = said.stdout.split()
+        pytest.fail(f"{torch_python} cannot import torch, torchvision and timm: "
+                    f"{said.stderr[-300:]}")
+    torch_v, vision_v, onnx_v, timm_v = said.stdout.split()
     digest = hashlib.sha256(f"{said.stdout}\n".encode() + EXPORT.read_bytes()).hexdigest()[:10]
-    root = cache_root() / "fidelity" / f"torch{torch_v}-torchvision{vision_v}-onnx{onnx_v}-{digest}"
+    root = cache_root() / "fidelity" / (f"torch{torch_v}-torchvision{vision_v}-onnx{onnx_v}"
+                                         f"-timm{timm_v}-{digest}")
 
     def get(model: str, exporter: str) -> Path:
         name = f"{model}-{exporter}"
@@ -327,15 +359,28 @@ def exported(torch_python):
 @pytest.mark.slow
 @pytest.mark.cpp
 @pytest.mark.parametrize("model, exporter, seed", CASES)
-def test_torchvision_export_runs_like_onnxruntime(tmp_path, monkeypatch, exported,
+def test_export_runs_like_onnxruntime(tmp_path, monkeypatch, exported,
                                                   record_property, model, exporter, seed):
     # A large stage (most of ConvNeXt-Tiny) on a busy shared core can take longer than the 8 s
     # a rank waits for its input by default before it calls the sender dead.
     monkeypatch.setenv("AUTODICE_TIMEOUT_S", "300")
     path = exported(model, exporter)
-    x = np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    graph = load_model(path)
+    shape = graph.types[graph.inputs[0]].shape  # 224x224, or a timm model's own size
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     mapping = random_mapping(path, seed)
     record_property("keys", len(mapping))
     for output, rel in run_distributed(path, mapping, tmp_path, x).items():
         record_property(f"rel {output}", f"{rel:.2e}")
 
+
+
+@pytest.mark.slow
+@pytest.mark.cpp
+@pytest.mark.parametrize("model", TIMM_MODELS)
+@pytest.mark.parametrize("exporter", list(OPSETS))
+def test_timm_backbones_run_whole_in_ncnn(exported, model, exporter):
+    """``layers --check``: every timm backbone, whole on one key, as onnxruntime computes it."""
+    found = check_model(exported(model, exporter))
+    assert found.runs, f"{found.layer}: {found.problem}"
+    assert found.worst <= RTOL

@@ -7,8 +7,9 @@ every key is checked on onnxruntime's own values at its inputs: a key fails only
 layers do. The first failing key is cut again, with the layers before and after it as one key
 each, until it holds one layer: the first layer ncnn cannot load or computes wrong.
 
-The answer is cached by the model's bytes, the input shapes, the frame and the ncnn build
-(``~/.cache/autodice/model-checks/``): asked again, it is a file read.
+The answer is cached by the model's bytes, the input shapes, the frame, the ncnn build and
+the front end's code that spells the sub-models (``~/.cache/autodice/model-checks/``): asked
+again, it is a file read; a new legalization rule asks afresh.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..core.mapping import mapping_json
 from ..core.model import load_model
 from ..core.outdir import write_atomic
 from ..frontend.check import chain_values
+from ..frontend import split as split_module
 from ..frontend.split import split
 from .convert import PNNX_VERSION, RECIPE, convert_all
 from .engine import cache_key, cache_root, ncnn_flags
@@ -80,6 +82,14 @@ def _check(model: Path, shapes, names: list[str], pieces: list[list[str]], work:
     return [(piece, *found[offset + k]) for k, piece in enumerate(pieces)]
 
 
+def _frontend_digest() -> str:
+    """A digest of the front end's sources: the rewrites that decide what pnnx is given."""
+    digest = hashlib.sha256()
+    for source in sorted(Path(split_module.__file__).parent.rglob("*.py")):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def check_model(model: str | Path, input_shapes=None, verify_with: str | Path | None = None,
                 preprocess: str | None = None, console=None) -> ModelCheck:
     """Whether ncnn runs ``model`` as onnxruntime does (see the module docstring).
@@ -94,6 +104,7 @@ def check_model(model: str | Path, input_shapes=None, verify_with: str | Path | 
     digest.update(json.dumps({"shapes": {k: list(v) for k, v in sorted(shapes.items())},
                               "ncnn": cache_key(ncnn_flags(vulkan=True)), "pnnx": PNNX_VERSION,
                               "recipe": RECIPE, "preprocess": preprocess,
+                              "spelling": _frontend_digest(),
                               "frame": hashlib.sha256(Path(verify_with).read_bytes()).hexdigest()
                               if verify_with and Path(verify_with).is_file() else
                               str(verify_with)}).encode())

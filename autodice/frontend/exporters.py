@@ -19,6 +19,14 @@ last word.
   tensor): ``Relu(x) - slope * Relu(-x)``.
 * LayerNormalization over several axes, or on a tensor whose leading axis is no batch of one:
   its mean and variance by ReduceMean.
+* BatchNormalization on a tensor whose leading axis is no batch of one (LeViT normalizes its
+  tokens flattened to 196x256; ncnn's BatchNorm scales a 2-D Mat by rows, so every token got
+  the wrong channel's statistics): one multiply and one add per channel.
+* ReduceSum over constant axes given as an input (opset 13 on; MobileViT-v2's attention): pnnx
+  reads one axis there as no axis and sums nothing. A ReduceMean, whose axes stay an attribute
+  up to opset 17, times the count.
+* InstanceNormalization of a 3-D tensor (torch's GroupNorm, MobileViT-v2's: pnnx writes an
+  InstanceNorm1d ncnn does not have): the same on a 4-D view, N x C x L x 1.
 * DepthToSpace and SpaceToDepth, both modes: the Reshape, Transpose, Reshape the spec defines
   (six axes, which the lowering to four then takes).
 * Selu with its own ``alpha`` and ``gamma``: ``gamma * Elu(x, alpha)``.
@@ -38,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..core.model import Graph
+from ..core.onnxio import read_array
 from .nodes import Nodes, Rewrite, attr, ints, shape_of, with_attrs
 from .pooling import pool_by_convolution
 
@@ -172,6 +181,59 @@ def layer_norm_by_reductions(graph: Graph, node: onnx.NodeProto, opset: int) -> 
                   out=None if has_bias else node.output[0])
     if has_bias:
         n.op("Add", [scaled, node.input[2]], out=node.output[0])
+    return n.nodes
+
+
+def batch_norm_off_batch(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
+    """BatchNormalization at inference of a tensor whose axis 0 is not a batch of one, as
+    ``x * scale + shift`` with scale = gamma / sqrt(var + eps) and shift = beta - mean * scale,
+    per channel (axis 1). Needs the four statistics as weights; training mode is left alone."""
+    x = shape_of(graph, node.input[0])
+    if (x is None or len(x) < 2 or x[0] == 1 or attr(node, "training_mode", 0)
+            or len(node.output) > 1 or not all(graph.is_weight(t) for t in node.input[1:5])):
+        return None
+    gamma, beta, mean, var = (read_array(graph.tensors[t]).astype(np.float64)
+                              for t in node.input[1:5])
+    scale = gamma / np.sqrt(var + float(attr(node, "epsilon", 1e-5)))
+    per_channel = (x[1],) + (1,) * (len(x) - 2)
+    n = Nodes(node)
+    scaled = n.op("Mul", [node.input[0], n.const(
+        "scale", scale.astype(np.float32).reshape(per_channel))], "scaled")
+    n.op("Add", [scaled, n.const("shift", (beta - mean * scale).astype(np.float32)
+                                 .reshape(per_channel))], out=node.output[0])
+    return n.nodes
+
+
+def reduce_sum_by_mean(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
+    """ReduceSum(x, constant axes) at opset 13 or later as ReduceMean over those axes times the
+    number of elements each output sums."""
+    x = shape_of(graph, node.input[0])
+    axes = _value(graph, node.input[1]) if opset >= 13 and len(node.input) > 1 else None
+    floats = "float" in graph.types[node.input[0]].dtype
+    if x is None or axes is None or axes.size == 0 or not floats:
+        return None  # (integer sums are shape plumbing, which the followers pass folds)
+    axes = sorted(int(a) % len(x) for a in axes.ravel())
+    n = Nodes(node)
+    keep = {"keepdims": attr(node, "keepdims", 1)}
+    if opset >= 18:  # (legalize's reduce_axes_as_attributes moves them back where it can)
+        mean = n.op("ReduceMean", [node.input[0], n.const("axes", ints(axes))], "mean", **keep)
+    else:
+        mean = n.op("ReduceMean", [node.input[0]], "mean", axes=axes, **keep)
+    count = math.prod(x[a] for a in axes)
+    n.op("Mul", [mean, n.const("count", np.array(count, np.float32))], out=node.output[0])
+    return n.nodes
+
+
+def instance_norm_in_4d(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
+    """InstanceNormalization of N x C x L as the same op on N x C x L x 1, reshaped back."""
+    x = shape_of(graph, node.input[0])
+    if x is None or len(x) != 3:
+        return None
+    n = Nodes(node)
+    view = n.op("Reshape", [node.input[0], n.const("shape4d", ints([*x, 1]))], "4d")
+    normed = n.op(node.op_type, [view, *node.input[1:]], "normed",
+                  **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+    n.op("Reshape", [normed, n.const("shape", ints(x))], out=node.output[0])
     return n.nodes
 
 
@@ -340,7 +402,10 @@ def respell(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
 
 RULES = {"Gemm": gemm_as_matmul, "MaxPool": pool_by_convolution,
          "AveragePool": pool_by_convolution, "PRelu": prelu_any_slope,
-         "LayerNormalization": layer_norm_by_reductions, "DepthToSpace": depth_space_by_transpose,
+         "LayerNormalization": layer_norm_by_reductions,
+         "BatchNormalization": batch_norm_off_batch,
+         "InstanceNormalization": instance_norm_in_4d, "ReduceSum": reduce_sum_by_mean,
+         "DepthToSpace": depth_space_by_transpose,
          "SpaceToDepth": depth_space_by_transpose, "Selu": selu_as_elu,
          "Transpose": transpose_perm, "Max": chain_of_pairs, "Min": chain_of_pairs,
          "Sum": chain_of_pairs, "Mean": chain_of_pairs, "Split": split_as_slices,
