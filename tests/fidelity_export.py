@@ -92,10 +92,11 @@ def export(name: str, exporter: str, path: str, seed: int = 0) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--versions"]:
         import onnx
-        import timm
         import torch
 
-        print(torch.__version__, import_torchvision().__version__, onnx.__version__,
-              timm.__version__)
+        vision = import_torchvision()  # before timm, which imports torchvision
+        import timm
+
+        print(torch.__version__, vision.__version__, onnx.__version__, timm.__version__)
     else:
         export(*sys.argv[1:4])

@@ -157,7 +157,7 @@ BATCH_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "Globa
 
 
 def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
-    """Put an identity MaxPool (1x1, or 1x1x1) in front of 4-D and 5-D inputs that only
+    """Put an identity MaxPool (1, 1x1, or 1x1x1) in front of 3-D, 4-D and 5-D inputs that only
     batch-blind ops read.
 
     pnnx decides whether axis 0 is the batch from the ops that read a tensor. A sub-model whose
@@ -166,10 +166,13 @@ def pin_batch(g: onnx.GraphProto, inputs: tuple[TensorSpec, ...]) -> None:
     tensor without batch: a 64-vector broadcasts along the wrong axis and the rank sends 4x the
     elements. A 5-D input (ShuffleNet's channel shuffle cut between its Reshape to 1x2xCxHxW and
     its Transpose) is worse: pnnx finds no batch, has no 5-D Permute, and writes an identity in
-    its place, with no error. A MaxPool tells pnnx; in ncnn it is one copy of the tensor.
+    its place, with no error. A 3-D input is a transformer's 1x197x192 tokens: pnnx keeps
+    the leading 1 of a tensor it finds no batch for, and adding it to tokens it knows batched
+    (those a Linear or LayerNorm reads) broadcast 197 times the elements (DeiT, EdgeNeXt). A
+    MaxPool tells pnnx; in ncnn it is one copy of the tensor.
     """
     for spec in inputs:
-        if len(spec.shape) not in (4, 5) or spec.shape[0] != 1 or spec.dtype != "float32":
+        if len(spec.shape) not in (3, 4, 5) or spec.shape[0] != 1 or spec.dtype != "float32":
             continue
         users = [n for n in g.node if spec.name in n.input]
         if all(n.op_type in BATCH_OPS for n in users):
