@@ -26,7 +26,6 @@ from ..core.mapping import mapping_json
 from ..core.model import load_model
 from ..core.outdir import write_atomic
 from ..frontend.check import chain_values
-from ..frontend import split as split_module
 from ..frontend.split import split
 from .convert import PNNX_VERSION, RECIPE, convert_all
 from .engine import cache_key, cache_root, ncnn_flags
@@ -85,7 +84,7 @@ def _check(model: Path, shapes, names: list[str], pieces: list[list[str]], work:
 def _frontend_digest() -> str:
     """A digest of the front end's sources: the rewrites that decide what pnnx is given."""
     digest = hashlib.sha256()
-    for source in sorted(Path(split_module.__file__).parent.rglob("*.py")):
+    for source in sorted((Path(__file__).parents[1] / "frontend").rglob("*.py")):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
