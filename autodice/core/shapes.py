@@ -121,8 +121,9 @@ def _type_of(value_info) -> TensorType | None:
 
 
 def _dynamic(d) -> bool:
-    """A dimension the model leaves open: named, unset, or a number that is no size (-1, 0)."""
-    return not d.HasField("dim_value") or d.dim_value <= 0
+    """A dimension the model leaves open: named, unset, or -1 (Paddle's exports). A 0 is a
+    size: an empty tensor, which split refuses by name (``--input-shape`` overrides it)."""
+    return not d.HasField("dim_value") or d.dim_value < 0
 
 
 def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
@@ -171,7 +172,7 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
                 d.dim_value = v
             continue
         for k, d in enumerate(dims):
-            if _dynamic(d):  # Paddle's exports write -1 (or 0) where others name the dim
+            if _dynamic(d):  # Paddle's exports write -1 where others name the dim
                 d.Clear()
                 if k == 0:
                     d.dim_value = 1
@@ -182,9 +183,9 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
         else:
             g.input.append(helper.make_tensor_value_info(name, ref.data_type, ref.dims))
     g.output.extend(graph.output)
-    for vi in g.output:  # a declared -1 would contradict what batch 1 infers
+    for vi in g.output:  # a declared -1 or 0 would contradict what batch 1 infers
         for d in vi.type.tensor_type.shape.dim:
-            if _dynamic(d):
+            if _dynamic(d) or d.dim_value == 0:
                 d.Clear()
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
