@@ -32,9 +32,9 @@ import numpy as np
 import onnx
 import pytest
 from fidelity_export import MODELS, OPSETS, TIMM_MODELS
-from graphs import (channel_shuffle, convnext_dynamo, levit_tokens, vit_residual,
-                    window_attention)
+from graphs import channel_shuffle, convnext_dynamo, window_attention
 from onnx import TensorProto, helper, numpy_helper
+from token_graphs import levit_tokens, vit_residual
 
 from autodice.backend.build import build
 from autodice.backend.engine import cache_root
@@ -369,8 +369,8 @@ def exported(torch_python):
 @pytest.mark.slow
 @pytest.mark.cpp
 @pytest.mark.parametrize("model, exporter, seed", CASES)
-def test_export_runs_like_onnxruntime(tmp_path, monkeypatch, exported,
-                                                  record_property, model, exporter, seed):
+def test_export_runs_like_onnxruntime(tmp_path, monkeypatch, exported, record_property, model,
+                                      exporter, seed):
     # A large stage (most of ConvNeXt-Tiny) on a busy shared core can take longer than the 8 s
     # a rank waits for its input by default before it calls the sender dead.
     monkeypatch.setenv("AUTODICE_TIMEOUT_S", "300")
