@@ -84,17 +84,17 @@ bench: $(STAMP) test-tools
 # torch: counts per operator into build/conformance.json), then the fidelity suite
 # (tests/test_fidelity.py, marked slow) once per torch release: the pinned
 # one and the two before it, each in its own venv under ~/.cache/autodice/torch (torch,
-# torchvision and timm from the package index: 1-6 GB each; PIP_CONSTRAINT=/dev/null, as a
-# machine's own pip constraint may cap torch below the pinned release). FIDELITY passes options
-# to that pytest, e.g. FIDELITY="-k swin_t".
+# torchvision, timm and ultralytics from the package index: 1-6 GB each, and pip adds what
+# a venv lacks; PIP_CONSTRAINT=/dev/null, as a machine's own pip constraint may cap torch below
+# the pinned release). FIDELITY passes options to that pytest, e.g. FIDELITY="-k swin_t".
 TORCH_RELEASES := 2.15.0:0.29.2 2.14.1:0.29.1 2.13.0:0.28.0
 TORCH_HOME_DIR := $(HOME)/.cache/autodice/torch
 fidelity: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests/test_conformance.py
 	@for r in $(TORCH_RELEASES); do t=$${r%%:*}; v=$${r##*:}; d=$(TORCH_HOME_DIR)/$$t; \
-	  [ -x $$d/bin/python ] || { $(PY) -m venv $$d && PIP_CONSTRAINT=/dev/null $$d/bin/pip \
-	    install -q "torch==$$t" "torchvision==$$v" "onnxscript>=0.5,<0.8" onnx "timm==1.0.31"; } \
-	    || exit 1; \
+	  { [ -x $$d/bin/python ] || $(PY) -m venv $$d; } && PIP_CONSTRAINT=/dev/null $$d/bin/pip \
+	    install -q "torch==$$t" "torchvision==$$v" "onnxscript>=0.5,<0.8" onnx "timm==1.0.31" \
+	    "ultralytics==8.4.190" || exit 1; \
 	  echo "== torch $$t"; AUTODICE_TORCH_PYTHON=$$d/bin/python $(BIN)/python -m pytest -q \
 	    -m slow tests/test_fidelity.py $(FIDELITY) || exit 1; done
 
