@@ -127,7 +127,8 @@ def test_a_video_read_live_drops_what_a_slow_pipeline_cannot_take(tmp_path):
     from autodice.backend.session.video import video_frames
 
     moving_shapes(tmp_path / "clip.mp4", frames=30)
-    count, frames = video_frames(str(tmp_path / "clip.mp4"), lambda p: (p.size,), live=True)
+    count, frames = video_frames(str(tmp_path / "clip.mp4"), lambda p: ((p.width, p.height),),
+                                 live=True)
     assert count is None
     got = []
     for label, size in frames:
@@ -176,7 +177,7 @@ def test_a_lost_live_stream_is_reconnected_then_a_clear_error(tmp_path, monkeypa
     port = _serve_twice((tmp_path / "clip.ts").read_bytes())
     monkeypatch.setattr(video, "RECONNECT_S", (0.05, 0.1))
     source = f"tcp://127.0.0.1:{port}"
-    _, frames = video.video_frames(source, lambda picture: (picture.size,))
+    _, frames = video.video_frames(source, lambda picture: ((picture.width, picture.height),))
     got = []
     with pytest.raises(JobError) as e:
         for label, size in frames:

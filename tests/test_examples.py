@@ -89,4 +89,4 @@ def test_detect_video_on_an_x86_host_and_an_aarch64_board(tmp_path):
                            atol=0.02)
     with av.open(str(work / "annotated.mp4")) as copy:
         drawn = [f.to_image().size for f in copy.decode(video=0)]
-    assert drawn == [frames[0].size] * 12
+    assert drawn == [(frames[0].width, frames[0].height)] * 12

@@ -17,7 +17,7 @@ INK = (255, 64, 0)
 
 
 def draw(picture, read, labels: list[str] | None = None):
-    """``picture`` (a PIL image, or a path) as RGB with a task's reading of it drawn: each
+    """``picture`` (a PIL image, a video frame or a path) as RGB with a task's reading drawn: each
     detection's box and name (:class:`~.detect.Detection`; a segmenter's detection's mask
     too, half covering its pixels in its class's colour), or a mask's classes in their
     palette colours, half covering the picture (:class:`~.segment.Mask`; class 0, the
@@ -27,6 +27,8 @@ def draw(picture, read, labels: list[str] | None = None):
     from .palette import PALETTE
     from .segment import Mask
 
+    if hasattr(picture, "to_image"):  # a video frame (PyAV's)
+        picture = picture.to_image()
     image = picture.convert("RGB") if isinstance(picture, Image.Image) else \
         Image.open(picture).convert("RGB")
     if isinstance(read, Mask):

@@ -85,8 +85,8 @@ class ImageRecipe:
         return recipe
 
     def apply(self, path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """The image at ``path`` (or a PIL image) as a frame of ``shape`` (N=1, C=3, H, W in
-        ``layout``).
+        """The image at ``path`` (or a PIL image, or a decoded video frame) as a frame of
+        ``shape`` (N=1, C=3, H, W in ``layout``).
 
         Raises:
             ValueError: the image cannot be read or the shape is not an image's.
@@ -101,6 +101,8 @@ class ImageRecipe:
         if mode is None:
             raise ValueError(f"the input has {channels} channels: an image gives 1 (grey), "
                              "3 (RGB) or 4 (RGBA)")
+        if hasattr(path, "to_image"):  # a video frame (PyAV's)
+            path = path.to_image()
         given = isinstance(path, Image.Image)  # the caller's: used, not closed
         with warnings.catch_warnings():  # Pillow's own bomb check: ours below, one message
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -269,7 +271,7 @@ def _load_batch(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
 
 
 def _maker(shape, dtype, recipe: ImageRecipe | None, letterboxed: bool):
-    """What a picture (a path or a PIL image) becomes after its label: ``(frame,)``, or
+    """What a picture (a path, a PIL image, a video frame) becomes after its label: ``(frame,)``, or
     ``(frame, Letterbox, picture)`` letterboxed (normalised by ``recipe`` when given)."""
     if letterboxed:  # the picture too: its results may be drawn on it (--annotate)
         from .detect import letterbox

@@ -78,7 +78,7 @@ def is_live(source: str) -> bool:
 def video_frames(source: str, make: Callable,
                  live: bool | None = None) -> tuple[int | None, VideoFrames]:
     """(frames in the file if its header says, the ``(label, *made)`` of each frame): ``make``
-    turns a decoded frame (a PIL image) into what a source yields after its label. A live
+    turns a decoded frame (PyAV's) into what a source yields after its label. A live
     source (``live``; by default a stream URL or a camera) is read as fast as it comes, and the
     pipeline takes the newest frame each time it takes one (:class:`Newest`)."""
     container, stream = open_video(source)
@@ -191,7 +191,7 @@ def _reconnecting(container, stream, source: str) -> Iterator:
 
 
 def _pictures(container, stream, source: str, start: int = 0) -> Iterator:
-    """``(index, PIL image)`` of each frame, ``(index, FrameError)`` for one FFmpeg cannot
+    """``(index, PyAV frame)`` of each frame, ``(index, FrameError)`` for one FFmpeg cannot
     decode (the rest go on); indices from ``start``."""
     import av
 
@@ -205,7 +205,7 @@ def _pictures(container, stream, source: str, start: int = 0) -> Iterator:
                 i += 1
                 continue
             for frame in decoded:
-                yield i, frame.to_image()
+                yield i, frame  # made RGB as it is made a frame, at the frame's size
                 i += 1
     finally:
         container.close()
