@@ -121,6 +121,29 @@ def test_a_live_source_gives_the_newest_frame_and_counts_the_rest():
         list(Newest(source(3, fail=True)))
 
 
+@pytest.mark.parametrize("side", [64, 200])
+def test_a_video_frame_is_letterboxed_as_its_picture(tmp_path, side):
+    """FFmpeg scales a decoded frame as Pillow scales its picture, within about a level of 255
+    on average, down and up (FFmpeg converts colours a little more exactly: the clip's red
+    220 stays 220, where the picture has 218); the letterbox and the grey are the same."""
+    import av
+    from test_detector import moving_shapes
+
+    moving_shapes(tmp_path / "clip.mp4", frames=4)
+    with av.open(str(tmp_path / "clip.mp4")) as clip:
+        for frame in clip.decode(video=0):
+            got, box = letterbox(frame, (1, 3, side, side))
+            want, same = letterbox(frame.to_image(), (1, 3, side, side))
+            assert box == same and got.dtype == want.dtype == np.float32
+            rows = round(80 * box.scale)  # 96x80 fits the width: grey above and below
+            top = int(box.pad[1])
+            assert np.array_equal(got[..., :top, :], want[..., :top, :])
+            assert np.array_equal(got[..., top + rows:, :], want[..., top + rows:, :])
+            assert np.all(got[..., :top, :] == np.float32(114) / np.float32(255))
+            inside = np.abs(got - want)[..., top:top + rows, :]
+            assert inside.mean() < 2 / 255 and np.median(inside) <= 1 / 255
+
+
 def test_a_video_read_live_drops_what_a_slow_pipeline_cannot_take(tmp_path):
     from test_detector import moving_shapes
 
