@@ -35,7 +35,7 @@ TIMM_MODELS = ("mobilevit_xs", "levit_128s", "mobilevitv2_050", "efficientvit_b0
 # from its yaml (random weights, nothing downloaded) and made ready as Ultralytics' own ONNX
 # export makes it, and torchvision's segmentation nets. "yolo26n-nms-free" is YOLO26 exported
 # with its NMS-free head (Ultralytics' ``nms=False``), which ends in TopK and GatherElements.
-DETECTORS = ("yolov8n", "yolo11n", "yolo26n", "yolov8n-seg")
+DETECTORS = ("yolov8n", "yolo11n", "yolo26n", "yolov8n-seg", "yolo26n-seg")
 NMS_FREE = "yolo26n-nms-free"
 SEGMENTERS = ("lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large")
 SIDE = 320  # the detectors' and segmenters' input: 320x320

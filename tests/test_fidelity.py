@@ -6,8 +6,8 @@ Two parts:
 * Drawn with onnx.helper (no torch), CI runs them: a small ConvNeXt spelled as torch's dynamo
   exporter spells it, and ShuffleNet's channel shuffle cut at its 5-D tensors.
 * The suite (marked ``slow``): thirteen torchvision CNNs, fifteen timm edge backbones (mobile
-  CNNs, hybrids, ViTs, re-parameterizable nets), four Ultralytics YOLOs (YOLOv8n, YOLO11n,
-  YOLO26n, YOLOv8n-seg) and two torchvision segmenters, each exported by the
+  CNNs, hybrids, ViTs, re-parameterizable nets), five Ultralytics YOLOs (YOLOv8n, YOLO11n,
+  YOLO26n, YOLOv8n-seg, YOLO26n-seg) and two torchvision segmenters, each exported by the
   dynamo exporter (opset 18) and the TorchScript one (opset 17), each split under three seeded
   mappings (2, 3 and 4 keys; contiguous, or interleaved runs of layers, which cut the YOLOs'
   heads between their scales' Concats, the DFL softmax and the Split of boxes and scores) and
