@@ -331,6 +331,42 @@ def test_a_detectors_scores_cut_after_their_sigmoid_pass_the_check(tmp_path):
 
 
 @pytest.mark.cpp
+def test_will_it_run_names_the_first_layer_that_computes_wrong(tmp_path):
+    """``layers --check`` cuts a model down to the one layer ncnn computes wrong: a cubic Resize
+    with TensorFlow's coefficient (-0.5), which pnnx converts as torch's (-0.75), among
+    convolutions that all run."""
+    from click.testing import CliRunner
+
+    from autodice.cli import main
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "twice")]
+    nodes, x = [], "input"
+    for k in range(6):
+        inits.append(numpy_helper.from_array((0.3 * rng.standard_normal((8, 8, 3, 3)))
+                                             .astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("Conv", [x, f"w{k}"], [f"c{k}"], name=f"conv{k}",
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
+        x = f"r{k}"
+        if k == 2:
+            nodes += [helper.make_node("Resize", [x, "", "twice"], ["up"], name="tf_resize",
+                                       mode="cubic", cubic_coeff_a=-0.5),
+                      helper.make_node("MaxPool", ["up"], ["down"], name="pool",
+                                       kernel_shape=[2, 2], strides=[2, 2])]
+            x = "down"
+    graph = helper.make_graph(nodes, "tf_cubic", [helper.make_tensor_value_info(
+        "input", TensorProto.FLOAT, [1, 8, 16, 16])], [helper.make_tensor_value_info(
+            x, TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), tmp_path / "tf_cubic.onnx")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / "tf_cubic.onnx"), "--check"])
+    assert r.exit_code == 1, r.output
+    assert 'the first layer that fails is "tf_resize"' in r.output, r.output
+    assert "cubic_coeff_a=-0.5" in r.output
+
+
+@pytest.mark.cpp
 def test_a_6d_tensor_read_by_an_op_without_a_rewrite_is_named(tmp_path):
     """A mean over a 6-D tensor has no rewrite onto four axes: gen says so, naming the op."""
     model = window_attention()

@@ -222,10 +222,11 @@ def test_the_recognizer_in_int8(tmp_path):
 
 
 @needs_models
-def test_will_it_run_names_the_first_layer_that_fails_alone(tmp_path):
-    """``layers --check`` on the detector: on noise its map is near 0, where ncnn's Sigmoid is
-    off by 0.2 % of that scale (1e-7 absolute): the check cuts its 330 layers down to that one.
-    On a drawn page every layer runs; asked again, the answer is the cached one."""
+def test_will_it_run_on_noise_and_on_a_page(tmp_path):
+    """``layers --check`` on the detector: on noise its map is near 0 (the tail of its last
+    Sigmoid, where onnxruntime's own Sigmoid is off by 0.2 % of that scale and ncnn's is not),
+    and every layer runs, held to the function there. On a drawn page every layer runs too;
+    asked again, the answer is the cached one."""
     from click.testing import CliRunner
 
     from autodice.cli import main
@@ -235,9 +236,7 @@ def test_will_it_run_names_the_first_layer_that_fails_alone(tmp_path):
                                             [0.229, 0.224, 0.225]))
     ask = ["layers", str(model), "--input-shape", "x=1x3x320x320", "--check"]
     r = CliRunner().invoke(main, ask)
-    assert r.exit_code == 1, r.output
-    assert 'the first layer that fails is "p2o.Sigmoid.0"' in r.output
-    assert "--verify-with FRAME" in r.output  # how to check on a real frame
+    assert r.exit_code == 0 and "every layer runs in ncnn (330 layers)" in r.output, r.output
     for k in range(2):  # the second time (at least) from the cache
         r = CliRunner().invoke(main, [*ask, "--verify-with", str(tmp_path / "page.npy")])
         assert r.exit_code == 0 and "every layer runs in ncnn (330 layers)" in r.output

@@ -52,8 +52,10 @@ def verify_conversions(plan: Plan, out_dir: Path, ncnn_models: Path,
     error found (of an output's scale).
 
     A trained detector fed noise may find nothing: its map sits near 0 (PP-OCR's text detector:
-    6e-5 at most), and an error that is nothing on a real frame (7e-5 of its scale) is 0.2 % of
-    that. So a mismatch on noise says how to verify on real frames instead.
+    6e-5 at most), where an error that is nothing on a real frame is a large share of the scale.
+    So a mismatch on noise says how to verify on real frames instead. (PP-OCR's was onnxruntime's
+    own: its Sigmoid is approximate in the tail, so a Sigmoid is held to the function,
+    :func:`_exact_sigmoid`.)
 
     Raises:
         AutodiceError: one line per rank whose model ncnn cannot load (unknown layer types and
