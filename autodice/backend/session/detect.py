@@ -68,11 +68,8 @@ def letterbox(image, shape: tuple[int, ...], dtype=np.float32,
     :class:`~.frames.ImageRecipe` whose scale, channel order, mean and std the letterboxed
     picture is normalised by instead (a segmenter's), its resize aside.
 
-    A video frame (PyAV's) is scaled by FFmpeg as it is made RGB, in one pass over the small
-    picture instead of RGB at the source's size and a second resample (bench/detect_bench.py
-    times both): bilinear like Pillow's, with the chroma taken at full width (without it, the
-    scaled conversion took a dark grey of 30 to 28, and a 720p frame at 64x64 was 7 levels
-    of 255 from the picture's way on average; with it, about 1), on the feeder's one thread."""
+    A video frame (PyAV's) is scaled by FFmpeg as it is made RGB (:func:`~.video.scaled`;
+    bench/detect_bench.py times both ways)."""
     from PIL import Image
 
     if len(shape) != 4 or shape[:2] != (1, 3):
@@ -81,11 +78,9 @@ def letterbox(image, shape: tuple[int, ...], dtype=np.float32,
     if hasattr(image, "reformat"):
         box = Letterbox.fit((image.width, image.height), (h, w))
         new = (round(image.width * box.scale), round(image.height * box.scale))
-        from av.video.reformatter import Interpolation
+        from .video import scaled
 
-        rgb = image.reformat(width=new[0], height=new[1], format="rgb24", threads=1,
-                             interpolation=Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT
-                             | Interpolation.ACCURATE_RND).to_ndarray()
+        rgb = scaled(image, *new)
     else:
         img = image if isinstance(image, Image.Image) else Image.open(image)
         box = Letterbox.fit(img.size, (h, w))

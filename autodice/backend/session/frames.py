@@ -101,8 +101,8 @@ class ImageRecipe:
         if mode is None:
             raise ValueError(f"the input has {channels} channels: an image gives 1 (grey), "
                              "3 (RGB) or 4 (RGBA)")
-        if hasattr(path, "to_image"):  # a video frame (PyAV's)
-            path = path.to_image()
+        if hasattr(path, "reformat"):  # a video frame (PyAV's): scaled as it is converted
+            return self._video(path, h, w, channels, dtype)
         given = isinstance(path, Image.Image)  # the caller's: used, not closed
         with warnings.catch_warnings():  # Pillow's own bomb check: ours below, one message
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -128,6 +128,18 @@ class ImageRecipe:
                              box=(left / kx, top / ky, (left + w) / kx, (top + h) / ky))
             a = np.asarray(img, dtype=np.float32)
         return self.normalised(a.reshape(h, w, channels), dtype)
+
+    def _video(self, frame, h: int, w: int, channels: int, dtype: np.dtype) -> np.ndarray:
+        """A decoded video frame by the recipe: scaled whole by FFmpeg (:func:`~.video.scaled`)
+        to where its centre crop is the frame, then cropped."""
+        from .video import scaled
+
+        k = self.resize * min(h, w) / min(frame.width, frame.height)
+        big_w, big_h = max(w, round(frame.width * k)), max(h, round(frame.height * k))
+        left, top = (big_w - w) // 2, (big_h - h) // 2
+        pixels = scaled(frame, big_w, big_h, {1: "gray", 3: "rgb24", 4: "rgba"}[channels])
+        crop = pixels.reshape(big_h, big_w, channels)[top:top + h, left:left + w]
+        return self.normalised(crop.astype(np.float32), dtype)
 
     def normalised(self, a: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """Pixels ``a`` (H, W, C as decoded) as a frame: scaled, channels reordered, mean and

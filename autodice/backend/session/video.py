@@ -211,5 +211,18 @@ def _pictures(container, stream, source: str, start: int = 0) -> Iterator:
         container.close()
 
 
+def scaled(frame, width: int, height: int, fmt: str = "rgb24"):
+    """A decoded frame as ``height x width`` pixels of ``fmt`` (an array), scaled by FFmpeg as
+    it converts it: one pass over the small picture, where RGB at the source's size and a
+    second resample took two over the large one. Bilinear like Pillow's, with the chroma taken
+    at full width (without it a dark grey of 30 came out 28, and a 720p frame at 64x64 was 7
+    levels of 255 from Pillow's way on average; with it about 1), on the caller's thread."""
+    from av.video.reformatter import Interpolation
+
+    how = Interpolation.BILINEAR | Interpolation.FULL_CHR_H_INT | Interpolation.ACCURATE_RND
+    return frame.reformat(width=width, height=height, format=fmt, interpolation=how,
+                          threads=1).to_ndarray()
+
+
 def _why(e: Exception) -> str:
     return str(getattr(e, "strerror", None) or e).strip()
