@@ -7,6 +7,7 @@ one stage time of filling the pipeline counts against neither side.
 
     python bench/backend_bench.py [--models resnet50,resnet101,densenet121] [--frames 30]
                                   [--rounds 7] [--pairs 3]
+    python bench/backend_bench.py --models yolo11n   # YOLO11n at 640 (make fidelity's torch)
 
 Every configuration of a model runs in every round, round after round, so the machine's drift
 hits all of them alike; the table shows medians over rounds, and the steady-state ratios and the
@@ -55,6 +56,7 @@ from autodice.frontend.check import compare
 from autodice.frontend.layers import layer_table
 from autodice.frontend.split import split
 from autodice.frontend.suggest import balanced_mapping
+from bench_models import can_export, model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "edge01, x86, slots=0-1\n"
@@ -264,7 +266,7 @@ def print_wire(w: dict) -> None:
 
 def bench_model(name: str, frames: int, rounds: int, pairs: int, tools: Path, plain: Plain,
                 work: Path) -> dict:
-    model = zoo.cached(name)
+    model = model_path(name)
     maps, profiled = mappings(model)
     outs = {k: prepare(model, m, work / name / k) for k, m in maps.items()}
     spec = load_model(model)
@@ -406,8 +408,11 @@ def bench_fp16(frames: int, work: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="resnet50,resnet101,densenet121",
-                    help='comma-separated; "" for the wire alone')
+    ap.add_argument("--models", default="resnet50,resnet101,densenet121"
+                    + (",yolo11n" if can_export() else ""),
+                    help='comma-separated zoo models, .onnx files or "yolo11n" (exported at 640 '
+                         'with make fidelity\'s torch; in the default when it is here); "" for '
+                         'the wire alone')
     ap.add_argument("--frames", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pairs", type=int, default=3,
