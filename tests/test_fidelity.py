@@ -330,17 +330,34 @@ def test_a_detectors_scores_cut_after_their_sigmoid_pass_the_check(tmp_path):
     run_distributed(tmp_path / "scores.onnx", mapping, tmp_path, x)
 
 
+def _wrong_layer(kind: str):
+    """(nodes, constants) of one layer pnnx converts wrong, from "r2" to "mid": a cubic Resize
+    with TensorFlow's coefficient (-0.5; pnnx converts it as torch's -0.75), or an opset-18
+    GroupNormalization (scale and bias per group), past which onnx infers no shapes."""
+    if kind == "tf_resize":
+        return ([helper.make_node("Resize", ["r2", "", "twice"], ["up"], name="tf_resize",
+                                  mode="cubic", cubic_coeff_a=-0.5),
+                 helper.make_node("MaxPool", ["up"], ["mid"], name="pool",
+                                  kernel_shape=[2, 2], strides=[2, 2])],
+                [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "twice")])
+    return ([helper.make_node("GroupNormalization", ["r2", "gs", "gb"], ["mid"],
+                              name="group_norm", num_groups=2)],
+            [numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("gs", [1.5, 0.5]), ("gb", [0.2, -0.3]))])
+
+
 @pytest.mark.cpp
-def test_will_it_run_names_the_first_layer_that_computes_wrong(tmp_path):
-    """``layers --check`` cuts a model down to the one layer ncnn computes wrong: a cubic Resize
-    with TensorFlow's coefficient (-0.5), which pnnx converts as torch's (-0.75), among
-    convolutions that all run."""
+@pytest.mark.parametrize("kind", ["tf_resize", "group_norm"])
+def test_will_it_run_names_the_first_layer_that_computes_wrong(tmp_path, kind):
+    """``layers --check`` cuts a model down to the one layer ncnn computes wrong, among
+    convolutions that all run. Past the opset-18 GroupNormalization onnx infers no shapes: the
+    cuts there take the shapes onnxruntime makes (without them no cut could be made)."""
     from click.testing import CliRunner
 
     from autodice.cli import main
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "twice")]
+    layer, inits = _wrong_layer(kind)
     nodes, x = [], "input"
     for k in range(6):
         inits.append(numpy_helper.from_array((0.3 * rng.standard_normal((8, 8, 3, 3)))
@@ -350,20 +367,16 @@ def test_will_it_run_names_the_first_layer_that_computes_wrong(tmp_path):
                   helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
         x = f"r{k}"
         if k == 2:
-            nodes += [helper.make_node("Resize", [x, "", "twice"], ["up"], name="tf_resize",
-                                       mode="cubic", cubic_coeff_a=-0.5),
-                      helper.make_node("MaxPool", ["up"], ["down"], name="pool",
-                                       kernel_shape=[2, 2], strides=[2, 2])]
-            x = "down"
-    graph = helper.make_graph(nodes, "tf_cubic", [helper.make_tensor_value_info(
+            nodes += layer
+            x = "mid"
+    graph = helper.make_graph(nodes, kind, [helper.make_tensor_value_info(
         "input", TensorProto.FLOAT, [1, 8, 16, 16])], [helper.make_tensor_value_info(
             x, TensorProto.FLOAT, [1, 8, 16, 16])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                ir_version=8), tmp_path / "tf_cubic.onnx")
-    r = CliRunner().invoke(main, ["layers", str(tmp_path / "tf_cubic.onnx"), "--check"])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                                ir_version=8), tmp_path / f"{kind}.onnx")
+    r = CliRunner().invoke(main, ["layers", str(tmp_path / f"{kind}.onnx"), "--check"])
     assert r.exit_code == 1, r.output
-    assert 'the first layer that fails is "tf_resize"' in r.output, r.output
-    assert "cubic_coeff_a=-0.5" in r.output
+    assert f'the first layer that fails is "{kind}"' in r.output, r.output
 
 
 @pytest.mark.cpp

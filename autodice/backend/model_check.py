@@ -8,7 +8,7 @@ layers do. The first failing key is cut again, with the layers before and after 
 each, until it holds one layer: the first layer ncnn cannot load or computes wrong.
 
 The answer is cached by the model's bytes, the input shapes, the frame, the ncnn build and
-the front end's code that spells the sub-models (``~/.cache/autodice/model-checks/``): asked
+the code that spells the sub-models (front end and core; ``~/.cache/autodice/model-checks/``): asked
 again, it is a file read; a new legalization rule asks afresh.
 """
 
@@ -82,9 +82,11 @@ def _check(model: Path, shapes, names: list[str], pieces: list[list[str]], work:
 
 
 def _frontend_digest() -> str:
-    """A digest of the front end's sources: the rewrites that decide what pnnx is given."""
+    """A digest of the sources that decide what pnnx is given: the front end's rewrites and
+    the core's shapes, which say where a model can be cut."""
     digest = hashlib.sha256()
-    for source in sorted((Path(__file__).parents[1] / "frontend").rglob("*.py")):
+    root = Path(__file__).parents[1]
+    for source in sorted([*(root / "frontend").rglob("*.py"), *(root / "core").rglob("*.py")]):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -203,7 +203,43 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
             types[vi.name] = t
     for name, ref in lazy.tensors.items():
         types[name] = TensorType(ref.dims, ref.data_type)
+    unknown = [t for n in model.graph.node for t in n.output
+               if t and not (t in types and types[t].static)]
+    if unknown and not any(n.op_type in UNSUPPORTED_OPS for n in model.graph.node):
+        types.update(_measured(model, unknown))
     return types
+
+
+def _measured(model: onnx.ModelProto, tensors: list[str]) -> dict[str, TensorType]:
+    """The types of ``tensors`` as onnxruntime makes them, for those onnx cannot infer.
+
+    onnx's inference stops at some ops it has no rule for at an opset (a GroupNormalization of
+    opset 18, whose scale is per group), and every tensor after it would have no shape, so no
+    cut there could be made. The model's shapes do not depend on its values (the ops whose
+    shapes do are refused: ``UNSUPPORTED_OPS``), so one run on zeros measures them: inputs and
+    the large weights (graph inputs here) alike. Empty where onnxruntime cannot run it either.
+    """
+    import onnxruntime as ort
+
+    feeds = {}
+    for vi in model.graph.input:
+        t = _type_of(vi)
+        if t is None or not t.static:
+            return {}
+        feeds[vi.name] = np.zeros(t.shape, helper.tensor_dtype_to_np_dtype(t.elem_type))
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        got = ort.InferenceSession(probe.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"]).run(tensors, feeds)
+    except Exception:  # noqa: BLE001 - onnxruntime cannot either: the shapes stay unknown
+        return {}
+    return {t: TensorType(tuple(v.shape), helper.np_dtype_to_tensor_dtype(v.dtype))
+            for t, v in zip(tensors, got)}
 
 
 def inference_errors(path: Path, said: str, nodes, names: list[str] | None) -> list[str]:
