@@ -203,8 +203,9 @@ def infer_types(path: Path, lazy: LazyModel, nodes, inputs: list[str],
             types[vi.name] = t
     for name, ref in lazy.tensors.items():
         types[name] = TensorType(ref.dims, ref.data_type)
+    read = {t for n in model.graph.node for t in n.input} | {o.name for o in g.output}
     unknown = [t for n in model.graph.node for t in n.output
-               if t and not (t in types and types[t].static)]
+               if t in read and not (t in types and types[t].static)]  # not Dropout's mask
     if unknown and not any(n.op_type in UNSUPPORTED_OPS for n in model.graph.node):
         types.update(_measured(model, unknown))
     return types
