@@ -94,7 +94,7 @@ def annotate(video: str, session, names: list[str] | None, work: Path) -> int:
     and drawn into an annotated copy. Returns the frames done."""
     drawn = Annotator.of(work / "annotated.mp4", video, names)
     with av.open(video) as clip, open(work / "detections.jsonl", "w") as lines:
-        pictures = (frame.to_image() for frame in clip.decode(video=0))
+        pictures = clip.decode(video=0)  # PyAV's frames: the session scales them in FFmpeg
         kept: list = []  # each picture until its boxes come back: the session keeps the order
 
         def remembered():

@@ -170,15 +170,16 @@ def test_detect_refuses_what_it_cannot_read_in_one_line(detector, fig2_built, tm
         assert not (tmp_path / "r").exists()
 
 
-def test_a_detector_session_gives_each_frame_its_boxes(detector):
-    """``autodice.open(out, task="detect")``: a picture is letterboxed and its boxes come back
-    in its own pixels, an array's in the input's; the same as onnxruntime's, through map and
-    infer alike."""
+def test_a_detector_session_gives_each_frame_its_boxes(detector, tmp_path):
+    """``autodice.open(out, task="detect")``: a picture (a PIL image, or a video frame PyAV
+    decoded) is letterboxed and its boxes come back in its own pixels, an array's in the
+    input's; the same as onnxruntime's, through map and infer alike."""
     from PIL import Image
 
     rng = np.random.default_rng(4)
+    moving_shapes(tmp_path / "clip.mp4", frames=2)
     pictures = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-                for w, h in ((96, 80), (50, 120))]
+                for w, h in ((96, 80), (50, 120))] + decoded(tmp_path / "clip.mp4")[1:]
     array = rng.random((1, 3, SIDE, SIDE)).astype(np.float32)
     ref = ort.InferenceSession(str(detector / "model.onnx"))
 

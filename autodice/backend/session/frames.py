@@ -307,8 +307,9 @@ def _cannot(index: int, image, e: Exception) -> FrameError:
 
 
 def image_frame(item, index: int, inputs, recipe: ImageRecipe):
-    """``item`` of a session's stream as a frame: an image (a path or a PIL image) made into
-    one by ``recipe`` for the model's one input, anything else as it is (an array, a dict).
+    """``item`` of a session's stream as a frame: an image (a path, a PIL image, a decoded
+    video frame) made into one by ``recipe`` for the model's one input, anything else as it is
+    (an array, a dict).
 
     Raises:
         FrameError: the image cannot be read, or the model's input is no image's.
@@ -318,10 +319,10 @@ def image_frame(item, index: int, inputs, recipe: ImageRecipe):
 
 
 def letterboxed(item, index: int, inputs, recipe: ImageRecipe | None = None):
-    """``item`` of a detector's or segmenter's session's stream: a picture (a path or a PIL
-    image) letterboxed for the model's one input (normalised by ``recipe``, else as Ultralytics
-    does), with its :class:`~.detect.Letterbox`; anything else as it is (its result stays in
-    the input's pixels).
+    """``item`` of a detector's or segmenter's session's stream: a picture (a path, a PIL image,
+    a decoded video frame) letterboxed for the model's one input (normalised by ``recipe``, else
+    as Ultralytics does), with its :class:`~.detect.Letterbox`; anything else as it is (its
+    result stays in the input's pixels).
 
     Raises:
         FrameError: the image cannot be read, or the model's input is no image's.
@@ -336,9 +337,10 @@ def _picture_frame(item, index: int, inputs, otherwise, make):
     """``make(picture, the model's one input)`` for a picture, ``otherwise`` for anything else."""
     from PIL import Image
 
-    if not isinstance(item, (str, os.PathLike, Image.Image)):
+    video = hasattr(item, "reformat")  # a decoded video frame (PyAV's)
+    if not (video or isinstance(item, (str, os.PathLike, Image.Image))):
         return otherwise
-    name = item if not isinstance(item, Image.Image) else "the image"
+    name = "the image" if video or isinstance(item, Image.Image) else item
     if len(inputs) != 1:
         raise FrameError(index, f"{name}: the model has inputs "
                                 f"{', '.join(t.name for t in inputs)}: an image feeds one")

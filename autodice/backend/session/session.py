@@ -113,8 +113,9 @@ class Session:
         """Each frame's result, in input order, while up to ``window`` frames are in flight.
 
         A frame is an array (a model with one input) or a dict by input name; its shape is the
-        input's, with or without the leading batch dimension of 1. Or an image, a path or a PIL
-        image, made a frame by :attr:`preprocess` (ImageNet's recipe unless set). A result is
+        input's, with or without the leading batch dimension of 1. Or an image, a path, a PIL
+        image or a decoded video frame (PyAV's), made a frame by :attr:`preprocess` (ImageNet's
+        recipe unless set; a detector's letterbox). A result is
         an array (a model with one output) or a dict by output name. A frame that cannot be
         sent is yielded as a :class:`FrameError` in its place.
 
