@@ -81,7 +81,7 @@ def _check(model: Path, shapes, names: list[str], pieces: list[list[str]], work:
     return [(piece, *found[offset + k]) for k, piece in enumerate(pieces)]
 
 
-def _frontend_digest() -> str:
+def _spelling_digest() -> str:
     """A digest of the sources that decide what pnnx is given: the front end's rewrites and
     the core's shapes, which say where a model can be cut."""
     digest = hashlib.sha256()
@@ -105,7 +105,7 @@ def check_model(model: str | Path, input_shapes=None, verify_with: str | Path | 
     digest.update(json.dumps({"shapes": {k: list(v) for k, v in sorted(shapes.items())},
                               "ncnn": cache_key(ncnn_flags(vulkan=True)), "pnnx": PNNX_VERSION,
                               "recipe": RECIPE, "preprocess": preprocess,
-                              "spelling": _frontend_digest(),
+                              "spelling": _spelling_digest(),
                               "frame": hashlib.sha256(Path(verify_with).read_bytes()).hexdigest()
                               if verify_with and Path(verify_with).is_file() else
                               str(verify_with)}).encode())

@@ -216,9 +216,10 @@ def _measured(model: onnx.ModelProto, tensors: list[str]) -> dict[str, TensorTyp
 
     onnx's inference stops at some ops it has no rule for at an opset (a GroupNormalization of
     opset 18, whose scale is per group), and every tensor after it would have no shape, so no
-    cut there could be made. The model's shapes do not depend on its values (the ops whose
-    shapes do are refused: ``UNSUPPORTED_OPS``), so one run on zeros measures them: inputs and
-    the large weights (graph inputs here) alike. Empty where onnxruntime cannot run it either.
+    cut there could be made. A CNN's shapes follow from its input's, not from its values (the
+    ops whose output shapes depend on values are refused anyway: ``UNSUPPORTED_OPS``), so one
+    run on zeros measures them: inputs and the large weights (graph inputs here) alike. Empty
+    where onnxruntime cannot run it either.
     """
     import onnxruntime as ort
 

@@ -26,8 +26,9 @@ def draw(picture, read, labels: list[str] | None = None):
 
     from .palette import PALETTE
     from .segment import Mask
+    from .video import is_frame
 
-    if hasattr(picture, "to_image"):  # a video frame (PyAV's)
+    if is_frame(picture):
         picture = picture.to_image()
     image = picture.convert("RGB") if isinstance(picture, Image.Image) else \
         Image.open(picture).convert("RGB")

@@ -74,12 +74,12 @@ def letterbox(image, shape: tuple[int, ...], dtype=np.float32,
 
     if len(shape) != 4 or shape[:2] != (1, 3):
         raise ValueError(f"the input is {'x'.join(map(str, shape))}, not one RGB image (1x3xHxW)")
+    from .video import is_frame, scaled
+
     h, w = shape[2], shape[3]
-    if hasattr(image, "reformat"):
+    if is_frame(image):
         box = Letterbox.fit((image.width, image.height), (h, w))
         new = (round(image.width * box.scale), round(image.height * box.scale))
-        from .video import scaled
-
         rgb = scaled(image, *new)
     else:
         img = image if isinstance(image, Image.Image) else Image.open(image)

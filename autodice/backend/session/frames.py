@@ -101,7 +101,9 @@ class ImageRecipe:
         if mode is None:
             raise ValueError(f"the input has {channels} channels: an image gives 1 (grey), "
                              "3 (RGB) or 4 (RGBA)")
-        if hasattr(path, "reformat"):  # a video frame (PyAV's): scaled as it is converted
+        from .video import is_frame
+
+        if is_frame(path):  # scaled as it is converted
             return self._video(path, h, w, channels, dtype)
         given = isinstance(path, Image.Image)  # the caller's: used, not closed
         with warnings.catch_warnings():  # Pillow's own bomb check: ours below, one message
@@ -337,7 +339,9 @@ def _picture_frame(item, index: int, inputs, otherwise, make):
     """``make(picture, the model's one input)`` for a picture, ``otherwise`` for anything else."""
     from PIL import Image
 
-    video = hasattr(item, "reformat")  # a decoded video frame (PyAV's)
+    from .video import is_frame
+
+    video = is_frame(item)
     if not (video or isinstance(item, (str, os.PathLike, Image.Image))):
         return otherwise
     name = "the image" if video or isinstance(item, Image.Image) else item

@@ -211,6 +211,12 @@ def _pictures(container, stream, source: str, start: int = 0) -> Iterator:
         container.close()
 
 
+def is_frame(item) -> bool:
+    """Whether ``item`` is a decoded video frame (PyAV's), which the pictures' paths scale with
+    :func:`scaled` rather than Pillow."""
+    return hasattr(item, "reformat") and hasattr(item, "to_image")
+
+
 def scaled(frame, width: int, height: int, fmt: str = "rgb24"):
     """A decoded frame as ``height x width`` pixels of ``fmt`` (an array), scaled by FFmpeg as
     it converts it: one pass over the small picture, where RGB at the source's size and a
