@@ -211,6 +211,24 @@ def test_reduce_sum_over_constant_axes_by_mean(tmp_path, shape, data, keep, opse
 
 
 @SETTINGS
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), data=st.data(),
+       keep=st.integers(0, 1), opset=st.sampled_from([13, 17, 18]))
+def test_reduce_l2_by_a_sum_of_squares(tmp_path, shape, data, keep, opset):
+    """Over any axes, the attribute's (to opset 17) or the input's (18), but the channels of a
+    4-D tensor alone, the one ``F.normalize`` pnnx converts right."""
+    axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1,
+                              max_size=len(shape), unique_by=lambda a: a % len(shape)))
+    if opset >= 18:
+        w = {"axes": np.array(axes, np.int64)}
+        node = helper.make_node("ReduceL2", ["x", "axes"], ["y"], name="n", keepdims=keep)
+    else:
+        w = {}
+        node = helper.make_node("ReduceL2", ["x"], ["y"], name="n", axes=axes, keepdims=keep)
+    channels = len(shape) == 4 and [a % 4 for a in axes] == [1]
+    check(tmp_path, model_of(node, shape, w, opset), shape, exact=False, rewritten=not channels)
+
+
+@SETTINGS
 @given(shape=st.lists(st.integers(1, 6), min_size=3, max_size=4).map(tuple),
        eps=st.sampled_from([1e-5, 0.1]))
 def test_instance_normalization_of_3d_on_a_4d_view(tmp_path, shape, eps):

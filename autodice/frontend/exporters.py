@@ -25,6 +25,9 @@ last word.
 * ReduceSum over constant axes given as an input (opset 13 on; MobileViT-v2's attention): pnnx
   reads one axis there as no axis and sums nothing. A ReduceMean, whose axes stay an attribute
   up to opset 17, times the count.
+* ReduceL2 over other axes than the channels of a 4-D tensor: the square root of a
+  ReduceSumSquare. pnnx fuses ``x / max(ReduceL2(x), eps)``, ``F.normalize``, into an ncnn
+  Normalize over channels whatever the axis (EdgeNeXt's attention normalizes over its tokens).
 * InstanceNormalization of a 3-D tensor (torch's GroupNorm, MobileViT-v2's: pnnx writes an
   InstanceNorm1d ncnn does not have): the same on a 4-D view, N x C x L x 1.
 * DepthToSpace and SpaceToDepth, both modes: the Reshape, Transpose, Reshape the spec defines
@@ -224,6 +227,29 @@ def reduce_sum_by_mean(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrit
     return n.nodes
 
 
+def l2_by_squares(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
+    """ReduceL2 as the square root of a ReduceSumSquare over the same axes, unless it reduces
+    the channels of a 4-D tensor alone.
+
+    pnnx fuses x / max(ReduceL2(x), eps), as exporters write ``F.normalize(x, dim)``, into one
+    ncnn Normalize layer, which normalizes over channels whatever ``dim`` was, and is wrong even
+    over the channels of a 1x512 embedding or of 1x12x64 tokens. EdgeNeXt's cross-covariance
+    attention normalizes its queries and keys over the tokens: 2x their scale off (whole, its
+    layer scale of 1e-6 hid it). A square root of a sum of squares is not that pattern."""
+    x = shape_of(graph, node.input[0])
+    axes = attr(node, "axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        axes = _value(graph, node.input[1])
+        axes = None if axes is None else [int(a) for a in axes.ravel()]
+    if x is not None and len(x) == 4 and axes is not None and [a % 4 for a in axes] == [1]:
+        return None
+    n = Nodes(node)
+    squares = n.op("ReduceSumSquare", list(node.input), "squares",
+                   **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+    n.op("Sqrt", [squares], out=node.output[0])
+    return n.nodes
+
+
 def instance_norm_in_4d(graph: Graph, node: onnx.NodeProto, opset: int) -> Rewrite:
     """InstanceNormalization of N x C x L as the same op on N x C x L x 1, reshaped back."""
     x = shape_of(graph, node.input[0])
@@ -405,6 +431,7 @@ RULES = {"Gemm": gemm_as_matmul, "MaxPool": pool_by_convolution,
          "LayerNormalization": layer_norm_by_reductions,
          "BatchNormalization": batch_norm_off_batch,
          "InstanceNormalization": instance_norm_in_4d, "ReduceSum": reduce_sum_by_mean,
+         "ReduceL2": l2_by_squares,
          "DepthToSpace": depth_space_by_transpose,
          "SpaceToDepth": depth_space_by_transpose, "Selu": selu_as_elu,
          "Transpose": transpose_perm, "Max": chain_of_pairs, "Min": chain_of_pairs,
