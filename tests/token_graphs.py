@@ -60,3 +60,89 @@ def vit_residual(seed: int = 0) -> onnx.ModelProto:
     ]
     return _model(nodes, "vit_residual", ("input", [1, 8, 4, 4]), ("output", [1, 16, 8]),
                   inits, opset=17, ir=8)
+
+
+def _attention(x: str, name: str) -> list[onnx.NodeProto]:
+    """Two-head self-attention of 4x4x8 tokens ``x`` onto themselves, as dynamo spells it
+    (queries and keys each scaled by d^-1/4), pnnx's ``F.scaled_dot_product_attention``."""
+    def node(op, inputs, **attrs):
+        return helper.make_node(op, inputs, [f"{name}/{op}{len(nodes)}"], name=f"{name}/{op}"
+                                f"{len(nodes)}", **attrs)
+    nodes: list[onnx.NodeProto] = []
+    for op, inputs, attrs in (("Reshape", [x, "heads"], {}),
+                              ("Transpose", [None], {"perm": [0, 2, 1, 3]})):
+        nodes.append(node(op, [nodes[-1].output[0] if i is None else i for i in inputs],
+                          **attrs))
+    h = nodes[-1].output[0]
+    nodes.append(node("Mul", [h, "scale"]))
+    q = nodes[-1].output[0]
+    nodes.append(node("Transpose", [h], perm=[0, 1, 3, 2]))
+    nodes.append(node("Mul", [nodes[-1].output[0], "scale"]))
+    nodes.append(node("MatMul", [q, nodes[-1].output[0]]))
+    nodes.append(node("Softmax", [nodes[-1].output[0]], axis=-1))
+    nodes.append(node("MatMul", [nodes[-1].output[0], h]))
+    nodes.append(node("Transpose", [nodes[-1].output[0]], perm=[0, 2, 1, 3]))
+    nodes.append(helper.make_node("Reshape", [nodes[-1].output[0], "tokens"], [name],
+                                  name=name))
+    return nodes
+
+
+def patch_tokens(seed: int = 0) -> onnx.ModelProto:
+    """MobileViT's unfolded patches: one sequence of tokens per position inside a 2x2 patch, so
+    the tokens' leading axis is 4, read by attention (pnnx makes that axis ncnn's batch: four
+    Mats of 4x8)::
+
+        input 1x8x4x4 -> Conv embed -> Reshape rows (16x2x2x2) -> Transpose swap (16x2x2x2)
+          -> Reshape patches (1x8x4x4) -> Transpose spread (1x4x4x8) -> Reshape tokens (4x4x8)
+          -> attention attend (4x4x8) -> Add residual (tokens + attend)
+          -> attention attend2 (4x4x8) -> Add residual2 (residual + attend2)
+          -> Reshape gather (1x4x4x8) -> Transpose fold (1x8x4x4) -> Reshape unrows (16x2x2x2)
+          -> Transpose unswap (16x2x2x2) -> Reshape image (1x8x4x4) -> Conv out -> output
+    """
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (8, 8, 1, 1)), ("w2", (8, 8, 1, 1)))]
+    inits += [numpy_helper.from_array(np.array(s, np.int64), n)
+              for n, s in (("rows", [16, 2, 2, 2]), ("patches", [1, 8, 4, 4]),
+                           ("tokens", [4, 4, 8]), ("heads", [4, 4, 2, 4]),
+                           ("gather", [1, 4, 4, 8]))]
+    inits.append(numpy_helper.from_array(np.array(4 ** -0.5, np.float32), "scale"))
+    nodes = [
+        helper.make_node("Conv", ["input", "w"], ["c"], name="embed"),
+        helper.make_node("Reshape", ["c", "rows"], ["r"], name="rows"),
+        helper.make_node("Transpose", ["r"], ["s"], name="swap", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["s", "patches"], ["p"], name="patches"),
+        helper.make_node("Transpose", ["p"], ["q"], name="spread", perm=[0, 3, 2, 1]),
+        helper.make_node("Reshape", ["q", "tokens"], ["t"], name="tokens"),
+        *_attention("t", "attend"),
+        helper.make_node("Add", ["t", "attend"], ["residual"], name="residual"),
+        *_attention("residual", "attend2"),
+        helper.make_node("Add", ["residual", "attend2"], ["residual2"], name="residual2"),
+        helper.make_node("Reshape", ["residual2", "gather"], ["g"], name="gather"),
+        helper.make_node("Transpose", ["g"], ["f"], name="fold", perm=[0, 3, 2, 1]),
+        helper.make_node("Reshape", ["f", "rows"], ["u"], name="unrows"),
+        helper.make_node("Transpose", ["u"], ["v"], name="unswap", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["v", "patches"], ["i"], name="image"),
+        helper.make_node("Conv", ["i", "w2"], ["output"], name="out"),
+    ]
+    return _model(nodes, "patch_tokens", ("input", [1, 8, 4, 4]), ("output", [1, 8, 4, 4]),
+                  inits, opset=17, ir=8)
+
+
+def normalized(shape: list[int], axis: int) -> onnx.ModelProto:
+    """``F.normalize(x, dim=axis)`` as the exporters write it, after a Mul so that the input is
+    no bare model input::
+
+        input -> Mul scaled (x 2) -> ReduceL2 norm (axis, keepdims) -> Clip floor (eps)
+          -> Expand spread -> Div output (scaled / spread)
+    """
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+             numpy_helper.from_array(np.array(shape, np.int64), "shape")]
+    nodes = [helper.make_node("Mul", ["input", "two"], ["x"], name="scaled"),
+             helper.make_node("ReduceL2", ["x"], ["n"], name="norm", axes=[axis], keepdims=1),
+             helper.make_node("Clip", ["n", "eps"], ["c"], name="floor"),
+             helper.make_node("Expand", ["c", "shape"], ["e"], name="spread"),
+             helper.make_node("Div", ["x", "e"], ["output"], name="output")]
+    return _model(nodes, "normalized", ("input", shape), ("output", shape), inits, opset=17,
+                  ir=8)

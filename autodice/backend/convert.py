@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -24,12 +25,14 @@ import onnx
 from ..core.errors import AutodiceError
 from ..core.plan import Plan, Rank
 from .engine import cache_root
+from .net_edges import batch_axes, keep_inputs, passed_on, plain_edges
 from .verify import missing_rewrites, model_ops
 
 PNNX_VERSION = "20261020"
 # Part of the cache key: bumped when the way pnnx is called changes what it writes (2: external
-# weights read from the sub-model's own data file; before, pnnx read zeros and garbage).
-RECIPE = 2
+# weights read from the sub-model's own data file; before, pnnx read zeros and garbage; 3: its
+# .ncnn.py kept, which names each edge's batch axis).
+RECIPE = 3
 
 
 def pnnx_binary() -> Path:
@@ -64,20 +67,8 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
     if not (entry / "model.ncnn.param").exists():
         with tempfile.TemporaryDirectory(prefix="pnnx-") as tmp:
             work = Path(tmp)
-            # pnnx reads external weights from "<model path>.data" whatever the tensors'
-            # location says, and its onnxruntime from that location: both names must agree,
-            # so the model keeps its own name (sub-models' data is "<key>.onnx.data").
             os.symlink(onnx_path.resolve(), work / onnx_path.name)
-            data = Path(str(onnx_path) + ".data")
-            if data.exists():
-                _place(data, work / data.name)
-            # Every output named here: pnnx derives its own names from the model's, with
-            # characters a key may hold (edge01_arm0-3) changed, so those files would not be found.
-            outputs = {f"{kind}{part}": f"out.{kind}.{part}" for kind in ("pnnx", "ncnn")
-                       for part in ("param", "bin", "py")} | {"pnnxonnx": "out.pnnx.onnx"}
-            proc = subprocess.run([str(pnnx_binary()), onnx_path.name, f"fp16={int(fp16)}",
-                                   *(f"{k}={v}" for k, v in outputs.items())],
-                                  cwd=work, capture_output=True, text=True)
+            proc = _pnnx(onnx_path, work, fp16)
             if proc.returncode != 0 or not (work / "out.ncnn.param").exists():
                 tail = " | ".join(pnnx_said(proc.stdout + proc.stderr))
                 more = "..." if len(rank.layers) > 6 else ""
@@ -88,25 +79,77 @@ def convert(onnx_path: Path, dest: Path, rank: Rank, fp16: bool = False) -> None
                                     f'{", ".join(ops[:8])}): pnnx could not convert '
                                     f"{onnx_path.name}" + (f" ({why})" if why else "")
                                     + f": {tail}")
+            axes = _batch_axes(onnx_path, work, fp16)
+            (work / "out.axes.json").write_text(json.dumps(axes))
             staging = Path(tempfile.mkdtemp(dir=_ensure(entry.parent)))
             try:
-                for suffix in ("param", "bin"):
-                    shutil.move(work / f"out.ncnn.{suffix}", staging / f"model.ncnn.{suffix}")
-                    (staging / f"model.ncnn.{suffix}").chmod(0o444)  # shared: nobody writes it
+                for part in ("ncnn.param", "ncnn.bin", "axes.json"):
+                    shutil.move(work / f"out.{part}", staging / f"model.{part}")
+                    (staging / f"model.{part}").chmod(0o444)  # shared: nobody writes it
                 try:
                     staging.rename(entry)
                 except OSError:  # another process cached it first
                     pass
             finally:  # renamed, or half moved when Ctrl-C came: nothing left in the cache
                 shutil.rmtree(staging, ignore_errors=True)
-    param = _keep_inputs((entry / "model.ncnn.param").read_text())
+    param = keep_inputs((entry / "model.ncnn.param").read_text())
     _check_interface(param, rank)
+    in_axes, out_axes = json.loads((entry / "model.axes.json").read_text())
+    param = plain_edges(param, [t.shape for t in rank.submodel_inputs], in_axes,
+                        [t.shape for t in rank.submodel_outputs], out_axes)
     # Copies, not hard links: a link would let anything that edits the output (a user, a test
     # corrupting a model on purpose) poison the cache for every later conversion.
     for suffix in ("param", "bin"):
         Path(f"{dest}.{suffix}").unlink(missing_ok=True)
     Path(f"{dest}.param").write_text(param)
     shutil.copyfile(entry / "model.ncnn.bin", f"{dest}.bin")
+
+
+def _pnnx(onnx_path: Path, work: Path, fp16: bool) -> subprocess.CompletedProcess:
+    """pnnx on the model named as ``onnx_path`` in ``work`` (put there by the caller), writing
+    ``work/out.*``."""
+    # pnnx reads external weights from "<model path>.data" whatever the tensors' location
+    # says, and its onnxruntime from that location: both names must agree, so the model keeps
+    # its own name (sub-models' data is "<key>.onnx.data").
+    data = Path(str(onnx_path) + ".data")
+    if data.exists():
+        _place(data, work / data.name)
+    # Every output named here: pnnx derives its own names from the model's, with characters a
+    # key may hold (edge01_arm0-3) changed, so those files would not be found.
+    outputs = {f"{kind}{part}": f"out.{kind}.{part}" for kind in ("pnnx", "ncnn")
+               for part in ("param", "bin", "py")} | {"pnnxonnx": "out.pnnx.onnx"}
+    return subprocess.run([str(pnnx_binary()), onnx_path.name, f"fp16={int(fp16)}",
+                           *(f"{k}={v}" for k, v in outputs.items())],
+                          cwd=work, capture_output=True, text=True)
+
+
+def _batch_axes(onnx_path: Path, work: Path, fp16: bool) -> tuple[list, list]:
+    """The batch axis of each input and output of pnnx's net in ``work`` (``net_edges``), None
+    where pnnx names none.
+
+    pnnx's ``.ncnn.py`` lists the inputs only up to the first one it passes straight on as an
+    output (``Input in3 0 1 out2``: no operand is named in3). Where more come after, pnnx runs
+    again on the model with those inputs last, for the axes of the rest. The ones passed on,
+    and the outputs they become, need none: nothing in the net reads them."""
+    param = (work / "out.ncnn.param").read_text()
+    in_axes, out_axes = batch_axes((work / "out.ncnn.py").read_text())
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    passed = passed_on(param)
+    if any(k not in in_axes and k not in passed for k in range(len(model.graph.input))):
+        order = [k for k in range(len(model.graph.input)) if k not in passed] + sorted(passed)
+        inputs = [model.graph.input[k] for k in order]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        again = work / "inputs-reordered"
+        again.mkdir()
+        onnx.save(model, str(again / onnx_path.name))
+        proc = _pnnx(onnx_path, again, fp16)
+        if proc.returncode == 0:
+            in_axes = {order[j]: axis for j, axis
+                       in batch_axes((again / "out.ncnn.py").read_text())[0].items()}
+    return ([in_axes.get(k) for k in range(len(model.graph.input))],
+            [None if k in passed.values() else out_axes.get(k)
+             for k in range(len(model.graph.output))])
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -137,30 +180,6 @@ def _place(src: Path, dest: Path) -> None:
 def _ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _keep_inputs(param: str) -> str:
-    """The ncnn param with every input blob under its own name.
-
-    Where a sub-model sends on what it received with nothing but a no-op between (a reshape
-    between two alike Mat forms, a bias of zeros that an exporter shared between layers),
-    pnnx folds the no-op away and names the input's blob after the output:
-    ``Input in3 0 1 out2``. The runtime feeds in3 and extracts out2, so the input keeps its name
-    and a Noop layer hands it on as out2.
-    """
-    lines = param.splitlines()
-    passed = []
-    for k, line in enumerate(lines[2:], 2):
-        parts = line.split()
-        if parts[:1] == ["Input"] and parts[2:4] == ["0", "1"] and parts[4] != parts[1]:
-            name, top = parts[1], parts[4]
-            lines[k] = " ".join([f"{'Input':<24}", f"{name:<24}", "0 1", name, *parts[5:]])
-            passed.append(" ".join([f"{'Noop':<24}", f"{'noop_' + top:<24}", "1 1", name, top]))
-    if not passed:
-        return param
-    layers, blobs = map(int, lines[1].split())
-    lines[1] = f"{layers + len(passed)} {blobs + len(passed)}"
-    return "\n".join([*lines, *passed]) + "\n"
 
 
 def _check_interface(param: str, rank: Rank) -> None:
