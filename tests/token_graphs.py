@@ -65,26 +65,20 @@ def vit_residual(seed: int = 0) -> onnx.ModelProto:
 def _attention(x: str, name: str) -> list[onnx.NodeProto]:
     """Two-head self-attention of 4x4x8 tokens ``x`` onto themselves, as dynamo spells it
     (queries and keys each scaled by d^-1/4), pnnx's ``F.scaled_dot_product_attention``."""
-    def node(op, inputs, **attrs):
-        return helper.make_node(op, inputs, [f"{name}/{op}{len(nodes)}"], name=f"{name}/{op}"
-                                f"{len(nodes)}", **attrs)
-    nodes: list[onnx.NodeProto] = []
-    for op, inputs, attrs in (("Reshape", [x, "heads"], {}),
-                              ("Transpose", [None], {"perm": [0, 2, 1, 3]})):
-        nodes.append(node(op, [nodes[-1].output[0] if i is None else i for i in inputs],
-                          **attrs))
-    h = nodes[-1].output[0]
-    nodes.append(node("Mul", [h, "scale"]))
-    q = nodes[-1].output[0]
-    nodes.append(node("Transpose", [h], perm=[0, 1, 3, 2]))
-    nodes.append(node("Mul", [nodes[-1].output[0], "scale"]))
-    nodes.append(node("MatMul", [q, nodes[-1].output[0]]))
-    nodes.append(node("Softmax", [nodes[-1].output[0]], axis=-1))
-    nodes.append(node("MatMul", [nodes[-1].output[0], h]))
-    nodes.append(node("Transpose", [nodes[-1].output[0]], perm=[0, 2, 1, 3]))
-    nodes.append(helper.make_node("Reshape", [nodes[-1].output[0], "tokens"], [name],
-                                  name=name))
-    return nodes
+    def step(op: str, inputs: list[str], out: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, [i if i in (x, "heads", "scale") else f"{name}/{i}"
+                                     for i in inputs], [f"{name}/{out}"], name=f"{name}/{out}",
+                                **attrs)
+    return [step("Reshape", [x, "heads"], "split"),
+            step("Transpose", ["split"], "h", perm=[0, 2, 1, 3]),
+            step("Mul", ["h", "scale"], "q"),
+            step("Transpose", ["h"], "kt", perm=[0, 1, 3, 2]),
+            step("Mul", ["kt", "scale"], "k"),
+            step("MatMul", ["q", "k"], "scores"),
+            step("Softmax", ["scores"], "probs", axis=-1),
+            step("MatMul", ["probs", "h"], "mix"),
+            step("Transpose", ["mix"], "merge", perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [f"{name}/merge", "tokens"], [name], name=name)]
 
 
 def patch_tokens(seed: int = 0) -> onnx.ModelProto:

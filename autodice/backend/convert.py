@@ -3,7 +3,8 @@
 pnnx renames graph inputs to ``in0, in1...`` and outputs to ``out0, out1...`` in graph order; the
 plan keeps each sub-model's input/output order, so the generated program addresses blobs by
 position. Conversions are cached by content hash (model bytes + options + pnnx version) under
-``~/.cache/autodice/pnnx`` and run two at a time.
+``~/.cache/autodice/pnnx`` and run two at a time; each net's edges then take the runtime's Mat
+form (:mod:`.net_edges`).
 """
 
 from __future__ import annotations
