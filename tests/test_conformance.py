@@ -19,7 +19,8 @@ pytestmark = pytest.mark.cpp
 
 # A few per operator family; the first five came back wrong without a word (2026-11-28:
 # batch 5 of an LRN, unit axes an Unsqueeze adds), the rest were refused or mis-converted (the
-# last crashed onnxruntime when a 0x3x4 input was taken for an open 1x3x4).
+# 0x3x4 input crashed onnxruntime when taken for an open 1x3x4; a GroupNormalization of a batch
+# of 3, which pnnx makes ncnn's batch, was off by 1.7 of its scale until the edges took it).
 FAST = {
     "test_lrn_default", "test_unsqueeze_two_axes", "test_unsqueeze_three_axes",
     "test_unsqueeze_unsorted_axes", "test_batchnorm_example", "test_instancenorm_epsilon",
@@ -37,6 +38,7 @@ FAST = {
     "test_sqrt", "test_slice_neg_steps", "test_resize_tf_crop_and_resize", "test_add_int8",
     "test_maxpool_with_argmax_2d_precomputed_pads", "test_batchnorm_example_training_mode",
     "test_averagepool_3d_dilations_small", "test_reshape_allowzero_reordered",
+    "test_group_normalization_example",
 }
 # Cases that once came back wrong, or are ops exporters write: they must pass now.
 MUST_PASS = {
@@ -47,6 +49,7 @@ MUST_PASS = {
     "test_prelu_broadcast", "test_layer_normalization_4d_axis1", "test_depthtospace_example",
     "test_spacetodepth_example", "test_flatten_negative_axis1", "test_max_example",
     "test_split_1d_uneven_split_opset18", "test_tile", "test_constant_pad_axes",
+    "test_group_normalization_example",
 }
 
 
