@@ -4,8 +4,8 @@ The runtime hands ncnn every input ``in<k>``, and takes every output ``out<k>``,
 of the tensor's shape less a leading 1 (``ncnn_shape`` in autodice_tensors.cpp): 1x64x56x56 is
 a 3-d Mat, 4x64x120 a 3-d Mat of 4 channels. pnnx decides for each blob which axis ncnn holds as
 its batch (``Mat::n``, ncnn's NCNN_BATCH), and says so in the ``.ncnn.py`` it writes beside the
-net: axis 0 of MobileViT's 4x64x120 tokens, which a LayerNorm reads (one batch entry per patch
-position), so the net wants four 64x120 Mats; no axis of a 1x197x192 it finds no batch for, so
+net: axis 0 of MobileViT's 4x64x120 tokens, which attention reads (one batch entry per position
+inside a patch), so the net wants four 64x120 Mats; no axis of a 1x197x192 it finds no batch for, so
 the net wants a 3-d Mat of one channel. Where the net's form differs from the plain one, a
 Reshape between the two batch axes (ncnn's ``12=``/``13=``) goes at the edge: each side then holds
 the tensor as it expects, and the runtime, the checks and the profiler need not know.
