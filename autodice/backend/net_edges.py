@@ -51,9 +51,16 @@ def _shape_params(shape: Sequence[int]) -> str:
     return " ".join(f"{k}={d}" for k, d in sorted(zip(keys, shape)))
 
 
+def _layer(kind: str, name: str, bottoms: Sequence[str], tops: Sequence[str],
+           params: Sequence[str] = ()) -> str:
+    """One layer line of an ncnn param, laid out as pnnx writes them."""
+    return " ".join([f"{kind:<24}", f"{name:<24}", str(len(bottoms)), str(len(tops)), *bottoms,
+                     *tops, *params])
+
+
 def _reshape(name: str, bottom: str, top: str, shape: Sequence[int], axes: tuple[int, int]) -> str:
-    return " ".join([f"{'Reshape':<24}", f"{name:<24}", "1 1", bottom, top, _shape_params(shape),
-                     f"12={axes[0]} 13={axes[1]}"])
+    return _layer("Reshape", name, [bottom], [top],
+                  [_shape_params(shape), f"12={axes[0]} 13={axes[1]}"])
 
 
 def _renamed(line: str, bottoms: dict[str, str], tops: dict[str, str]) -> str:
@@ -65,8 +72,7 @@ def _renamed(line: str, bottoms: dict[str, str], tops: dict[str, str]) -> str:
     new = [bottoms.get(b, b) for b in blobs[:n_in]] + [tops.get(t, t) for t in blobs[n_in:]]
     if new == blobs:
         return line
-    return " ".join([f"{parts[0]:<24}", f"{parts[1]:<24}", *parts[2:4], *new,
-                     *parts[4 + n_in + n_out:]])
+    return _layer(parts[0], parts[1], new[:n_in], new[n_in:], parts[4 + n_in + n_out:])
 
 
 def passed_on(param: str) -> dict[int, int]:
@@ -128,8 +134,8 @@ def keep_inputs(param: str) -> str:
         parts = line.split()
         if parts[:1] == ["Input"] and parts[2:4] == ["0", "1"] and parts[4] != parts[1]:
             name, top = parts[1], parts[4]
-            lines[k] = " ".join([f"{'Input':<24}", f"{name:<24}", "0 1", name, *parts[5:]])
-            passed.append(" ".join([f"{'Noop':<24}", f"{'noop_' + top:<24}", "1 1", name, top]))
+            lines[k] = _layer("Input", name, [], [name], parts[5:])
+            passed.append(_layer("Noop", f"noop_{top}", [name], [top]))
     if not passed:
         return param
     layers, blobs = map(int, lines[1].split())
